@@ -1,0 +1,268 @@
+"""The ``dapbench`` command line: run, report, list, pretrain-base."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from benchmark.config import RunConfig, apply_overrides, profile_config
+from benchmark.errors import DapbenchError
+from benchmark.io import atomic_write_json
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``dapbench`` console script."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _quiet_libraries()
+    try:
+        return args.func(args)
+    except DapbenchError as exc:
+        print(f"dapbench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dapbench", description=__doc__)
+    sub = parser.add_subparsers(required=True, dest="command")
+
+    run = sub.add_parser("run", help="pre-train through a domain sequence, fine-tune, write records")
+    run.add_argument("--profile", default="synthetic", help="synthetic (default), mini or paper")
+    run.add_argument("--methods", help="comma-separated method names (default: the profile's)")
+    run.add_argument("--model", help="hub id or local directory of the base masked LM")
+    run.add_argument("--data-root", help="the paper's data-release folder (or env DAPBENCH_DATA)")
+    run.add_argument("--general-heldout", help="general-domain text whose MLM loss is tracked")
+    run.add_argument("--sequence", help="seq0..seq4 or a comma-separated list of domains")
+    run.add_argument("--seeds", help="comma-separated seeds")
+    run.add_argument("--matrix", choices=("full", "final"), help="lower triangle, or diagonal + last row")
+    run.add_argument("--output-dir", default=".", help="where results/ and leaderboard.md go (default: .)")
+    run.add_argument("--work-dir", help="checkpoints and caches (default: <output-dir>/.dapbench)")
+    run.add_argument("--device", choices=("auto", "cpu"), help="auto (accelerate decides) or cpu")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config field, e.g. dap.steps=100 or das.contrast_lambda=0.5",
+    )
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.set_defaults(func=cmd_run)
+
+    report = sub.add_parser("report", help="tables, heatmaps and leaderboard.md from results/")
+    report.add_argument("--output-dir", default=".")
+    report.set_defaults(func=cmd_report)
+
+    listing = sub.add_parser("list", help="registered methods, tasks, sequences and profiles")
+    listing.add_argument("--data-root", help="list a custom suite instead of the built-in one")
+    listing.set_defaults(func=cmd_list)
+
+    base = sub.add_parser("pretrain-base", help="build a small base masked LM from a general corpus")
+    base.add_argument("corpus", help="text file, one passage per line")
+    base.add_argument("out_dir", help="model directory to write")
+    for field in dataclasses.fields(_base_spec_cls()):
+        base.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
+    base.set_defaults(func=cmd_pretrain_base)
+    return parser
+
+
+def _base_spec_cls():
+    from benchmark.pretrain import BaseModelSpec
+
+    return BaseModelSpec
+
+
+def _quiet_libraries() -> None:
+    """Hide load reports and per-file progress bars of transformers/datasets (not our progress)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import datasets
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+
+
+def resolve_run_config(args: argparse.Namespace) -> RunConfig:
+    """Profile defaults <- command-line flags <- ``--set`` overrides, validated."""
+    config = profile_config(args.profile)
+    flags = {
+        "model": args.model,
+        "data_root": args.data_root,
+        "general_heldout": args.general_heldout,
+        "sequence": args.sequence,
+        "matrix": args.matrix,
+        "output_dir": args.output_dir,
+        "device": args.device,
+        "work_dir": args.work_dir or str(Path(args.output_dir) / ".dapbench"),
+        "methods": tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods else None,
+        "seeds": tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None,
+    }
+    config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
+    config = apply_overrides(config, args.set)
+    _validate(config)
+    return config
+
+
+def _validate(config: RunConfig) -> None:
+    from benchmark.registry import default_registry
+
+    registry = default_registry()
+    for name in config.methods:
+        registry.get(name)  # unknown names fail here, before any work
+    if config.matrix not in ("full", "final"):
+        raise DapbenchError(f"invalid matrix mode {config.matrix!r}", "use full or final")
+    dap = config.dap
+    if dap.steps < 1 or dap.per_device_batch_size < 1 or dap.batch_size % dap.per_device_batch_size:
+        raise DapbenchError(
+            f"invalid DAP budget: steps={dap.steps}, batch_size={dap.batch_size}, "
+            f"per_device_batch_size={dap.per_device_batch_size}",
+            "steps >= 1 and batch_size a multiple of per_device_batch_size",
+        )
+    if not config.seeds:
+        raise DapbenchError("no seeds given", "pass --seeds 2021 (comma-separated)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``dapbench run``."""
+    from benchmark.report import write_report
+    from benchmark.runner import ContinualRun, prepare_data
+
+    config = resolve_run_config(args)
+    if config.profile == "synthetic" and config.model == "synthetic":
+        config = _materialise_synthetic(config, show_progress=not args.quiet)
+    data = prepare_data(config)
+    records = []
+    for method in config.methods:
+        for seed in config.seeds:
+            run = ContinualRun(config, data, method, seed, show_progress=not args.quiet)
+            record = run.execute()
+            path = Path(config.output_dir) / "results" / config.profile / f"{run.run_id}.json"
+            atomic_write_json(path, record)
+            records.append(record)
+            print(f"{method} seed {seed}: {_one_line(record)} -> {path}")
+    write_report(config.output_dir)
+    print(_synthetic_reading(records) if config.profile == "synthetic" else "")
+    print(f"leaderboard: {Path(config.output_dir) / 'leaderboard.md'}")
+    return 0
+
+
+def _one_line(record: dict) -> str:
+    s = record["summary"]
+    parts = [f"final acc {100 * s['acc']['final']:.1f}", f"final MF1 {100 * s['macro_f1']['final']:.1f}"]
+    if s["acc"]["forgetting"] is not None:
+        parts.append(f"forgetting(acc) {100 * s['acc']['forgetting']:.1f}")
+    return ", ".join(parts)
+
+
+def _synthetic_reading(records: list[dict]) -> str:
+    """The two questions the synthetic profile is built to answer, from this run's records."""
+    by_method: dict[str, list[dict]] = {}
+    for record in records:
+        by_method.setdefault(record["method"], []).append(record)
+
+    def mean(method: str, metric: str, key: str) -> float | None:
+        values = [r["summary"][metric][key] for r in by_method.get(method, [])]
+        return None if not values or None in values else 100 * sum(values) / len(values)
+
+    lines = []
+    one, none = mean("one", "acc", "final"), mean("none", "acc", "final")
+    if one is not None and none is not None:
+        verdict = "DAP helps" if one > none else "DAP does not help"
+        lines.append(f"synthetic: one {one:.1f} vs none {none:.1f} final acc -> {verdict} ({one - none:+.1f})")
+    forgetting = mean("ncl", "acc", "forgetting")
+    if forgetting is not None:
+        verdict = "NCL forgets" if forgetting > 0 else "NCL does not forget"
+        lines.append(f"synthetic: NCL forgetting rate (acc) {forgetting:.1f} points -> {verdict}")
+    return "\n".join(lines)
+
+
+def _materialise_synthetic(config: RunConfig, show_progress: bool) -> RunConfig:
+    """Generate the synthetic data and pre-train its tiny base model once (cached in the work dir)."""
+    from benchmark.pretrain import BaseModelSpec, pretrain_base
+    from benchmark.synthetic import DOMAINS, build_world, write_world
+
+    root = Path(config.work_dir) / "synthetic"
+    data_root, model_dir = root / "data", root / "base-model"
+    if not data_root.exists():
+        write_world(build_world(seed=0), data_root)
+    if not model_dir.exists():
+        corpora = [str(data_root / "general.txt")] + [str(data_root / f"{d}.txt") for d in DOMAINS]
+        spec = BaseModelSpec(
+            vocab_size=2000,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            intermediate_size=128,
+            seq_len=32,
+            steps=600,
+            batch_size=64,
+            lr=2e-3,
+        )
+        print("synthetic: pre-training the tiny base model on the general corpus (once)")
+        pretrain_base(
+            str(data_root / "general.txt"),
+            model_dir,
+            spec,
+            vocab_corpora=corpora,
+            show_progress=show_progress,
+        )
+    return dataclasses.replace(
+        config,
+        model=str(model_dir),
+        data_root=str(data_root),
+        general_heldout=str(data_root / "general_heldout.txt"),
+    )
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``dapbench report``."""
+    from benchmark.report import write_report
+
+    counts = write_report(args.output_dir)
+    print(
+        f"report: {counts['records']} records -> {counts['files']} files; "
+        f"leaderboard: {Path(args.output_dir) / 'leaderboard.md'}"
+    )
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """``dapbench list``."""
+    from benchmark.config import PROFILES
+    from benchmark.data import load_suite
+    from benchmark.registry import default_registry
+
+    registry = default_registry()
+    print("methods:")
+    for name in registry.names():
+        cls = registry.get(name)
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
+        print(f"  {name:12s} {doc}")
+    suite = load_suite(args.data_root)
+    print("domains and end tasks:")
+    for domain in suite.domains.values():
+        spec = suite.end_tasks[domain.end_task]
+        print(f"  {domain.name:12s} {domain.corpus:32s} -> {spec.name} ({len(spec.labels)} labels)")
+    print("sequences:")
+    for name, order in suite.sequences.items():
+        print(f"  {name:12s} {' -> '.join(order)}")
+    print(f"profiles: {', '.join(PROFILES)} (default: synthetic)")
+    return 0
+
+
+def cmd_pretrain_base(args: argparse.Namespace) -> int:
+    """``dapbench pretrain-base``."""
+    from benchmark.pretrain import BaseModelSpec, pretrain_base
+
+    spec = BaseModelSpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(BaseModelSpec)})
+    out = pretrain_base(args.corpus, args.out_dir, spec)
+    print(f"base model written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Typed run configuration: frozen dataclasses, named profiles and ``key=value`` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from benchmark.errors import DapbenchError
+
+#: The paper's fine-tuning epochs per end task (reference ``utils/model.py:345-352``).
+PAPER_FINETUNE_EPOCHS = {
+    "restaurant_sup": 5,
+    "aclarc_sup": 10,
+    "scierc_sup": 5,
+    "phone_sup": 15,
+    "chemprot_sup": 10,
+    "camera_sup": 15,
+}
+
+
+@dataclass(frozen=True)
+class DapConfig:
+    """Domain-adaptive pre-training of one domain (MLM on its corpus)."""
+
+    steps: int = 2580
+    """Optimizer updates per domain (the paper: 640000 samples // 248 = 2580)."""
+    batch_size: int = 248
+    """Sequences per update across all processes (gradient accumulation fills the rest)."""
+    per_device_batch_size: int = 62
+    """Sequences per forward pass on one device."""
+    seq_len: int = 164
+    """Tokens per packed chunk."""
+    lr: float = 1e-4
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.0
+    adam_eps: float = 1e-6
+    """transformers' AdamW default, which the reference uses; it sets how strong soft-masking is."""
+    max_grad_norm: float | None = None
+    """The reference clips nothing."""
+    mlm_probability: float = 0.15
+    mixed_precision: str = "fp16"
+    """``no``, ``fp16`` or ``bf16`` (passed to accelerate; ignored on CPU)."""
+    max_corpus_lines: int | None = None
+    """Read at most this many training lines of each corpus (None: all)."""
+    heldout_fraction: float = 0.05
+    """Share of each corpus's lines (its first lines, as the reference's validation split) kept out of training."""
+    heldout_chunks: int = 256
+    """Held-out chunks per corpus on which the MLM-loss matrix is measured."""
+    probe_chunks: int = 10000
+    """Size of the fixed probe subset (first chunks of the training set) handed to methods."""
+    probe_batch_size: int = 100
+    log_every: int = 50
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """End-task fine-tuning of one checkpoint on one end task."""
+
+    lr: float = 3e-5
+    batch_size: int = 16
+    max_length: int = 164
+    weight_decay: float = 0.01
+    adam_eps: float = 1e-6
+    epochs: dict[str, float] = field(default_factory=lambda: dict(PAPER_FINETUNE_EPOCHS))
+    """Epochs per end task (paper defaults)."""
+    default_epochs: float = 3.0
+    """Epochs of an end task that ``epochs`` does not name (custom suites)."""
+    epoch_scale: float = 1.0
+    """Multiplies every entry of ``epochs`` (reduced budgets)."""
+    max_train_examples: int | None = None
+    """Subsample the training split to at most this many examples (fixed, seed-independent subset)."""
+    max_test_examples: int | None = None
+    """Subsample the test split to at most this many examples (fixed, seed-independent subset)."""
+    eval_batch_size: int = 64
+    seed_offset: int = 0
+    """Fine-tune seed = run seed + offset (the paper fine-tunes with seed 2021)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one ``dapbench run`` needs; resolved from a profile plus overrides."""
+
+    profile: str = "paper"
+    model: str = "roberta-base"
+    """A hub id or a local directory with a masked LM and its tokenizer."""
+    data_root: str | None = None
+    """Root of the paper's data release layout (or ``DAPBENCH_DATA``)."""
+    general_heldout: str | None = None
+    """A general-domain text file whose MLM loss is tracked after every domain."""
+    sequence: str = "seq0"
+    """A named sequence (``seq0``..``seq4``) or a comma-separated list of domains."""
+    methods: tuple[str, ...] = ("none", "ncl", "one")
+    seeds: tuple[int, ...] = (2021,)
+    matrix: str = "full"
+    """``full``: the lower triangle A[t][k], k <= t; ``final``: the diagonal plus the last row."""
+    output_dir: str = "."
+    work_dir: str = ".dapbench"
+    """Checkpoints and caches (outside ``results/``)."""
+    keep_checkpoints: bool = False
+    """Keep every domain's checkpoint (default: only the latest, which resuming needs)."""
+    device: str = "auto"
+    """``auto`` (accelerate's choice) or ``cpu``."""
+    dap: DapConfig = field(default_factory=DapConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per-method config overrides, e.g. ``{"das": {"contrast_lambda": 0.5}}``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dictionary of every field."""
+        return dataclasses.asdict(self)
+
+    def fingerprint(self) -> str:
+        """A short hash of everything that changes results (not output locations)."""
+        data = self.to_dict()
+        for key in ("output_dir", "work_dir", "keep_checkpoints", "methods", "seeds", "device"):
+            data.pop(key)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _mini() -> RunConfig:
+    """Real data, a small base model, budgets that fit a 2-core CPU."""
+    return RunConfig(
+        profile="mini",
+        model=str(_shared_path("models/tiny")),
+        data_root=os.environ.get("DAPBENCH_DATA") or str(_shared_path("data/continuallm-layout")),
+        general_heldout=str(_shared_path("data/general/heldout.txt")),
+        dap=DapConfig(
+            steps=60,
+            batch_size=16,
+            per_device_batch_size=16,
+            seq_len=128,
+            lr=1e-4,
+            mixed_precision="no",
+            max_corpus_lines=1500,
+            heldout_chunks=32,
+            probe_chunks=64,
+            probe_batch_size=16,
+            log_every=20,
+        ),
+        finetune=FinetuneConfig(
+            max_length=128,
+            epochs={k: 2 for k in PAPER_FINETUNE_EPOCHS},
+            max_train_examples=400,
+            max_test_examples=400,
+            batch_size=16,
+        ),
+    )
+
+
+def _paper() -> RunConfig:
+    """The paper's setting: roberta-base, 2580 steps of 248 x 164 tokens per domain, fp16."""
+    return RunConfig(
+        profile="paper",
+        data_root=os.environ.get("DAPBENCH_DATA"),
+        seeds=(2021, 111, 222),
+    )
+
+
+def _synthetic() -> RunConfig:
+    """Fully offline: generated corpora and end tasks, a tiny base model pre-trained on the spot."""
+    return RunConfig(
+        profile="synthetic",
+        model="synthetic",
+        data_root="synthetic",
+        general_heldout="synthetic",
+        dap=DapConfig(
+            steps=300,
+            batch_size=32,
+            per_device_batch_size=32,
+            seq_len=32,
+            lr=2e-3,
+            warmup_ratio=0.1,
+            mixed_precision="no",
+            heldout_chunks=64,
+            probe_chunks=64,
+            probe_batch_size=32,
+            log_every=40,
+        ),
+        finetune=FinetuneConfig(
+            lr=2e-3,
+            batch_size=32,
+            max_length=32,
+            epochs={},
+            default_epochs=20,
+            eval_batch_size=256,
+        ),
+    )
+
+
+PROFILES = {"synthetic": _synthetic, "mini": _mini, "paper": _paper}
+
+
+def _shared_path(relative: str) -> Path:
+    """Locate the shared offline assets: ``DAPBENCH_SHARED`` or ``../shared`` beside the checkout."""
+    root = os.environ.get("DAPBENCH_SHARED")
+    base = Path(root) if root else Path(__file__).resolve().parents[2] / "shared"
+    return base / relative
+
+
+def profile_config(name: str) -> RunConfig:
+    """The default configuration of a named profile."""
+    if name not in PROFILES:
+        raise DapbenchError(f"unknown profile {name!r}", f"choose one of: {', '.join(PROFILES)}")
+    return PROFILES[name]()
+
+
+def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
+    """Apply ``section.key=value`` strings (``dap.steps=10``, ``finetune.epochs.aclarc_sup=3``, ``das.lam=1``).
+
+    Values are parsed as JSON where possible (numbers, booleans, lists) and checked against the
+    field's type; an unknown key names the valid ones.
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise DapbenchError(f"override {item!r} has no '='", "write overrides as section.key=value")
+        key, raw = item.split("=", 1)
+        config = _set_path(config, key.strip().split("."), _parse_value(raw.strip()))
+    return config
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _set_path(obj: Any, path: list[str], value: Any) -> Any:
+    """Return a copy of the dataclass ``obj`` with the field at ``path`` replaced by ``value``."""
+    head, rest = path[0], path[1:]
+    if isinstance(obj, dict):
+        if not rest:
+            return {**obj, head: value}
+        return {**obj, head: _set_path(obj.get(head, {}), rest, value)}
+    names = {f.name for f in dataclasses.fields(obj)}
+    if head not in names:
+        if isinstance(obj, RunConfig) and rest:
+            # Unknown top-level section: a method's own options (validated by the method's config class).
+            options = _set_path(obj.method_options, path, value)
+            return dataclasses.replace(obj, method_options=options)
+        raise DapbenchError(
+            f"unknown config key {head!r} in {type(obj).__name__}", f"valid keys: {', '.join(sorted(names))}"
+        )
+    current = getattr(obj, head)
+    if rest:
+        return dataclasses.replace(obj, **{head: _set_path(current, rest, value)})
+    return dataclasses.replace(obj, **{head: _coerce(type(obj), head, value)})
+
+
+def _coerce(owner: type, name: str, value: Any) -> Any:
+    """Check ``value`` against the annotated type of ``owner.name`` and convert lists to tuples."""
+    hint = get_type_hints(owner)[name]
+    text = str(hint)
+    if "tuple" in text:
+        items = value if isinstance(value, list) else str(value).split(",")
+        caster = int if "int" in text else str
+        return tuple(caster(v) for v in items)
+    if value is None and "None" in text:
+        return None
+    for kind in (bool, int, float, str):
+        if hint is kind or text.startswith(kind.__name__):
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                return float(value)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise DapbenchError(
+                    f"config key {name!r} expects {kind.__name__}, got {value!r}",
+                    f"write {name}=<{kind.__name__}>",
+                )
+            return value
+    return value

@@ -1,0 +1,394 @@
+"""Task suite loading, the paper's end-task splits, corpus packing and MLM batches."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from benchmark.errors import DapbenchError
+
+SUITE_FILE = "dapbench_suite.yaml"
+"""A data root that holds this file defines its own suite (e.g. the synthetic profile's data)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Task specifications
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EndTaskSpec:
+    """One end task: files relative to the data root, label inventory and the paper's re-split rule."""
+
+    name: str
+    format: str
+    """``asc_json`` (dict of id -> {term, sentence, polarity}) or ``jsonl`` ({text, label} per line)."""
+    train: tuple[str, ...]
+    test: tuple[str, ...]
+    labels: tuple[str, ...]
+    train_ratio: float | None = None
+    """If set, the first k train examples of every label move to test (reference ``dataloader/data.py``)."""
+    expected_sizes: dict[str, int] | None = None
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class DomainSpec:
+    """One DAP domain: its unlabeled corpus and its end task."""
+
+    name: str
+    corpus: str
+    end_task: str
+
+
+@dataclass(frozen=True)
+class TaskSuite:
+    """Domains, end tasks and named sequences."""
+
+    domains: dict[str, DomainSpec]
+    end_tasks: dict[str, EndTaskSpec]
+    sequences: dict[str, tuple[str, ...]]
+    source: str = "builtin"
+
+    def sequence(self, name_or_list: str) -> tuple[str, ...]:
+        """A named sequence, or a comma-separated custom order of known domains."""
+        if name_or_list in self.sequences:
+            return self.sequences[name_or_list]
+        order = tuple(d.strip() for d in name_or_list.split(",") if d.strip())
+        unknown = [d for d in order if d not in self.domains]
+        if unknown or not order:
+            raise DapbenchError(
+                f"unknown sequence or domain(s) {unknown or name_or_list!r}",
+                f"use a named sequence ({', '.join(self.sequences)}) or a comma-separated list of "
+                f"domains ({', '.join(self.domains)})",
+            )
+        if len(set(order)) != len(order):
+            raise DapbenchError(f"sequence {name_or_list!r} repeats a domain", "list each domain once")
+        return order
+
+
+def load_suite(data_root: str | Path | None = None) -> TaskSuite:
+    """The built-in paper suite, or the suite defined by ``<data_root>/dapbench_suite.yaml``."""
+    custom = Path(data_root) / SUITE_FILE if data_root else None
+    if custom is not None and custom.is_file():
+        return _parse_suite(_read_yaml(custom), custom.parent, str(custom))
+    base = resources.files("tasks")
+    return _parse_suite(yaml.safe_load(base.joinpath("suite.yaml").read_text()), base, "builtin")
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise DapbenchError(f"task file {path} is not valid YAML: {exc}", "fix the YAML syntax") from exc
+
+
+def _parse_suite(raw: dict, base: Any, source: str) -> TaskSuite:
+    domains = {name: DomainSpec(name=name, **spec) for name, spec in raw["domains"].items()}
+    tasks_dir = base.joinpath(raw.get("end_tasks", "endtasks"))
+    end_tasks = {}
+    for domain in domains.values():
+        entry = tasks_dir.joinpath(f"{domain.end_task}.yaml")
+        spec = yaml.safe_load(entry.read_text())
+        for key in ("train", "test", "labels"):
+            spec[key] = tuple(spec[key])
+        end_tasks[domain.end_task] = EndTaskSpec(**spec)
+    sequences = {name: tuple(order) for name, order in raw["sequences"].items()}
+    return TaskSuite(domains=domains, end_tasks=end_tasks, sequences=sequences, source=source)
+
+
+# ----------------------------------------------------------------------------------------------
+# End tasks
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Example:
+    """One labelled end-task input; ``aspect`` is set for aspect sentiment (ASC) tasks."""
+
+    text: str
+    label: int
+    aspect: str | None = None
+
+
+@dataclass
+class EndTaskData:
+    """The train and test examples of one end task after the paper's re-split."""
+
+    name: str
+    labels: tuple[str, ...]
+    train: list[Example]
+    test: list[Example]
+    checksum: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def require_data_root(data_root: str | Path | None) -> Path:
+    """The data root as a path, or an error saying how to provide it."""
+    if not data_root:
+        raise DapbenchError(
+            "no data root given",
+            "pass --data-root DIR or set DAPBENCH_DATA to the paper's data-release folder",
+        )
+    root = Path(data_root)
+    if not root.is_dir():
+        raise DapbenchError(
+            f"data root not found: {root}",
+            "pass --data-root with the folder that holds yelp_restaurant.txt, SemEval14-res/, absa/, ...",
+        )
+    return root
+
+
+def load_end_task(spec: EndTaskSpec, data_root: str | Path, check_sizes: bool = True) -> EndTaskData:
+    """Load an end task with the paper's splits (dev folded into test, then the per-label re-split)."""
+    root = require_data_root(data_root)
+    label_ids = {name: i for i, name in enumerate(spec.labels)}
+    digest = hashlib.sha256()
+    train = [ex for path in spec.train for ex in _read_examples(root / path, spec, label_ids, digest)]
+    test = [ex for path in spec.test for ex in _read_examples(root / path, spec, label_ids, digest)]
+    if spec.train_ratio is not None:
+        train, test = repartition(train, test, len(spec.labels), spec.train_ratio)
+    if check_sizes and spec.expected_sizes:
+        got = {"train": len(train), "test": len(test)}
+        if got != dict(spec.expected_sizes):
+            raise DapbenchError(
+                f"end task {spec.name}: split sizes {got} differ from the paper's {dict(spec.expected_sizes)}",
+                f"the files under {root} are not the paper's release; restore them or verify the data checksums",
+            )
+    return EndTaskData(spec.name, spec.labels, train, test, checksum=digest.hexdigest()[:16])
+
+
+def _read_examples(path: Path, spec: EndTaskSpec, label_ids: dict[str, int], digest) -> list[Example]:
+    if not path.is_file():
+        raise DapbenchError(
+            f"end task {spec.name}: file not found: {path}",
+            "check --data-root (the paper's data-release layout)",
+        )
+    raw = path.read_bytes()
+    digest.update(raw)
+    try:
+        if spec.format == "asc_json":
+            rows = [(r["sentence"], r["polarity"], r["term"]) for r in json.loads(raw).values()]
+        elif spec.format == "jsonl":
+            rows = [(r["text"], r["label"], None) for r in map(json.loads, raw.decode().splitlines()) if r]
+        else:
+            raise DapbenchError(f"end task {spec.name}: unknown format {spec.format!r}", "use asc_json or jsonl")
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError) as exc:
+        raise DapbenchError(
+            f"end task {spec.name}: corrupt file {path} ({type(exc).__name__}: {exc})",
+            "restore the file from the data release",
+        ) from exc
+    examples = []
+    for text, label, aspect in rows:
+        if label not in label_ids:
+            raise DapbenchError(
+                f"end task {spec.name}: unknown label {label!r} in {path}",
+                f"expected one of {list(label_ids)}; fix the file or the task's labels in its YAML",
+            )
+        examples.append(Example(text=text, label=label_ids[label], aspect=aspect))
+    return examples
+
+
+def repartition(
+    train: list[Example], test: list[Example], num_labels: int, train_ratio: float
+) -> tuple[list[Example], list[Example]]:
+    """The reference's deterministic re-split: per label id in increasing order, move the first
+    ``int((N * (1 - ratio)) // num_labels)`` train examples of that label (N = original train size)
+    to the end of test."""
+    take = int((len(train) * (1 - train_ratio)) // num_labels)
+    moved: set[int] = set()
+    for label in range(num_labels):
+        idx = [i for i, ex in enumerate(train) if ex.label == label][:take]
+        moved.update(idx)
+        test = test + [train[i] for i in idx]
+    return [ex for i, ex in enumerate(train) if i not in moved], test
+
+
+def fixed_subset(examples: list[Example], limit: int | None, key: str) -> list[Example]:
+    """At most ``limit`` examples, chosen by a seed derived from ``key`` only (the same for every run)."""
+    if limit is None or len(examples) <= limit:
+        return examples
+    order = list(range(len(examples)))
+    random.Random(key).shuffle(order)
+    return [examples[i] for i in sorted(order[:limit])]
+
+
+def format_example(example: Example, sep_token: str) -> str:
+    """Model input text: ASC is ``aspect + ' ' + sep + sentence`` as in the reference; others as is."""
+    if example.aspect is None:
+        return example.text
+    return f"{example.aspect.strip()} {sep_token}{example.text}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Corpora
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Corpus:
+    """A domain corpus tokenised and packed into fixed-length chunks."""
+
+    name: str
+    train: Any
+    """``datasets.Dataset`` with ``input_ids`` and ``special_tokens_mask`` (torch format)."""
+    heldout: Any
+    checksum: str
+
+
+def resolve_corpus_path(corpus: str, data_root: str | Path | None) -> str:
+    """Local file under the data root, or a ``hub:<dataset>[:<config>]`` reference kept as is."""
+    if corpus.startswith("hub:"):
+        return corpus
+    path = Path(corpus) if Path(corpus).is_absolute() else require_data_root(data_root) / corpus
+    if not path.is_file():
+        raise DapbenchError(f"corpus file not found: {path}", "check --data-root (the paper's data-release layout)")
+    return str(path)
+
+
+def read_corpus_lines(source: str) -> list[str]:
+    """Non-empty lines of a local text file, or the ``text`` column of a hub dataset."""
+    if source.startswith("hub:"):
+        from datasets import load_dataset
+
+        _, name, *config = source.split(":")
+        lines = load_dataset(name, *config, split="train")["text"]
+    else:
+        try:
+            lines = Path(source).read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as exc:
+            raise DapbenchError(f"corpus {source} is not UTF-8 text: {exc}", "convert it to UTF-8") from exc
+    lines = [line for line in (raw.strip() for raw in lines) if line]
+    if not lines:
+        raise DapbenchError(f"corpus {source} is empty", "point the domain at a text file with one passage per line")
+    return lines
+
+
+def load_corpus(
+    name: str,
+    source: str,
+    tokenizer,
+    seq_len: int,
+    heldout_fraction: float,
+    max_lines: int | None,
+    cache_dir: Path,
+) -> Corpus:
+    """Split lines (first ``heldout_fraction`` held out), tokenise and pack; cached on disk by content."""
+    lines = read_corpus_lines(source)
+    n_heldout = max(1, int(len(lines) * heldout_fraction))
+    heldout_lines, train_lines = lines[:n_heldout], lines[n_heldout:]
+    if max_lines is not None:
+        train_lines = train_lines[:max_lines]
+    checksum = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        f"{checksum}|{_tokenizer_id(tokenizer)}|{seq_len}|{heldout_fraction}|{max_lines}".encode()
+    ).hexdigest()[:20]
+    train = _packed_dataset(train_lines, tokenizer, seq_len, cache_dir / f"{name}-train-{key}")
+    heldout = _packed_dataset(heldout_lines, tokenizer, seq_len, cache_dir / f"{name}-heldout-{key}")
+    if len(train) == 0:
+        raise DapbenchError(
+            f"corpus {name} yields no {seq_len}-token chunk for training",
+            "use a larger corpus or a shorter seq_len",
+        )
+    return Corpus(name=name, train=train, heldout=heldout, checksum=checksum)
+
+
+def load_heldout_text(name: str, source: str, tokenizer, seq_len: int, cache_dir: Path):
+    """A text file used only for evaluation (the general corpus): packed chunks and a checksum."""
+    lines = read_corpus_lines(source)
+    checksum = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{checksum}|{_tokenizer_id(tokenizer)}|{seq_len}".encode()).hexdigest()[:20]
+    return _packed_dataset(lines, tokenizer, seq_len, cache_dir / f"{name}-eval-{key}"), checksum
+
+
+def _tokenizer_id(tokenizer) -> str:
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(f"{type(tokenizer).__name__}|{vocab}".encode()).hexdigest()[:16]
+
+
+def _packed_dataset(lines: list[str], tokenizer, seq_len: int, cache_path: Path):
+    """Tokenise every line with special tokens, concatenate, cut into ``seq_len`` chunks (datasets, cached)."""
+    from datasets import Dataset, load_from_disk
+
+    if cache_path.is_dir():
+        return load_from_disk(str(cache_path)).with_format("torch")
+
+    def tokenize_and_pack(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
+        encoded = tokenizer(batch["text"], return_special_tokens_mask=True, verbose=False)
+        return {key: _pack(encoded[key], seq_len) for key in ("input_ids", "special_tokens_mask")}
+
+    packed = Dataset.from_dict({"text": lines}).map(
+        tokenize_and_pack,
+        batched=True,
+        batch_size=1000,
+        remove_columns=["text"],
+        desc=f"packing {cache_path.name}",
+    )
+    tmp = cache_path.with_name(cache_path.name + ".tmp")
+    packed.save_to_disk(str(tmp))
+    tmp.replace(cache_path)
+    return load_from_disk(str(cache_path)).with_format("torch")
+
+
+def _pack(sequences: list[list[int]], seq_len: int) -> list[list[int]]:
+    """Concatenate and cut into full chunks; the remainder of the batch is dropped (as the reference)."""
+    flat = [tok for seq in sequences for tok in seq]
+    usable = len(flat) // seq_len * seq_len
+    return [flat[i : i + seq_len] for i in range(0, usable, seq_len)]
+
+
+# ----------------------------------------------------------------------------------------------
+# MLM batches
+# ----------------------------------------------------------------------------------------------
+class MlmCollator:
+    """transformers' MLM collator (15% of non-special tokens; 80/10/10) plus host-side gather indices.
+
+    Adds ``mlm_positions`` (flat indices of the selected tokens) and ``mlm_targets`` (their original
+    ids), so the loss can gather the selected hidden states without a device synchronisation, and
+    ``original_ids`` (the unmasked input), which several methods need.
+    """
+
+    def __init__(self, tokenizer, mlm_probability: float = 0.15, seed: int | None = None):
+        from transformers import DataCollatorForLanguageModeling
+
+        self._collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability, seed=seed)
+
+    def __call__(self, examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Mask a list of packed chunks into one batch."""
+        original = torch.stack([torch.as_tensor(e["input_ids"]) for e in examples])
+        batch = dict(self._collate([{k: e[k] for k in ("input_ids", "special_tokens_mask")} for e in examples]))
+        batch["attention_mask"] = torch.ones_like(original)
+        flat_labels = batch.pop("labels").reshape(-1)
+        positions = (flat_labels != -100).nonzero().squeeze(1)
+        if positions.numel() == 0:  # a batch with nothing masked would give a NaN mean loss
+            positions = torch.zeros(1, dtype=torch.long)
+            flat_labels = flat_labels.clone()
+            flat_labels[0] = original.reshape(-1)[0]
+        batch["mlm_positions"] = positions
+        batch["mlm_targets"] = flat_labels[positions]
+        batch["original_ids"] = original
+        return batch
+
+
+def fixed_mlm_batches(dataset, tokenizer, n_chunks: int, batch_size: int, mlm_probability: float, seed: int = 0):
+    """The first ``n_chunks`` chunks masked once with a fixed seed: the same evaluation for every run."""
+    collator = MlmCollator(tokenizer, mlm_probability, seed=seed)
+    n = min(n_chunks, len(dataset))
+    return [collator([dataset[i] for i in range(s, min(s + batch_size, n))]) for s in range(0, n, batch_size)]
+
+
+@cache
+def package_versions() -> dict[str, str]:
+    """Versions of the libraries that change results."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("torch", "transformers", "datasets", "accelerate", "peft", "scikit-learn", "numpy"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "missing"
+    return out

@@ -1,0 +1,109 @@
+"""End-task fine-tuning of one DAP checkpoint on one end task (the paper's protocol)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from benchmark.config import FinetuneConfig
+from benchmark.data import EndTaskData, Example, fixed_subset, format_example
+from benchmark.metrics import classification_scores
+
+
+@dataclass
+class EncodedTask:
+    """An end task tokenised once and reused by every fine-tune of the run."""
+
+    name: str
+    num_labels: int
+    train: list[dict]
+    test: list[dict]
+    test_labels: list[int]
+
+
+def encode_task(task: EndTaskData, tokenizer, cfg: FinetuneConfig) -> EncodedTask:
+    """Subsample (fixed subsets) and tokenise an end task with truncation to ``cfg.max_length``."""
+    train = fixed_subset(task.train, cfg.max_train_examples, f"{task.name}/train")
+    test = fixed_subset(task.test, cfg.max_test_examples, f"{task.name}/test")
+    return EncodedTask(
+        name=task.name,
+        num_labels=len(task.labels),
+        train=_encode(train, tokenizer, cfg.max_length),
+        test=_encode(test, tokenizer, cfg.max_length),
+        test_labels=[ex.label for ex in test],
+    )
+
+
+def _encode(examples: list[Example], tokenizer, max_length: int) -> list[dict]:
+    texts = [format_example(ex, tokenizer.sep_token) for ex in examples]
+    encoded = tokenizer(texts, truncation=True, max_length=max_length)
+    return [
+        {"input_ids": ids, "attention_mask": mask, "labels": ex.label}
+        for ids, mask, ex in zip(encoded["input_ids"], encoded["attention_mask"], examples, strict=True)
+    ]
+
+
+def finetune_and_evaluate(
+    model: nn.Module, task: EncodedTask, tokenizer, cfg: FinetuneConfig, seed: int, accelerator
+) -> dict:
+    """Fine-tune ``model`` (a sequence classifier with a fresh head) and evaluate once on the test set
+    after the last epoch (no model selection, as in the paper). Returns scores and timings."""
+    from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup, set_seed
+
+    set_seed(seed)
+    collator = DataCollatorWithPadding(tokenizer)
+    loader = DataLoader(task.train, batch_size=cfg.batch_size, shuffle=True, collate_fn=collator)
+    epochs = cfg.epochs.get(task.name, cfg.default_epochs) * cfg.epoch_scale
+    total_steps = max(1, math.ceil(epochs * len(loader)))
+    # The reference applies weight decay to every parameter (biases and LayerNorms too).
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, total_steps)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    start = time.perf_counter()
+    model.train()
+    step = 0
+    while step < total_steps:
+        for batch in loader:
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step >= total_steps:
+                break
+    train_seconds = time.perf_counter() - start
+    predictions = predict(model, task.test, collator, cfg.eval_batch_size, accelerator)
+    scores = classification_scores(task.test_labels, predictions, task.num_labels)
+    accelerator.free_memory()
+    return {
+        **scores,
+        "n_train": len(task.train),
+        "n_test": len(task.test),
+        "epochs": epochs,
+        "steps": total_steps,
+        "train_seconds": round(train_seconds, 3),
+        "eval_seconds": round(time.perf_counter() - start - train_seconds, 3),
+    }
+
+
+@torch.no_grad()
+def predict(model: nn.Module, features: list[dict], collator, batch_size: int, accelerator) -> list[int]:
+    """Argmax predictions in the original order; batches are length-sorted to minimise padding."""
+    model.eval()
+    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
+    predictions = [0] * len(features)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        batch = collator([{k: v for k, v in features[i].items() if k != "labels"} for i in chunk])
+        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+        logits = model(**batch).logits
+        for i, pred in zip(chunk, logits.argmax(-1).tolist(), strict=True):
+            predictions[i] = pred
+    return predictions

@@ -1,0 +1,173 @@
+"""The method plugin interface: the runner owns the loop, a method implements the hooks it needs.
+
+A method is one class in one file under ``methods/``. It declares a ``name``, a typed ``config_cls``
+and its :class:`Capabilities`, and overrides only the hooks it needs. Hooks receive context objects
+(never a global ``args``) and return values the runner combines (named loss terms, models).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from benchmark.errors import DapbenchError
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """Base class of every method's typed configuration (a frozen dataclass)."""
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> MethodConfig:
+        """Build the config from user options, rejecting unknown keys with the list of valid ones."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise DapbenchError(
+                f"unknown option(s) {unknown} for {cls.__name__}",
+                f"valid options: {', '.join(sorted(names)) or '(none)'}",
+            )
+        return cls(**options)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a method needs from, or promises to, the runner; enforced by the runner, shown in reports."""
+
+    pretrains: bool = True
+    """False for the no-DAP baseline: the runner skips DAP and fine-tunes the base model."""
+    independent_per_domain: bool = False
+    """Every domain starts from the base model (the ONE family): the final score is the diagonal."""
+    needs_domain_id_at_finetune: bool = False
+    """``finetune_model`` uses the end task's domain id (task-incremental information)."""
+    stores_past_data: bool = False
+    """Keeps raw data of earlier domains (replay)."""
+    joint_training: bool = False
+    """Trains one model on the union of all domains (non-continual reference)."""
+
+
+@dataclass
+class RunEnv:
+    """Read-only facts about the run, given to the method at construction."""
+
+    num_domains: int
+    domains: tuple[str, ...]
+    seed: int
+    scratch_dir: Path
+    log: Callable[[str, float], None] = lambda name, value: None
+
+
+@dataclass
+class DomainContext:
+    """What ``before_domain`` / ``after_domain`` see."""
+
+    index: int
+    name: str
+    model: nn.Module
+    probe_loader: Iterable[Mapping[str, torch.Tensor]]
+    """A fixed subset of the domain's training chunks (the same every run), already MLM-masked."""
+    accelerator: Any
+    mlm_loss: Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
+    """Computes the efficient MLM loss of a model on a batch (logits at masked positions only)."""
+
+
+@dataclass
+class StepContext:
+    """What the per-step hooks see."""
+
+    model: nn.Module
+    domain_index: int
+    domain_step: int
+    total_domain_steps: int
+    global_step: int
+    accelerator: Any
+
+
+@dataclass
+class StepOutput:
+    """The runner's forward pass of one training batch."""
+
+    loss: torch.Tensor
+    """Mean MLM cross-entropy at the masked positions."""
+    hidden: torch.Tensor
+    """Last hidden state, batch x length x hidden."""
+
+
+@dataclass
+class FinetuneContext:
+    """What ``finetune_model`` sees: the DAP checkpoint of row t and the end task of column k."""
+
+    checkpoint_dir: Path
+    model: nn.Module
+    """The DAP model of checkpoint t (method surgery applied, method state loaded)."""
+    num_labels: int
+    task_domain_index: int | None = None
+    """The end task's domain index; None unless the method declares ``needs_domain_id_at_finetune``."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ContinualMethod:
+    """Base class of every method. Every hook has a no-op default, so NCL is the empty subclass."""
+
+    name: ClassVar[str] = ""
+    config_cls: ClassVar[type[MethodConfig]] = MethodConfig
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    def __init__(self, config: MethodConfig, *, env: RunEnv):
+        self.config = config
+        self.env = env
+
+    # -- model surgery -------------------------------------------------------------------------
+    def setup(self, model: nn.Module) -> nn.Module:
+        """Modify the freshly loaded model once (gates, adapters, prompts) and return the model to train."""
+        return model
+
+    def trainable_parameters(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+        """The parameters the DAP optimizer updates (default: every parameter that requires grad)."""
+        return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+    # -- per-domain hooks ----------------------------------------------------------------------
+    def before_domain(self, ctx: DomainContext) -> None:
+        """Called before training on a domain (e.g. importance at initialisation, teacher snapshot)."""
+
+    def after_domain(self, ctx: DomainContext) -> None:
+        """Called after training on a domain (e.g. importance, Fisher, replay buffer)."""
+
+    # -- per-step hooks ------------------------------------------------------------------------
+    def training_loss(
+        self, batch: Mapping[str, torch.Tensor], outputs: StepOutput, ctx: StepContext
+    ) -> dict[str, torch.Tensor]:
+        """Extra named loss terms added to the MLM loss; may run extra forward passes."""
+        return {}
+
+    def after_backward(self, ctx: StepContext) -> None:
+        """Gradient hook: after backward, before clipping and the optimizer step."""
+
+    def after_optimizer_step(self, ctx: StepContext) -> None:
+        """Called after every optimizer step (e.g. clamping, running statistics)."""
+
+    # -- fine-tune handoff ---------------------------------------------------------------------
+    def finetune_model(self, ctx: FinetuneContext) -> nn.Module:
+        """The classification model for end-task fine-tuning (default: a fresh head on checkpoint t)."""
+        from transformers import AutoModelForSequenceClassification
+
+        return AutoModelForSequenceClassification.from_pretrained(ctx.checkpoint_dir, num_labels=ctx.num_labels)
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The method's own state (tensors on CPU); the model is saved separately."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+def build_method(cls: type[ContinualMethod], options: Mapping[str, Any], env: RunEnv) -> ContinualMethod:
+    """Instantiate a method class with its typed config built from ``options``."""
+    return cls(cls.config_cls.from_options(options), env=env)

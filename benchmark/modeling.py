@@ -1,0 +1,107 @@
+"""Model loading, the per-architecture module map, and the efficient MLM loss."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmark.errors import DapbenchError
+
+
+@dataclass(frozen=True)
+class LayerModules:
+    """The modules of one transformer layer that unit-level methods (DAS, HAT) act on."""
+
+    query: nn.Linear
+    key: nn.Linear
+    value: nn.Linear
+    attn_out: nn.Linear
+    """Attention output projection; its input columns are the concatenated heads."""
+    intermediate: nn.Linear
+    """First FFN projection (its output is the pre-activation of the intermediate neurons)."""
+    output: nn.Linear
+    """Second FFN projection (before dropout, residual and LayerNorm)."""
+
+
+# Attribute paths inside one encoder layer, per architecture (stock transformers modules).
+_BERT_LIKE = {
+    "query": "attention.self.query",
+    "key": "attention.self.key",
+    "value": "attention.self.value",
+    "attn_out": "attention.output.dense",
+    "intermediate": "intermediate.dense",
+    "output": "output.dense",
+}
+LAYER_PATHS = {"bert": _BERT_LIKE, "roberta": _BERT_LIKE, "xlm-roberta": _BERT_LIKE, "electra": _BERT_LIKE}
+
+
+def encoder_of(model: nn.Module) -> nn.Module:
+    """The bare encoder (``BertModel``/``RobertaModel``) inside a task model."""
+    return getattr(model, model.base_model_prefix)
+
+
+def mlm_head_of(model: nn.Module) -> nn.Module:
+    """The MLM prediction head: the one child of a ``*ForMaskedLM`` model that is not the encoder."""
+    heads = [child for name, child in model.named_children() if name != model.base_model_prefix]
+    if len(heads) != 1:
+        raise DapbenchError(f"cannot find the MLM head of {type(model).__name__}", "use a *ForMaskedLM model")
+    return heads[0]
+
+
+def layer_modules(model: nn.Module) -> list[LayerModules]:
+    """The unit-bearing modules of every encoder layer, through the per-architecture map."""
+    model_type = model.config.model_type
+    if model_type not in LAYER_PATHS:
+        raise DapbenchError(
+            f"no module map for architecture {model_type!r}",
+            f"add its layer paths to benchmark.modeling.LAYER_PATHS (known: {', '.join(LAYER_PATHS)})",
+        )
+    layers = encoder_of(model).encoder.layer
+    return [LayerModules(**{k: layer.get_submodule(p) for k, p in LAYER_PATHS[model_type].items()}) for layer in layers]
+
+
+def load_masked_lm(name_or_path: str):
+    """Load a masked LM and its tokenizer from a hub id or a local directory."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    local = Path(name_or_path)
+    if not local.exists() and (name_or_path.startswith((".", "/")) or name_or_path.count("/") > 1):
+        raise DapbenchError(
+            f"model directory not found: {name_or_path}",
+            "pass --model with a local model directory or a hub id (e.g. roberta-base)",
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForMaskedLM.from_pretrained(name_or_path)
+    except (OSError, ValueError) as exc:
+        raise DapbenchError(
+            f"cannot load model {name_or_path!r}: {exc}",
+            "without hub access use a local directory (see ../shared/models or `dapbench pretrain-base`)",
+        ) from exc
+    return model, tokenizer
+
+
+def mlm_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean MLM cross-entropy at the masked positions, and the last hidden state.
+
+    The vocabulary projection dominates small models, so the head runs only on the selected
+    positions. Their flat indices (``mlm_positions``) and targets (``mlm_targets``) are computed on
+    the host by the collator, so this function never synchronises with the device.
+    """
+    hidden = encoder_of(model)(
+        input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")
+    ).last_hidden_state
+    selected = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch["mlm_positions"])
+    logits = mlm_head_of(model)(selected)
+    loss = F.cross_entropy(logits.float(), batch["mlm_targets"])
+    return loss, hidden
+
+
+def mlm_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Mean MLM cross-entropy at the masked positions (see :func:`mlm_forward`)."""
+    return mlm_forward(model, batch)[0]

@@ -1,0 +1,159 @@
+"""``dapbench pretrain-base``: build a small general masked LM (tokenizer + BERT) from any corpus.
+
+Users without hub access make their own base model with it; the synthetic profile uses the same
+code. Training uses the benchmark's own packing, MLM collator and masked-position-only loss.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from benchmark.data import MlmCollator, fixed_mlm_batches, load_corpus, read_corpus_lines
+from benchmark.errors import DapbenchError
+from benchmark.io import atomic_directory, atomic_write_json
+from benchmark.modeling import mlm_loss
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+@dataclass(frozen=True)
+class BaseModelSpec:
+    """Architecture and training budget of a base masked LM."""
+
+    vocab_size: int = 8000
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 512
+    seq_len: int = 128
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 5e-4
+    seed: int = 0
+
+
+def train_tokenizer(corpora: list[str], vocab_size: int, max_length: int):
+    """An uncased WordPiece tokenizer trained on the given text files (the BERT recipe)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    lines = [line for path in corpora for line in read_corpus_lines(path)]
+    tok.train_from_iterator(lines, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS))
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=max_length,
+    )
+
+
+def pretrain_base(
+    corpus: str,
+    out_dir: str | Path,
+    spec: BaseModelSpec,
+    vocab_corpora: list[str] | None = None,
+    show_progress: bool = True,
+) -> Path:
+    """Train a tokenizer and a BERT masked LM on ``corpus``; write a model directory atomically.
+
+    ``vocab_corpora`` (default: the corpus itself) only shape the tokenizer's vocabulary; the model
+    sees nothing but ``corpus``.
+    """
+    from tqdm.auto import tqdm
+    from transformers import BertConfig, BertForMaskedLM, get_cosine_schedule_with_warmup, set_seed
+
+    if not Path(corpus).is_file():
+        raise DapbenchError(f"corpus not found: {corpus}", "pass a text file with one passage per line")
+    set_seed(spec.seed)
+    tokenizer = train_tokenizer(vocab_corpora or [corpus], spec.vocab_size, spec.seq_len)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        intermediate_size=spec.intermediate_size,
+        max_position_embeddings=max(spec.seq_len, 64),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = BertForMaskedLM(config)
+    with _scratch(out_dir) as scratch:
+        data = load_corpus("base", corpus, tokenizer, spec.seq_len, 0.02, None, scratch)
+    loader = DataLoader(
+        data.train,
+        batch_size=spec.batch_size,
+        shuffle=True,
+        collate_fn=MlmCollator(tokenizer),
+        drop_last=len(data.train) >= spec.batch_size,
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, spec.steps // 20, spec.steps)
+    heldout = fixed_mlm_batches(data.heldout, tokenizer, 128, 64, 0.15)
+    start, step = time.perf_counter(), 0
+    model.train()
+    with tqdm(total=spec.steps, desc="pretrain-base", disable=not show_progress, leave=False) as bar:
+        while step < spec.steps:
+            for batch in loader:
+                mlm_loss(model, batch).backward()
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                bar.update()
+                if step >= spec.steps:
+                    break
+    report = {
+        "spec": asdict(spec),
+        "corpus": str(corpus),
+        "seconds": round(time.perf_counter() - start, 1),
+        "heldout_mlm_loss": _evaluate(model, heldout),
+        "train_chunks": len(data.train),
+    }
+
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        atomic_write_json(tmp / "pretraining.json", report)
+
+    return atomic_directory(out_dir, fill)
+
+
+@torch.no_grad()
+def _evaluate(model, batches: list[dict]) -> float:
+    model.eval()
+    losses = [float(mlm_loss(model, b)) * b["mlm_targets"].numel() for b in batches]
+    count = sum(b["mlm_targets"].numel() for b in batches)
+    model.train()
+    return round(sum(losses) / max(count, 1), 4)
+
+
+class _scratch:
+    """A temporary cache directory beside ``out_dir`` that is removed afterwards."""
+
+    def __init__(self, out_dir: str | Path):
+        self.path = Path(str(out_dir) + ".cache")
+
+    def __enter__(self) -> Path:
+        self.path.mkdir(parents=True, exist_ok=True)
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        import shutil
+
+        shutil.rmtree(self.path, ignore_errors=True)

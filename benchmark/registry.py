@@ -1,0 +1,65 @@
+"""Method registry: built-in plugins from ``methods/`` plus third-party entry points."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from functools import cache
+from importlib.metadata import entry_points
+
+from benchmark.errors import DapbenchError
+
+ENTRY_POINT_GROUP = "dapbench.methods"
+
+
+class Registry:
+    """Maps method names to ``module:Class`` targets, imported lazily on first use."""
+
+    def __init__(self, builtins: dict[str, str]):
+        self._targets = dict(builtins)
+        self._plugins_loaded = False
+
+    def names(self) -> list[str]:
+        """Every registered method name, sorted."""
+        self._load_entry_points()
+        return sorted(self._targets)
+
+    def register(self, name: str, target: str) -> None:
+        """Register ``target`` (``"module:Class"``) under ``name``; a clash is an error."""
+        if name in self._targets and self._targets[name] != target:
+            raise DapbenchError(
+                f"method name {name!r} is registered twice ({self._targets[name]} and {target})",
+                "rename one of the plugins",
+            )
+        self._targets[name] = target
+
+    def get(self, name: str) -> type:
+        """The method class registered as ``name``; unknown names get a did-you-mean error."""
+        self._load_entry_points()
+        if name not in self._targets:
+            close = difflib.get_close_matches(name, self._targets, n=3)
+            hint = f"did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise DapbenchError(
+                f"unknown method {name!r}. {hint}".strip(),
+                f"registered methods: {', '.join(sorted(self._targets))} (see `dapbench list`)",
+            )
+        module_name, _, attr = self._targets[name].partition(":")
+        cls = getattr(importlib.import_module(module_name), attr)
+        if getattr(cls, "name", None) != name:
+            raise DapbenchError(f"plugin {self._targets[name]} declares name {cls.name!r}, registered as {name!r}")
+        return cls
+
+    def _load_entry_points(self) -> None:
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            self.register(ep.name, ep.value)
+
+
+@cache
+def default_registry() -> Registry:
+    """The process-wide registry: the built-in ``methods/`` plugins plus installed entry points."""
+    from methods import BUILTIN_METHODS
+
+    return Registry(BUILTIN_METHODS)

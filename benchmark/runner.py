@@ -1,0 +1,525 @@
+"""The continual runner: DAP through a domain sequence, end-task fine-tunes, one JSON record per run.
+
+For every domain t of the sequence: ``before_domain`` -> train (owned step counter) ->
+``after_domain`` -> atomic checkpoint (model + method state + RNG) -> MLM loss on every held-out
+corpus -> fine-tune the row of A[t][k] that ``--matrix`` asks for. Finished domains and finished
+fine-tunes are skipped when a run is started again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import resource
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from benchmark.config import DapConfig, RunConfig
+from benchmark.data import (
+    Corpus,
+    MlmCollator,
+    TaskSuite,
+    fixed_mlm_batches,
+    load_corpus,
+    load_end_task,
+    load_heldout_text,
+    load_suite,
+    package_versions,
+    read_corpus_lines,
+    resolve_corpus_path,
+)
+from benchmark.errors import DapbenchError
+from benchmark.finetune import EncodedTask, encode_task, finetune_and_evaluate
+from benchmark.io import atomic_directory, atomic_write_json, read_json
+from benchmark.method import (
+    ContinualMethod,
+    DomainContext,
+    FinetuneContext,
+    RunEnv,
+    StepContext,
+    StepOutput,
+    build_method,
+)
+from benchmark.metrics import summarize_matrix
+from benchmark.modeling import load_masked_lm, mlm_forward, mlm_loss
+from benchmark.registry import default_registry
+
+GENERAL = "general"
+
+
+@dataclass
+class RunData:
+    """Everything data-side a run needs, loaded once and shared by the methods and seeds of a run."""
+
+    suite: TaskSuite
+    domains: tuple[str, ...]
+    tokenizer: Any
+    corpora: dict[str, Corpus]
+    heldout_batches: dict[str, list[dict]]
+    """Fixed-mask held-out MLM batches per domain corpus (and ``general`` when given)."""
+    tasks: dict[str, EncodedTask]
+    checksums: dict[str, str] = field(default_factory=dict)
+
+
+def prepare_data(config: RunConfig) -> RunData:
+    """Load the suite, tokenizer, corpora (packed, cached) and end tasks (re-split, encoded)."""
+    from transformers import AutoTokenizer
+
+    suite = load_suite(config.data_root)
+    domains = suite.sequence(config.sequence)
+    sources = {name: resolve_corpus_path(suite.domains[name].corpus, config.data_root) for name in domains}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(config.model)
+    except (OSError, ValueError) as exc:
+        raise DapbenchError(
+            f"cannot load the tokenizer of {config.model!r}: {exc}",
+            "pass --model with a hub id or a model directory",
+        ) from exc
+    dap = config.dap
+    cache_dir = Path(config.work_dir) / "cache"
+    corpora, heldout, tasks, checksums = {}, {}, {}, {}
+    for name in domains:
+        spec = suite.domains[name]
+        task = load_end_task(suite.end_tasks[spec.end_task], config.data_root, check_sizes=suite.source == "builtin")
+        corpus = load_corpus(
+            name, sources[name], tokenizer, dap.seq_len, dap.heldout_fraction, dap.max_corpus_lines, cache_dir
+        )
+        corpora[name], tasks[name] = corpus, encode_task(task, tokenizer, config.finetune)
+        checksums[f"corpus/{name}"], checksums[f"task/{task.name}"] = corpus.checksum, task.checksum
+    for name, corpus in corpora.items():
+        heldout[name] = _heldout_batches(corpus.heldout, tokenizer, dap)
+    if config.general_heldout:
+        general, checksums[f"corpus/{GENERAL}"] = load_heldout_text(
+            GENERAL, config.general_heldout, tokenizer, dap.seq_len, cache_dir
+        )
+        heldout[GENERAL] = _heldout_batches(general, tokenizer, dap)
+    return RunData(suite, domains, tokenizer, corpora, heldout, tasks, checksums)
+
+
+def _heldout_batches(dataset, tokenizer, dap: DapConfig) -> list[dict]:
+    if len(dataset) == 0:
+        raise DapbenchError("a held-out corpus slice yields no full chunk", "lower dap.seq_len or use more text")
+    return fixed_mlm_batches(dataset, tokenizer, dap.heldout_chunks, dap.per_device_batch_size, dap.mlm_probability)
+
+
+# ----------------------------------------------------------------------------------------------
+# One run = one method x one seed
+# ----------------------------------------------------------------------------------------------
+class ContinualRun:
+    """Runs one method with one seed through the sequence, resumably, and writes its record."""
+
+    def __init__(self, config: RunConfig, data: RunData, method_name: str, seed: int, show_progress: bool = True):
+        self.config, self.data, self.seed = config, data, seed
+        self.method_cls = default_registry().get(method_name)
+        self.caps = self.method_cls.capabilities
+        self.run_id = f"{method_name}-{_sequence_tag(config.sequence)}-seed{seed}-{config.fingerprint()}"
+        self.root = Path(config.work_dir) / "runs" / self.run_id
+        self.show_progress = show_progress
+        self.accelerator = _make_accelerator(config)
+        self.T = len(data.domains)
+        env = RunEnv(self.T, data.domains, seed, self.root / "scratch")
+        env.scratch_dir.mkdir(parents=True, exist_ok=True)
+        self.method: ContinualMethod = build_method(self.method_cls, config.method_options.get(method_name, {}), env)
+
+    # -- paths -------------------------------------------------------------------------------------
+    def _ckpt(self, t: int) -> Path:
+        return self.root / f"checkpoint-{t}"
+
+    def _done(self, t: int) -> Path:
+        return self.root / f"domain-{t}.json"
+
+    def _pair(self, row_key: str, k: int) -> Path:
+        return self.root / "finetune" / f"{row_key}-task{k}.json"
+
+    # -- driver ------------------------------------------------------------------------------------
+    def execute(self) -> dict:
+        """Run (or resume) every domain and fine-tune, then return the complete record."""
+        started = time.time()
+        base_losses = self._base_losses()
+        for t in range(self.T):
+            if not self._done(t).exists():
+                self._run_domain(t)
+            self._finetune_row(t)
+            if t > 0 and not self.config.keep_checkpoints and self._ckpt(t - 1).exists():
+                shutil.rmtree(self._ckpt(t - 1))
+        return self._record(base_losses, time.time() - started)
+
+    def _base_losses(self) -> dict[str, float]:
+        path = self.root / "base-mlm-loss.json"
+        if not path.exists():
+            model, _ = load_masked_lm(self.config.model)
+            atomic_write_json(path, self._heldout_losses(model.to(self.accelerator.device)))
+        return read_json(path, "base MLM-loss file")
+
+    # -- one domain --------------------------------------------------------------------------------
+    def _run_domain(self, t: int) -> None:
+        name = self.data.domains[t]
+        model = self._model_for_domain(t)
+        _restore_rng(self._ckpt(t - 1) / "rng.pt" if t > 0 else None, self.seed + t)
+        _reset_peak_memory()
+        probe = _DeviceBatches(self._probe_batches(t), self.accelerator.device)
+        ctx = DomainContext(t, name, model, probe, self.accelerator, mlm_loss)
+        stats: dict[str, Any] = {"domain": name, "trained": False, "trainable_parameters": 0}
+        if self.caps.pretrains:
+            stats["trainable_parameters"] = sum(p.numel() for _, p in self.method.trainable_parameters(model))
+            self.method.before_domain(ctx)
+            stats = {**stats, "trained": True, **self._train(model, self.data.corpora[name], t)}
+            ctx.model = model
+            self.method.after_domain(ctx)
+        stats["mlm_loss"] = self._heldout_losses(model)
+        stats["peak_memory_mb"] = _peak_memory_mb()
+        self._save_checkpoint(t, model)
+        atomic_write_json(self._done(t), stats)
+        self.accelerator.free_memory()
+
+    def _model_for_domain(self, t: int):
+        """Base model at the first domain and for independent methods, else checkpoint t-1."""
+        fresh = t == 0 or self.caps.independent_per_domain or not self.caps.pretrains
+        source = self.config.model if fresh else self._ckpt(t - 1)
+        model, _ = load_masked_lm(str(source))
+        model = self.method.setup(model.to(self.accelerator.device))
+        if t > 0:
+            state = torch.load(self._ckpt(t - 1) / "method_state.pt", weights_only=False)
+            self.method.load_state_dict(state)
+        return model
+
+    def _probe_batches(self, t: int) -> list[dict]:
+        dap = self.config.dap
+        corpus = self.data.corpora[self.data.domains[t]]
+        return fixed_mlm_batches(
+            corpus.train,
+            self.data.tokenizer,
+            dap.probe_chunks,
+            dap.probe_batch_size,
+            dap.mlm_probability,
+            seed=1000 + t,
+        )
+
+    def _train(self, model, corpus: Corpus, t: int) -> dict:
+        dap, acc = self.config.dap, self.accelerator
+        params = self.method.trainable_parameters(model)
+        optimizer = torch.optim.AdamW(_param_groups(params, dap.weight_decay), lr=dap.lr, eps=dap.adam_eps)
+        from transformers import get_linear_schedule_with_warmup
+
+        scheduler = get_linear_schedule_with_warmup(optimizer, int(dap.warmup_ratio * dap.steps), dap.steps)
+        loader = DataLoader(
+            corpus.train,
+            batch_size=dap.per_device_batch_size,
+            shuffle=True,
+            collate_fn=MlmCollator(self.data.tokenizer, dap.mlm_probability),
+            drop_last=len(corpus.train) >= dap.per_device_batch_size,
+        )
+        model, optimizer, loader, scheduler = acc.prepare(model, optimizer, loader, scheduler)
+        accum = max(1, dap.batch_size // (dap.per_device_batch_size * acc.num_processes))
+        return self._train_loop(model, optimizer, scheduler, _forever(loader), accum, t)
+
+    def _train_loop(self, model, optimizer, scheduler, batches: Iterator[dict], accum: int, t: int) -> dict:
+        dap, acc = self.config.dap, self.accelerator
+        ctx = StepContext(model, t, 0, dap.steps, t * dap.steps, acc)
+        sums: dict[str, torch.Tensor] = {}
+        log: list[dict] = []
+        last_logged = 0
+        model.train()
+        bar = tqdm(
+            range(dap.steps),
+            desc=f"{self.method_cls.name} {self.data.domains[t]}",
+            disable=not self.show_progress,
+            leave=False,
+        )
+        start = time.perf_counter()
+        for step in bar:
+            ctx.domain_step, ctx.global_step = step, t * dap.steps + step
+            for micro in range(accum):
+                batch = next(batches)
+                sync = contextlib.nullcontext() if micro == accum - 1 else acc.no_sync(model)
+                with sync:
+                    loss, hidden = mlm_forward(model, batch)
+                    terms = {"mlm": loss, **self.method.training_loss(batch, StepOutput(loss, hidden), ctx)}
+                    acc.backward(sum(terms.values()) / accum)
+                for key, value in terms.items():
+                    sums[key] = sums.get(key, 0) + value.detach() / accum
+            self.method.after_backward(ctx)
+            if dap.max_grad_norm is not None:
+                acc.clip_grad_norm_(model.parameters(), dap.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            self.method.after_optimizer_step(ctx)
+            optimizer.zero_grad(set_to_none=True)
+            if (step + 1) % dap.log_every == 0 or step + 1 == dap.steps:
+                log.append(self._flush_log(sums, step + 1, step + 1 - last_logged, bar))  # the only host sync
+                last_logged = step + 1
+        seconds = time.perf_counter() - start
+        tokens = dap.steps * accum * dap.per_device_batch_size * dap.seq_len * acc.num_processes
+        return {
+            "steps": dap.steps,
+            "train_seconds": round(seconds, 3),
+            "tokens": tokens,
+            "tokens_per_second": round(tokens / seconds, 1),
+            "step_seconds": round(seconds / dap.steps, 4),
+            "loss_log": log,
+        }
+
+    def _flush_log(self, sums: dict[str, torch.Tensor], step: int, n: int, bar) -> dict:
+        means = {k: float(v) / n for k, v in sums.items()}
+        sums.clear()
+        bad = [k for k, v in means.items() if not math.isfinite(v)]
+        if bad:
+            raise DapbenchError(
+                f"{self.method_cls.name}: loss term(s) {bad} became non-finite at step {step}",
+                "lower the learning rate or check the method's loss terms",
+            )
+        bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})
+        return {"step": step, **{k: round(v, 5) for k, v in means.items()}}
+
+    @torch.no_grad()
+    def _heldout_losses(self, model) -> dict[str, float]:
+        """Mean MLM loss (per masked token) of ``model`` on every held-out set, with fixed masks."""
+        was_training = model.training
+        model.eval()
+        out = {}
+        for name, batches in self.data.heldout_batches.items():
+            total, count = 0.0, 0
+            for batch in _DeviceBatches(batches, self.accelerator.device):
+                n = int(batch["mlm_targets"].numel())
+                total += float(mlm_loss(model, batch)) * n
+                count += n
+            out[name] = round(total / count, 5)
+        model.train(was_training)
+        return out
+
+    def _save_checkpoint(self, t: int, model) -> None:
+        unwrapped = self.accelerator.unwrap_model(model)
+
+        def fill(tmp: Path) -> None:
+            unwrapped.save_pretrained(tmp)
+            self.data.tokenizer.save_pretrained(tmp)
+            torch.save(self.method.state_dict(), tmp / "method_state.pt")
+            torch.save(_rng_state(), tmp / "rng.pt")
+
+        atomic_directory(self._ckpt(t), fill)
+
+    # -- fine-tuning -------------------------------------------------------------------------------
+    def _row_tasks(self, t: int) -> list[int]:
+        """Columns k of row t that the matrix mode asks for."""
+        if self.config.matrix == "full" or t == self.T - 1:
+            return list(range(t + 1))
+        return [t]
+
+    def _row_key(self, t: int) -> str:
+        # The no-DAP baseline fine-tunes the same base model in every row: compute each column once.
+        return "base" if not self.caps.pretrains else f"row{t}"
+
+    def _finetune_row(self, t: int) -> None:
+        todo = [k for k in self._row_tasks(t) if not self._pair(self._row_key(t), k).exists()]
+        if not todo:
+            return
+        dap_model = None
+        for k in todo:
+            if dap_model is None:
+                dap_model = self._load_checkpoint_model(t)
+            task = self.data.tasks[self.data.domains[k]]
+            ctx = FinetuneContext(
+                checkpoint_dir=self._ckpt(t),
+                model=dap_model,
+                num_labels=task.num_labels,
+                task_domain_index=k if self.caps.needs_domain_id_at_finetune else None,
+            )
+            model = self.method.finetune_model(ctx).to(self.accelerator.device)
+            result = finetune_and_evaluate(
+                model,
+                task,
+                self.data.tokenizer,
+                self.config.finetune,
+                self.seed + self.config.finetune.seed_offset,
+                self.accelerator,
+            )
+            atomic_write_json(self._pair(self._row_key(t), k), {"row": t, "task": task.name, **result})
+
+    def _load_checkpoint_model(self, t: int):
+        model, _ = load_masked_lm(str(self._ckpt(t)))
+        model = self.method.setup(model.to(self.accelerator.device))
+        self.method.load_state_dict(torch.load(self._ckpt(t) / "method_state.pt", weights_only=False))
+        return model
+
+    # -- record ------------------------------------------------------------------------------------
+    def _record(self, base_losses: dict[str, float], seconds: float) -> dict:
+        domain_stats = [read_json(self._done(t), "domain progress file") for t in range(self.T)]
+        matrices = self._matrices()
+        caps = self.caps
+        summary = {
+            metric: summarize_matrix(np.asarray(m, dtype=float), caps.independent_per_domain)
+            if _summarizable(m, caps.independent_per_domain)
+            else None
+            for metric, m in matrices.items()
+        }
+        trained = [s for s in domain_stats if s.get("trained")]
+        return {
+            "schema": 1,
+            "run_id": self.run_id,
+            "status": "complete",
+            "method": self.method_cls.name,
+            "method_config": _asdict(self.method.config),
+            "capabilities": _asdict(caps),
+            "seed": self.seed,
+            "profile": self.config.profile,
+            "sequence": list(self.data.domains),
+            "end_tasks": [self.data.tasks[d].name for d in self.data.domains],
+            "config": self.config.to_dict(),
+            "config_fingerprint": self.config.fingerprint(),
+            "matrices": matrices,
+            "summary": summary,
+            "mlm_loss": {
+                "columns": list(self.data.heldout_batches),
+                "base": base_losses,
+                "after_domain": [s["mlm_loss"] for s in domain_stats],
+            },
+            "timing": {
+                "wall_seconds": round(seconds, 1),
+                "dap_seconds": round(sum(s.get("train_seconds", 0.0) for s in domain_stats), 2),
+                "tokens_per_second": _mean([s["tokens_per_second"] for s in trained]),
+                "step_seconds": _mean([s["step_seconds"] for s in trained]),
+                "peak_memory_mb": max(s["peak_memory_mb"] for s in domain_stats),
+                "memory_kind": "cuda_max_allocated" if torch.cuda.is_available() else "cpu_max_rss",
+            },
+            "trainable_parameters": max(s["trainable_parameters"] for s in domain_stats),
+            "domains": domain_stats,
+            "environment": {
+                "versions": package_versions(),
+                "git_commit": _git_commit(),
+                "device": str(self.accelerator.device),
+                "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                "num_processes": self.accelerator.num_processes,
+                "mixed_precision": self.accelerator.mixed_precision,
+                "torch_threads": torch.get_num_threads(),
+            },
+            "data_checksums": self.data.checksums,
+        }
+
+    def _matrices(self) -> dict[str, list[list[float | None]]]:
+        out: dict[str, list[list[float | None]]] = {
+            m: [[None] * self.T for _ in range(self.T)] for m in ("acc", "macro_f1", "micro_f1")
+        }
+        for t in range(self.T):
+            for k in self._row_tasks(t):
+                pair = read_json(self._pair(self._row_key(t), k), "fine-tune result")
+                for metric in out:
+                    out[metric][t][k] = pair[metric]
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+class _DeviceBatches:
+    """Re-iterable view of host batches that moves each one to ``device`` when it is read."""
+
+    def __init__(self, batches: list[dict], device):
+        self.batches, self.device = batches, device
+
+    def __iter__(self):
+        for batch in self.batches:
+            yield {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def _forever(loader) -> Iterator[dict]:
+    """Cycle through the loader epoch after epoch (re-shuffled each time, nothing cached)."""
+    while True:
+        yield from loader
+
+
+def _param_groups(params: list[tuple[str, torch.nn.Parameter]], weight_decay: float) -> list[dict]:
+    no_decay = [p for n, p in params if n.endswith("bias") or "LayerNorm" in n or "layer_norm" in n]
+    decay = [p for n, p in params if not (n.endswith("bias") or "LayerNorm" in n or "layer_norm" in n)]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _make_accelerator(config: RunConfig):
+    from accelerate import Accelerator
+
+    cpu = config.device == "cpu" or not torch.cuda.is_available()
+    precision = "no" if cpu else config.dap.mixed_precision
+    return Accelerator(cpu=cpu, mixed_precision=precision)
+
+
+def _rng_state() -> dict:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def _restore_rng(path: Path | None, fallback_seed: int) -> None:
+    """Continue the RNG stream saved with the previous checkpoint (so resuming changes nothing)."""
+    from transformers import set_seed
+
+    if path is None or not path.exists():
+        set_seed(fallback_seed)
+        return
+    state = torch.load(path, weights_only=False)
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _reset_peak_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_memory_mb() -> float:
+    if torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def _summarizable(matrix: list[list[float | None]], independent: bool) -> bool:
+    t = len(matrix)
+    needed = [matrix[k][k] for k in range(t)] + ([] if independent else matrix[-1])
+    return all(v is not None for v in needed)
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(float(np.mean(values)), 3) if values else None
+
+
+def _asdict(obj) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(obj)
+
+
+def _sequence_tag(sequence: str) -> str:
+    return sequence if "," not in sequence else "custom-" + sequence.replace(",", "-")
+
+
+def _git_commit() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def check_general_corpus(path: str) -> None:
+    """Fail early with a clear error when the general held-out file is missing or empty."""
+    read_corpus_lines(path)

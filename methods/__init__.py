@@ -1,0 +1,10 @@
+"""Built-in method plugins, one file each. This mapping is the single source of registered names.
+
+A method that is not faithful yet is not listed here.
+"""
+
+BUILTIN_METHODS: dict[str, str] = {
+    "none": "methods.none:NoDap",
+    "ncl": "methods.ncl:NCL",
+    "one": "methods.one:ONE",
+}

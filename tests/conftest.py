@@ -1,0 +1,74 @@
+"""Shared fixtures: a generated task suite and a tiny base model, both built in the test session."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from benchmark.cli import _quiet_libraries
+from benchmark.config import RunConfig, profile_config
+from benchmark.pretrain import BaseModelSpec, pretrain_base
+from benchmark.synthetic import DOMAINS, build_world, write_world
+
+_quiet_libraries()
+SHARED = Path(os.environ.get("DAPBENCH_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+SHARED_DATA = SHARED / "data" / "continuallm-layout"
+
+
+@pytest.fixture(scope="session")
+def world_root(tmp_path_factory) -> Path:
+    return write_world(build_world(seed=1), tmp_path_factory.mktemp("world") / "data")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(world_root, tmp_path_factory) -> Path:
+    spec = BaseModelSpec(
+        vocab_size=600,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=64,
+        seq_len=32,
+        steps=10,
+        batch_size=16,
+        lr=1e-3,
+    )
+    corpora = [str(world_root / "general.txt")] + [str(world_root / f"{d}.txt") for d in DOMAINS]
+    out = tmp_path_factory.mktemp("model") / "tiny"
+    return pretrain_base(str(world_root / "general.txt"), out, spec, vocab_corpora=corpora, show_progress=False)
+
+
+@pytest.fixture
+def tiny_config(world_root, tiny_model, tmp_path) -> RunConfig:
+    """Two domains, a few steps, small fine-tunes: the whole runner in seconds."""
+    base = profile_config("synthetic")
+    return dataclasses.replace(
+        base,
+        model=str(tiny_model),
+        data_root=str(world_root),
+        general_heldout=str(world_root / "general_heldout.txt"),
+        sequence="alpha,beta",
+        seeds=(3,),
+        output_dir=str(tmp_path),
+        work_dir=str(tmp_path / "work"),
+        dap=dataclasses.replace(
+            base.dap,
+            steps=4,
+            batch_size=8,
+            per_device_batch_size=4,
+            heldout_chunks=8,
+            probe_chunks=8,
+            probe_batch_size=4,
+            log_every=2,
+        ),
+        finetune=dataclasses.replace(
+            base.finetune, default_epochs=1, max_train_examples=24, max_test_examples=24, batch_size=8
+        ),
+    )
+
+
+def requires_shared_data():
+    return pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"shared data not found at {SHARED_DATA}")

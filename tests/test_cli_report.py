@@ -1,0 +1,151 @@
+import dataclasses
+import json
+
+import pytest
+
+from benchmark.cli import main
+from benchmark.config import apply_overrides, profile_config
+from benchmark.errors import DapbenchError
+from benchmark.io import atomic_write_json
+from benchmark.registry import Registry, default_registry
+from benchmark.report import leaderboard_markdown, load_records, write_report
+from benchmark.runner import ContinualRun, prepare_data
+
+
+def test_overrides_are_typed_and_validated():
+    config = apply_overrides(
+        profile_config("mini"),
+        [
+            "dap.steps=7",
+            "finetune.lr=1e-4",
+            "seeds=[1,2]",
+            "finetune.epochs.aclarc_sup=3",
+            "das.contrast_lambda=0.5",
+        ],
+    )
+    assert config.dap.steps == 7 and config.finetune.lr == 1e-4 and config.seeds == (1, 2)
+    assert config.finetune.epochs["aclarc_sup"] == 3
+    assert config.method_options == {"das": {"contrast_lambda": 0.5}}
+    with pytest.raises(DapbenchError, match="unknown config key 'stepz'"):
+        apply_overrides(config, ["dap.stepz=3"])
+    with pytest.raises(DapbenchError, match="expects int"):
+        apply_overrides(config, ["dap.steps=many"])
+    with pytest.raises(DapbenchError, match="unknown profile"):
+        profile_config("huge")
+
+
+def test_fingerprint_ignores_locations_but_not_budgets():
+    config = profile_config("mini")
+    assert config.fingerprint() == dataclasses.replace(config, output_dir="/elsewhere").fingerprint()
+    assert config.fingerprint() != apply_overrides(config, ["dap.steps=1"]).fingerprint()
+
+
+def test_registry_lists_builtins_and_rejects_clashes():
+    assert {"none", "ncl", "one"} <= set(default_registry().names())
+    registry = Registry({"a": "methods.ncl:NCL"})
+    with pytest.raises(DapbenchError, match="registered twice"):
+        registry.register("a", "methods.one:ONE")
+    with pytest.raises(DapbenchError, match="declares name 'ncl'"):
+        registry.get("a")
+
+
+def test_cli_rejects_unknown_method_before_any_work(capsys, tmp_path):
+    assert main(["run", "--methods", "ncl,dass", "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown method 'dass'" in err and "fix:" in err
+    assert not (tmp_path / "results").exists()
+
+
+def test_cli_missing_data_root(capsys, tmp_path):
+    code = main(
+        [
+            "run",
+            "--profile",
+            "mini",
+            "--data-root",
+            str(tmp_path / "none"),
+            "--model",
+            str(tmp_path),
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
+    assert code == 2 and "data root not found" in capsys.readouterr().err
+
+
+def test_cli_list(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "ncl" in out and "seq0" in out and "chemprot_sup" in out
+
+
+def test_cli_run_and_report_end_to_end(tiny_config, capsys):
+    args = [
+        "run",
+        "--profile",
+        "synthetic",
+        "--model",
+        tiny_config.model,
+        "--data-root",
+        tiny_config.data_root,
+        "--general-heldout",
+        tiny_config.general_heldout,
+        "--sequence",
+        "alpha,beta",
+        "--methods",
+        "none,ncl",
+        "--seeds",
+        "1",
+        "--output-dir",
+        tiny_config.output_dir,
+        "--quiet",
+        "--set",
+        "dap.steps=2",
+        "--set",
+        "dap.batch_size=4",
+        "--set",
+        "dap.per_device_batch_size=4",
+        "--set",
+        "finetune.default_epochs=1",
+        "--set",
+        "finetune.max_train_examples=16",
+        "--set",
+        "finetune.max_test_examples=16",
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "ncl seed 1: final acc" in out and "NCL forgetting rate" in out
+    from pathlib import Path
+
+    root = Path(tiny_config.output_dir)
+    records = load_records(root / "results")
+    assert {r["method"] for r in records} == {"none", "ncl"}
+    board = (root / "leaderboard.md").read_text()
+    assert "| `ncl` | 1 |" in board and "final acc ↑" in board and "forgetting (acc) ↓" in board
+    assert list((root / "results" / "plots").glob("ncl-*-acc.png"))
+    assert list((root / "results" / "tables").glob("ncl-*-macro_f1.csv"))
+
+
+def test_report_on_a_corrupt_record_names_the_file(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "broken.json").write_text("{ not json")
+    with pytest.raises(DapbenchError, match="broken.json is corrupt"):
+        write_report(tmp_path)
+    assert not (tmp_path / "leaderboard.md").exists()  # nothing half-written
+
+
+def test_leaderboard_aggregates_seeds(tiny_config):
+    data = prepare_data(tiny_config)
+    records = [ContinualRun(tiny_config, data, "ncl", seed, show_progress=False).execute() for seed in (1, 2)]
+    text = leaderboard_markdown(records)
+    row = next(line for line in text.splitlines() if line.startswith("| `ncl`"))
+    assert "| 2 |" in row and "±" in row
+
+
+def test_atomic_json_write_keeps_the_old_file_on_failure(tmp_path):
+    path = tmp_path / "r.json"
+    atomic_write_json(path, {"a": 1})
+    with pytest.raises(TypeError):
+        atomic_write_json(path, {"a": object()})
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]

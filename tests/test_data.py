@@ -1,0 +1,108 @@
+import json
+
+import pytest
+
+from benchmark.data import Example, load_corpus, load_end_task, load_suite, read_corpus_lines, repartition
+from benchmark.errors import DapbenchError
+from tests.conftest import SHARED_DATA, requires_shared_data
+
+PAPER_SIZES = {
+    "restaurant_sup": (3452, 1120),
+    "phone_sup": (239, 553),
+    "camera_sup": (230, 626),
+    "aclarc_sup": (1520, 421),
+    "scierc_sup": (2260, 2388),
+    "chemprot_sup": (2667, 7398),
+}
+
+
+@requires_shared_data()
+@pytest.mark.parametrize("task", sorted(PAPER_SIZES))
+def test_paper_split_sizes_on_the_real_release(task):
+    suite = load_suite()
+    data = load_end_task(suite.end_tasks[task], SHARED_DATA)
+    assert (len(data.train), len(data.test)) == PAPER_SIZES[task]
+    assert all(0 <= ex.label < len(data.labels) for ex in data.train + data.test)
+
+
+@requires_shared_data()
+def test_asc_examples_carry_the_aspect():
+    data = load_end_task(load_suite().end_tasks["restaurant_sup"], SHARED_DATA)
+    assert data.train[0].aspect == "server" and data.train[0].text.startswith("Our server")
+
+
+def test_repartition_moves_the_first_k_of_each_label():
+    train = [Example(str(i), label) for i, label in enumerate([0, 1, 0, 1, 0, 1, 0, 0, 1, 1])]
+    new_train, new_test = repartition(train, [], num_labels=2, train_ratio=0.6)
+    # k = int((10 * 0.4) // 2) = 2 per label: texts 0, 2 (label 0) and 1, 3 (label 1)
+    assert [ex.text for ex in new_test] == ["0", "2", "1", "3"]
+    assert len(new_train) == 6
+
+
+def test_sequences_named_and_custom():
+    suite = load_suite()
+    assert suite.sequence("seq0") == ("restaurant", "acl", "ai", "phone", "pubmed", "camera")
+    assert suite.sequence("camera,acl") == ("camera", "acl")
+    with pytest.raises(DapbenchError, match="unknown sequence"):
+        suite.sequence("restaurant,mars")
+
+
+def test_missing_data_root_is_a_clear_error(tmp_path):
+    with pytest.raises(DapbenchError, match="data root not found.*\n.*fix: pass --data-root"):
+        load_end_task(load_suite().end_tasks["aclarc_sup"], tmp_path / "nowhere")
+
+
+def test_missing_data_root_setting_is_a_clear_error():
+    with pytest.raises(DapbenchError, match="DAPBENCH_DATA"):
+        load_end_task(load_suite().end_tasks["aclarc_sup"], None)
+
+
+def _write_jsonl(folder, name, rows):
+    (folder / name).parent.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_unknown_label_names_the_label_and_file(tmp_path):
+    _write_jsonl(
+        tmp_path,
+        "citation_intent/train.jsonl",
+        [{"text": "x", "label": "Uses"}, {"text": "y", "label": "Bogus"}],
+    )
+    _write_jsonl(tmp_path, "citation_intent/test.jsonl", [])
+    _write_jsonl(tmp_path, "citation_intent/dev.jsonl", [])
+    with pytest.raises(DapbenchError, match="unknown label 'Bogus'.*train.jsonl"):
+        load_end_task(load_suite().end_tasks["aclarc_sup"], tmp_path)
+
+
+def test_corrupt_end_task_file_is_a_clear_error(tmp_path):
+    (tmp_path / "SemEval14-res").mkdir()
+    (tmp_path / "SemEval14-res" / "train.json").write_text('{"1": {"term": "x", ')
+    with pytest.raises(DapbenchError, match="corrupt file .*train.json"):
+        load_end_task(load_suite().end_tasks["restaurant_sup"], tmp_path)
+
+
+def test_wrong_split_sizes_fail_loudly(tmp_path):
+    for split in ("train", "test", "dev"):
+        _write_jsonl(tmp_path, f"citation_intent/{split}.jsonl", [{"text": "x", "label": "Uses"}] * 3)
+    with pytest.raises(DapbenchError, match="differ from the paper's"):
+        load_end_task(load_suite().end_tasks["aclarc_sup"], tmp_path)
+
+
+def test_empty_corpus_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    with pytest.raises(DapbenchError, match="is empty"):
+        read_corpus_lines(str(empty))
+
+
+def test_corpus_packing_holds_out_the_first_lines(world_root, tiny_model, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    corpus = load_corpus("alpha", str(world_root / "alpha.txt"), tokenizer, 32, 0.05, None, tmp_path)
+    assert corpus.train[0]["input_ids"].shape == (32,)
+    heldout_text = read_corpus_lines(str(world_root / "alpha.txt"))[:5]
+    first_ids = tokenizer(heldout_text[0])["input_ids"][:32]
+    assert corpus.heldout[0]["input_ids"].tolist()[: len(first_ids)] == first_ids[:32]
+    again = load_corpus("alpha", str(world_root / "alpha.txt"), tokenizer, 32, 0.05, None, tmp_path)
+    assert len(again.train) == len(corpus.train)  # served from the cache

@@ -1,0 +1,108 @@
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+from benchmark.errors import DapbenchError
+from benchmark.runner import ContinualRun, prepare_data
+from methods.ncl import NCL
+
+
+def test_runner_over_two_domains_writes_a_complete_record(tiny_config):
+    data = prepare_data(tiny_config)
+    record = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).execute()
+    acc = record["matrices"]["acc"]
+    assert acc[0][1] is None and all(v is not None for v in (acc[0][0], acc[1][0], acc[1][1]))
+    assert record["summary"]["acc"]["forgetting"] == pytest.approx(acc[0][0] - acc[1][0])
+    assert record["mlm_loss"]["columns"] == ["alpha", "beta", "general"]
+    assert len(record["mlm_loss"]["after_domain"]) == 2
+    assert all(math.isfinite(v) for row in record["mlm_loss"]["after_domain"] for v in row.values())
+    assert record["timing"]["tokens_per_second"] > 0 and record["timing"]["peak_memory_mb"] > 0
+    assert record["trainable_parameters"] > 0
+    assert set(record["data_checksums"]) == {
+        "corpus/alpha",
+        "corpus/beta",
+        "corpus/general",
+        "task/alpha_sup",
+        "task/beta_sup",
+    }
+    json.dumps(record)  # the record is plain JSON
+    # The step counter really stops at max steps: every domain logged exactly dap.steps updates.
+    assert [d["steps"] for d in record["domains"]] == [4, 4]
+
+
+def test_matrix_final_computes_only_the_diagonal_and_last_row(tiny_config):
+    config = dataclasses.replace(tiny_config, matrix="final", sequence="alpha,beta,gamma")
+    record = ContinualRun(config, prepare_data(config), "ncl", 3, show_progress=False).execute()
+    acc = record["matrices"]["acc"]
+    assert acc[1][0] is None and acc[1][1] is not None and all(v is not None for v in acc[2])
+
+
+def test_independent_and_no_dap_methods(tiny_config):
+    data = prepare_data(tiny_config)
+    one = ContinualRun(tiny_config, data, "one", 3, show_progress=False).execute()
+    assert one["summary"]["acc"]["forgetting"] is None  # per-domain models: forgetting undefined
+    none = ContinualRun(tiny_config, data, "none", 3, show_progress=False).execute()
+    acc = none["matrices"]["acc"]
+    assert acc[0][0] == acc[1][0]  # the same base model fine-tuned once per task
+    assert none["trainable_parameters"] == 0
+    # No DAP: the held-out losses after every "domain" are those of the base model.
+    assert none["mlm_loss"]["after_domain"][-1] == none["mlm_loss"]["base"]
+
+
+def test_interrupted_run_resumes_and_matches_an_uninterrupted_one(tiny_config, tmp_path, monkeypatch):
+    data = prepare_data(tiny_config)
+    full = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).execute()
+
+    resumed_cfg = dataclasses.replace(tiny_config, work_dir=str(tmp_path / "resume-work"))
+    original = NCL.after_domain
+
+    def crash_on_second_domain(self, ctx):
+        if ctx.index == 1:
+            raise KeyboardInterrupt("simulated interruption")
+        return original(self, ctx)
+
+    monkeypatch.setattr(NCL, "after_domain", crash_on_second_domain)
+    with pytest.raises(KeyboardInterrupt):
+        ContinualRun(resumed_cfg, data, "ncl", 3, show_progress=False).execute()
+    run_dir = next((tmp_path / "resume-work" / "runs").iterdir())
+    assert (run_dir / "domain-0.json").exists() and not (run_dir / "domain-1.json").exists()
+    assert not (run_dir / "checkpoint-1").exists()  # no half-written checkpoint
+    first_mtime = (run_dir / "domain-0.json").stat().st_mtime_ns
+    pair_mtime = (run_dir / "finetune" / "row0-task0.json").stat().st_mtime_ns
+
+    monkeypatch.setattr(NCL, "after_domain", original)
+    resumed = ContinualRun(resumed_cfg, data, "ncl", 3, show_progress=False).execute()
+    assert (run_dir / "domain-0.json").stat().st_mtime_ns == first_mtime  # domain 0 skipped
+    assert (run_dir / "finetune" / "row0-task0.json").stat().st_mtime_ns == pair_mtime  # fine-tune skipped
+    assert resumed["matrices"] == full["matrices"]
+    assert resumed["mlm_loss"] == full["mlm_loss"]
+
+
+def test_unknown_method_gets_did_you_mean(tiny_config):
+    with pytest.raises(DapbenchError, match="unknown method 'nlc'.*did you mean 'ncl'"):
+        ContinualRun(tiny_config, prepare_data(tiny_config), "nlc", 3)
+
+
+def test_unknown_method_option_is_rejected(tiny_config):
+    config = dataclasses.replace(tiny_config, method_options={"ncl": {"lambda": 1}})
+    with pytest.raises(DapbenchError, match="unknown option"):
+        ContinualRun(config, prepare_data(config), "ncl", 3)
+
+
+def test_mlm_loss_matches_the_full_vocabulary_loss(tiny_model):
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    from benchmark.data import MlmCollator
+    from benchmark.modeling import mlm_loss
+
+    model = AutoModelForMaskedLM.from_pretrained(tiny_model).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    ids = tokenizer(["the cat was very happy today and we left"] * 4, return_special_tokens_mask=True)
+    batch = MlmCollator(tokenizer, 0.3, seed=0)([{k: torch.tensor(v[i]) for k, v in ids.items()} for i in range(4)])
+    labels = torch.full_like(batch["input_ids"], -100).view(-1)
+    labels[batch["mlm_positions"]] = batch["mlm_targets"]
+    reference = model(input_ids=batch["input_ids"], labels=labels.view_as(batch["input_ids"])).loss
+    assert float(mlm_loss(model, batch)) == pytest.approx(float(reference), rel=1e-5)
