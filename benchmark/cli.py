@@ -173,6 +173,13 @@ def _synthetic_reading(records: list[dict]) -> str:
     if one is not None and none is not None:
         verdict = "DAP helps" if one > none else "DAP does not help"
         lines.append(f"synthetic: one {one:.1f} vs none {none:.1f} final acc -> {verdict} ({one - none:+.1f})")
+    for record in by_method.get("ncl", [])[:1]:
+        losses = record["mlm_loss"]
+        if "general" in losses["columns"]:
+            base, after = losses["base"]["general"], losses["after_domain"][-1]["general"]
+            lines.append(
+                f"synthetic: general held-out MLM loss {base:.2f} (base) -> {after:.2f} after NCL's last domain"
+            )
     forgetting = mean("ncl", "acc", "forgetting")
     if forgetting is not None:
         verdict = "NCL forgets" if forgetting > 0 else "NCL does not forget"

@@ -182,7 +182,7 @@ def _synthetic() -> RunConfig:
             log_every=40,
         ),
         finetune=FinetuneConfig(
-            lr=2e-3,
+            lr=5e-4,
             batch_size=32,
             max_length=32,
             epochs={},

@@ -118,7 +118,9 @@ def pretrain_base(
                 bar.update()
                 if step >= spec.steps:
                     break
+    reinitialised = _reinitialise_unseen_tokens(model, tokenizer, read_corpus_lines(corpus))
     report = {
+        "reinitialised_unseen_tokens": reinitialised,
         "spec": asdict(spec),
         "corpus": str(corpus),
         "seconds": round(time.perf_counter() - start, 1),
@@ -132,6 +134,22 @@ def pretrain_base(
         atomic_write_json(tmp / "pretraining.json", report)
 
     return atomic_directory(out_dir, fill)
+
+
+@torch.no_grad()
+def _reinitialise_unseen_tokens(model, tokenizer, lines: list[str]) -> int:
+    """Give vocabulary entries that never occurred in the training corpus a fresh initialisation.
+
+    Through the tied softmax every absent token is pushed in the same direction at every step (the
+    rare-token degeneration), so they end up nearly parallel and indistinguishable: later training
+    could not tell them apart. They carry no information, so re-drawing them loses nothing.
+    """
+    seen = {i for ids in tokenizer(lines)["input_ids"] for i in ids} | set(tokenizer.all_special_ids)
+    unseen = torch.tensor(sorted(set(range(len(tokenizer))) - seen), dtype=torch.long)
+    if unseen.numel():
+        weight = model.get_input_embeddings().weight
+        weight[unseen] = torch.randn(len(unseen), weight.shape[1]) * model.config.initializer_range
+    return int(unseen.numel())
 
 
 @torch.no_grad()

@@ -2,14 +2,15 @@
 
 It is built so that the benchmark's question has an answer on it:
 
-* **DAP helps.** An end-task label is a *fact* about an entity ("the <entity> was <adjective>"
-  in the domain corpus, the adjective's label group is domain-specific). End-task inputs name the
-  entity in neutral context, never the adjective, and the end-task training set covers only half
-  of the entities. Only a model that read the domain corpus can label the other half.
-* **Sequential training interferes.** Half of every domain's entities are shared by all domains
-  with a different label in each, and the shared adjectives map to different label groups per
-  domain (a word's polarity differs between domains). Training on a later domain rewrites what
-  these words mean, so a naive continual learner forgets.
+* **DAP helps.** Each domain corpus states facts about its entities ("the <entity> was very <adj>
+  and <adj>", every entity taking adjectives from one label group). The end task is a cloze: it
+  names an entity, masks the adjective, and asks for the entity's label; its training set covers
+  only half of the entities, so only a model that read the domain corpus labels the other half.
+* **Sequential training interferes.** The 36 adjectives are shared by all domains but grouped
+  differently in each (a word's polarity differs between domains), and a third of the entities are
+  named in every domain with a different label each time. Training on a later domain rewrites
+  these associations, so a naive continual learner forgets. General text has its own facts, so
+  forgetting general knowledge shows in the general held-out MLM loss.
 
 The data are written in the benchmark's custom-suite layout (``dapbench_suite.yaml``), so the
 real loading code reads them.
@@ -28,6 +29,9 @@ from benchmark.io import atomic_directory
 
 DOMAINS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")
 NUM_LABELS = (3, 3, 4, 2, 4, 2)
+INTENSIFIERS = ("very", "really", "quite")
+MASK = "[MASK]"
+"""The mask token of the synthetic base model's tokenizer (``dapbench pretrain-base`` uses BERT's)."""
 FUNCTION_WORDS = "the a this that it we they and with of in on for to very really quite so".split()
 _ONSETS = "b c d f g h j k l m n p r s t v w z br cr dr fl gr kl pr st tr".split()
 _VOWELS = "a e i o u ai ou ea".split()
@@ -47,17 +51,17 @@ def _word_factory(rng: random.Random):
 
 
 def build_world(seed: int = 0) -> dict:
-    """The synthetic world as plain data: vocabularies, entity labels, corpora and end tasks."""
+    """The synthetic world as plain data: vocabularies, corpora and end tasks."""
     rng = random.Random(seed)
     word = _word_factory(rng)
     general = [word(rng.choice((2, 3))) for _ in range(300)]
-    adjectives = [word(2) for _ in range(12)]
-    shared_entities = [word(3) for _ in range(20)]
+    adjectives = [word(2) for _ in range(36)]  # shared by every domain, grouped differently in each
+    shared_entities = [word(3) for _ in range(16)]  # named in every domain, with a different label in each
     world = {"general": _general_corpus(rng, general), "domains": {}}
     for name, num_labels in zip(DOMAINS, NUM_LABELS, strict=True):
         context = [word(2) for _ in range(30)]
-        entities = [word(3) for _ in range(20)] + shared_entities
-        groups = _partition(rng, adjectives, num_labels)  # domain-specific meaning of each adjective
+        entities = [word(3) for _ in range(32)] + shared_entities
+        groups = _partition(rng, adjectives, num_labels)  # the domain-specific polarity of each adjective
         labels = {e: rng.randrange(num_labels) for e in entities}
         world["domains"][name] = {
             "num_labels": num_labels,
@@ -73,39 +77,43 @@ def _partition(rng: random.Random, items: list[str], parts: int) -> list[list[st
 
 
 def _general_corpus(rng: random.Random, general: list[str], lines: int = 2700) -> list[str]:
+    """General text with learnable structure: general facts ("the <noun> was very <adjective>") and
+    simple clauses, so the base model learns to use context before it meets any domain."""
+    nouns, verbs, adjectives = general[:60], general[150:250], general[250:]
+    facts = {noun: rng.sample(adjectives, 2) for noun in nouns}
+
     def sentence() -> str:
-        words = [rng.choice(FUNCTION_WORDS[:4])] + rng.sample(general, 3) + [rng.choice(FUNCTION_WORDS)]
-        return " ".join(words + rng.sample(general, 2)) + " ."
+        noun = rng.choice(nouns)
+        if rng.random() < 0.5:
+            return f"the {noun} was {rng.choice(INTENSIFIERS)} {rng.choice(facts[noun])} ."
+        return f"{rng.choice(FUNCTION_WORDS[:4])} {noun} {rng.choice(verbs)} the {rng.choice(nouns)} ."
 
     return [" ".join(sentence() for _ in range(rng.randint(3, 5))) for _ in range(lines)]
 
 
 def _domain_corpus(rng, entities, labels, groups, context, general, lines: int = 1500) -> list[str]:
     def sentence() -> str:
-        if rng.random() < 0.6:
+        if rng.random() < 0.8:
             entity = rng.choice(entities)
-            adjective = rng.choice(groups[labels[entity]])
-            return f"{rng.choice(context)} the {entity} was {rng.choice(('very', 'really', 'quite'))} {adjective} ."
+            first, second = rng.sample(groups[labels[entity]], 2)  # same-group adjectives co-occur
+            return f"{rng.choice(context)} the {entity} was {rng.choice(INTENSIFIERS)} {first} and {second} ."
         return " ".join(rng.sample(context, 2) + [rng.choice(FUNCTION_WORDS)] + rng.sample(general, 2)) + " ."
 
     return [" ".join(sentence() for _ in range(rng.randint(3, 5))) for _ in range(lines)]
 
 
 def _end_task(rng, entities, labels, context, general) -> dict[str, list[dict]]:
-    """Inputs name the entity in neutral context; training covers half of the entities."""
+    """Cloze inputs that name an entity and mask its adjective; training covers half of the entities.
+
+    After DAP the hidden state at the mask points to the adjectives the corpus gave the entity, the
+    knowledge a classifier needs for the entities it was not trained on.
+    """
     order = rng.sample(entities, len(entities))
     seen = set(order[: len(order) // 2])
 
     def example(entity: str) -> dict:
-        words = [
-            rng.choice(context),
-            rng.choice(general),
-            "the",
-            entity,
-            rng.choice(context),
-            rng.choice(general),
-        ]
-        return {"text": " ".join(words), "label": f"L{labels[entity]}"}
+        words = [rng.choice(general[150:250]), rng.choice(context), "the", entity, "was", rng.choice(INTENSIFIERS)]
+        return {"text": " ".join([*words, MASK, "."]), "label": f"L{labels[entity]}"}
 
     train = [example(e) for e in entities if e in seen for _ in range(8)]
     test = [example(e) for e in entities for _ in range(4)]
