@@ -222,6 +222,7 @@ def _materialise_synthetic(config: RunConfig, show_progress: bool) -> RunConfig:
         model=str(model_dir),
         data_root=str(data_root),
         general_heldout=str(data_root / "general_heldout.txt"),
+        general_corpus=str(data_root / "general.txt"),
     )
 
 

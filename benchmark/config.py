@@ -92,6 +92,8 @@ class RunConfig:
     """Root of the paper's data release layout (or ``DAPBENCH_DATA``)."""
     general_heldout: str | None = None
     """A general-domain text file whose MLM loss is tracked after every domain."""
+    general_corpus: str | None = None
+    """General-domain training text for methods that use general data (DAS's general+MLM/KL variants)."""
     sequence: str = "seq0"
     """A named sequence (``seq0``..``seq4``) or a comma-separated list of domains."""
     methods: tuple[str, ...] = ("none", "ncl", "one")
@@ -129,6 +131,7 @@ def _mini() -> RunConfig:
         model=str(_shared_path("models/tiny")),
         data_root=os.environ.get("DAPBENCH_DATA") or str(_shared_path("data/continuallm-layout")),
         general_heldout=str(_shared_path("data/general/heldout.txt")),
+        general_corpus=str(_shared_path("data/general/train.txt")),
         dap=DapConfig(
             steps=60,
             batch_size=16,

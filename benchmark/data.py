@@ -296,9 +296,9 @@ def load_corpus(
     return Corpus(name=name, train=train, heldout=heldout, checksum=checksum)
 
 
-def load_heldout_text(name: str, source: str, tokenizer, seq_len: int, cache_dir: Path):
-    """A text file used only for evaluation (the general corpus): packed chunks and a checksum."""
-    lines = read_corpus_lines(source)
+def load_heldout_text(name: str, source: str, tokenizer, seq_len: int, cache_dir: Path, max_lines: int | None = None):
+    """A whole text file as packed chunks (the general corpus), and its checksum."""
+    lines = read_corpus_lines(source)[:max_lines]
     checksum = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
     key = hashlib.sha256(f"{checksum}|{_tokenizer_id(tokenizer)}|{seq_len}".encode()).hexdigest()[:20]
     return _packed_dataset(lines, tokenizer, seq_len, cache_dir / f"{name}-eval-{key}"), checksum

@@ -75,6 +75,8 @@ class DomainContext:
     accelerator: Any
     mlm_loss: Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
     """Computes the efficient MLM loss of a model on a batch (logits at masked positions only)."""
+    general_probe: Callable[[], Iterable[Mapping[str, torch.Tensor]] | None] = lambda: None
+    """Loads (once) a fixed masked subset of the general corpus (``general_corpus``); None if not set."""
 
 
 @dataclass
@@ -160,12 +162,33 @@ class ContinualMethod:
         return AutoModelForSequenceClassification.from_pretrained(ctx.checkpoint_dir, num_labels=ctx.num_labels)
 
     # -- state ---------------------------------------------------------------------------------
+    def variant(self) -> str:
+        """The options that differ from the defaults (``fidelity=reference``), to label records."""
+        return ",".join(
+            f"{f.name}={getattr(self.config, f.name)}"
+            for f in dataclasses.fields(self.config)
+            if getattr(self.config, f.name) != _default_of(f)
+        )
+
+    def label(self) -> str:
+        """Name plus non-default options, e.g. ``das[fidelity=reference]``: one leaderboard row each."""
+        variant = self.variant()
+        return f"{self.name}[{variant}]" if variant else self.name
+
     def state_dict(self) -> dict[str, Any]:
         """The method's own state (tensors on CPU); the model is saved separately."""
         return {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+
+def _default_of(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
 
 
 def build_method(cls: type[ContinualMethod], options: Mapping[str, Any], env: RunEnv) -> ContinualMethod:

@@ -98,7 +98,8 @@ def mlm_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[to
     ).last_hidden_state
     selected = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch["mlm_positions"])
     logits = mlm_head_of(model)(selected)
-    loss = F.cross_entropy(logits.float(), batch["mlm_targets"])
+    # Half-precision logits are promoted for a stable softmax; float64 stays float64.
+    loss = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), batch["mlm_targets"])
     return loss, hidden
 
 

@@ -114,7 +114,8 @@ def leaderboard_frame(records: list[dict]) -> pd.DataFrame:
     """One row per (profile, model, sequence, method): mean ± std over seeds with n."""
     rows = []
     for record in records:
-        row = {"group": _group(record), "method": record["method"], "seed": record["seed"]}
+        label = record.get("method_label", record["method"])
+        row = {"group": _group(record), "method": label, "seed": record["seed"]}
         for title, getter, _, _ in LEADERBOARD_COLUMNS:
             value = getter(record)
             row[title] = np.nan if value is None else float(value)

@@ -128,6 +128,7 @@ class ContinualRun:
         self.show_progress = show_progress
         self.accelerator = _make_accelerator(config)
         self.T = len(data.domains)
+        self._general_batches: list[dict] | None = None
         env = RunEnv(self.T, data.domains, seed, self.root / "scratch")
         env.scratch_dir.mkdir(parents=True, exist_ok=True)
         self.method: ContinualMethod = build_method(self.method_cls, config.method_options.get(method_name, {}), env)
@@ -169,7 +170,7 @@ class ContinualRun:
         _restore_rng(self._ckpt(t - 1) / "rng.pt" if t > 0 else None, self.seed + t)
         _reset_peak_memory()
         probe = _DeviceBatches(self._probe_batches(t), self.accelerator.device)
-        ctx = DomainContext(t, name, model, probe, self.accelerator, mlm_loss)
+        ctx = DomainContext(t, name, model, probe, self.accelerator, mlm_loss, general_probe=self._general_probe)
         stats: dict[str, Any] = {"domain": name, "trained": False, "trainable_parameters": 0}
         if self.caps.pretrains:
             stats["trainable_parameters"] = sum(p.numel() for _, p in self.method.trainable_parameters(model))
@@ -205,6 +206,25 @@ class ContinualRun:
             dap.mlm_probability,
             seed=1000 + t,
         )
+
+    def _general_probe(self) -> _DeviceBatches | None:
+        """A fixed masked subset of the general training corpus, loaded on first use."""
+        if not self.config.general_corpus:
+            return None
+        if self._general_batches is None:
+            dap = self.config.dap
+            dataset, _ = load_heldout_text(
+                "general-train",
+                self.config.general_corpus,
+                self.data.tokenizer,
+                dap.seq_len,
+                Path(self.config.work_dir) / "cache",
+                max_lines=dap.max_corpus_lines,
+            )
+            self._general_batches = fixed_mlm_batches(
+                dataset, self.data.tokenizer, dap.probe_chunks, dap.probe_batch_size, dap.mlm_probability, seed=999
+            )
+        return _DeviceBatches(self._general_batches, self.accelerator.device)
 
     def _train(self, model, corpus: Corpus, t: int) -> dict:
         dap, acc = self.config.dap, self.accelerator
@@ -369,6 +389,7 @@ class ContinualRun:
             "run_id": self.run_id,
             "status": "complete",
             "method": self.method_cls.name,
+            "method_label": self.method.label(),
             "method_config": _asdict(self.method.config),
             "capabilities": _asdict(caps),
             "seed": self.seed,

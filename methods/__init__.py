@@ -7,4 +7,6 @@ BUILTIN_METHODS: dict[str, str] = {
     "none": "methods.none:NoDap",
     "ncl": "methods.ncl:NCL",
     "one": "methods.one:ONE",
+    "das": "methods.das:DAS",
+    "dga": "methods.dga:DGA",
 }

@@ -50,6 +50,7 @@ def tiny_config(world_root, tiny_model, tmp_path) -> RunConfig:
         model=str(tiny_model),
         data_root=str(world_root),
         general_heldout=str(world_root / "general_heldout.txt"),
+        general_corpus=str(world_root / "general.txt"),
         sequence="alpha,beta",
         seeds=(3,),
         output_dir=str(tmp_path),

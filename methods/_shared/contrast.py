@@ -1,0 +1,46 @@
+"""The DAS/DGA contrastive knowledge-integration loss (InfoNCE with cosine similarity)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean of the last hidden state over non-padding tokens."""
+    if attention_mask is None:
+        return hidden.mean(dim=1)
+    mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
+
+
+def info_nce(anchor: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Cross-entropy over [cos(anchor_i, positive_j)]_j ++ [cos(anchor_i, negatives_k)]_k, target j = i.
+
+    Row i's positive is ``positive[i]``; every other row of ``positive`` and every row of
+    ``negatives`` (the o_prev views) are its negatives.
+    """
+    a, p, n = (F.normalize(x.float(), dim=-1) for x in (anchor, positive, negatives))
+    logits = torch.cat([a @ p.T, a @ n.T], dim=1) / temperature
+    return F.cross_entropy(logits, torch.arange(a.shape[0], device=a.device))
+
+
+def reference_pairing(first: torch.Tensor, second: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference code's pairing defect, for comparison only (``DAS_REFERENCE.md`` section 3.9).
+
+    It stacks the two views as the tiled batch [x_1..x_B, x_1..x_B], reshapes to (-1, 2) and takes
+    the two columns, so the "positive" of an anchor is a *different* input; the callee then swaps
+    the roles (anchor = odd rows, positive = even rows).
+    """
+    tiled = torch.cat([first, second], dim=0)
+    return tiled[1::2], tiled[0::2]
+
+
+def gather_with_grad(tensor: torch.Tensor, accelerator) -> torch.Tensor:
+    """All-gather rows across processes; the local shard keeps its gradient (remote shards have none)."""
+    if accelerator is None or accelerator.num_processes == 1:
+        return tensor
+    gathered = accelerator.gather(tensor.detach())
+    shards = list(gathered.chunk(accelerator.num_processes))
+    shards[accelerator.process_index] = tensor
+    return torch.cat(shards, dim=0)

@@ -1,0 +1,90 @@
+"""Unit importance from the gradients of virtual gates (DAS / DGA), and the losses it is taken of."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmark.modeling import encoder_of, mlm_loss
+from methods._shared.units import gated, ones_gates
+
+LossFn = Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
+
+
+def gate_importance(
+    model: nn.Module,
+    batches: Iterable[Mapping[str, torch.Tensor]],
+    loss_fn: LossFn,
+    units: tuple[str, ...],
+    *,
+    absolute: bool = True,
+    cumulative: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Mean over batches of |dL/dg| for every gate g (layers x units per unit type).
+
+    ``absolute=False`` sums signed gradients and ``cumulative=True`` adds the running total of the
+    gradients at every batch, as the reference does by never zeroing the gates' ``.grad``
+    (a linearly decaying weighting of batches). Gradients are taken with ``torch.autograd.grad``,
+    so nothing leaks into the parameters' ``.grad``.
+    """
+    gates = ones_gates(model, units)
+    totals = {u: torch.zeros_like(g) for u, g in gates.items()}
+    running = {u: torch.zeros_like(g) for u, g in gates.items()}
+    count = 0
+    for batch in batches:
+        with gated(model, gates):
+            loss = loss_fn(model, batch)
+        grads = torch.autograd.grad(loss, [gates[u] for u in units], allow_unused=True)
+        for unit, grad in zip(units, grads, strict=True):
+            grad = torch.zeros_like(gates[unit]) if grad is None else grad.detach()
+            if cumulative:
+                running[unit] += grad
+                grad = running[unit]
+            totals[unit] += grad.abs() if absolute else grad
+        count += 1
+    if count == 0:
+        raise ValueError("importance needs at least one batch")
+    return {u: (t / count).cpu() for u, t in totals.items()}
+
+
+def kl_proxy_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The paper's general-knowledge proxy: the same unmasked input run twice in train mode with
+    different dropout masks; KL between the two MLM output distributions at every non-padding token."""
+    was_training = model.training
+    model.train()
+    ids, mask = batch["original_ids"], batch.get("attention_mask")
+    first = model(input_ids=ids, attention_mask=mask).logits
+    second = model(input_ids=ids, attention_mask=mask).logits
+    model.train(was_training)
+    keep = mask.bool() if mask is not None else torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+    log_p, log_q = F.log_softmax(first[keep].float(), -1), F.log_softmax(second[keep].float(), -1)
+    return F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")  # KL(p || q) per token
+
+
+def reference_kl_proxy_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The reference code's proxy (``DAS_REFERENCE.md`` 3.3): eval mode, masked input, softmax over the
+    *token* axis of the final hidden states of two identical passes. Both passes are equal, so the
+    loss and its gradients are exactly zero."""
+    was_training = model.training
+    model.eval()
+    encoder = encoder_of(model)
+    student = encoder(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).last_hidden_state
+    teacher = encoder(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).last_hidden_state
+    model.train(was_training)
+    log_s, log_t = F.log_softmax(student.float(), dim=1), F.log_softmax(teacher.float(), dim=1)
+    return (log_s.exp() * (log_s - log_t)).sum() / student.shape[0]
+
+
+def mlm_importance_loss(unmasked: bool = False) -> LossFn:
+    """MLM loss on the masked input (paper); ``unmasked`` predicts the selected tokens from the
+    original, visible input, as the reference does (``DAS_REFERENCE.md`` 3.4)."""
+
+    def loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        if unmasked:
+            batch = {**batch, "input_ids": batch["original_ids"]}
+        return mlm_loss(model, batch)
+
+    return loss

@@ -1,0 +1,90 @@
+"""Unit gates (attention heads, FFN intermediate and output neurons) on stock transformers modules.
+
+Gates are forward hooks found through :func:`benchmark.modeling.layer_modules`; no model code is
+copied. A head gate scales head h's slice of the input of the attention output projection, which
+equals scaling that head's attention probabilities (context = probs @ V is linear in probs) and
+works with SDPA attention. The intermediate gate scales the pre-activation (the output of the first
+FFN projection, before GELU); the output gate scales the second FFN projection's output (before
+dropout, residual and LayerNorm), as in the DAS reference (section 3.1 of ``DAS_REFERENCE.md``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from benchmark.modeling import LayerModules, layer_modules
+
+UNIT_TYPES = ("head", "intermediate", "output")
+
+
+@dataclass(frozen=True)
+class UnitShapes:
+    """Number of layers and units per layer of each unit type."""
+
+    layers: int
+    heads: int
+    head_dim: int
+    intermediate: int
+    hidden: int
+
+    def shape(self, unit: str) -> tuple[int, int]:
+        """(layers, units per layer) of a unit type."""
+        return self.layers, {"head": self.heads, "intermediate": self.intermediate, "output": self.hidden}[unit]
+
+
+def unit_shapes(model: nn.Module) -> UnitShapes:
+    """Read the unit counts from the model config."""
+    cfg = model.config
+    return UnitShapes(
+        layers=cfg.num_hidden_layers,
+        heads=cfg.num_attention_heads,
+        head_dim=cfg.hidden_size // cfg.num_attention_heads,
+        intermediate=cfg.intermediate_size,
+        hidden=cfg.hidden_size,
+    )
+
+
+def ones_gates(model: nn.Module, units: tuple[str, ...], requires_grad: bool = True) -> dict[str, torch.Tensor]:
+    """Leaf gate tensors of ones (layers x units) for the given unit types, on the model's device."""
+    shapes, param = unit_shapes(model), next(model.parameters())
+    return {
+        u: torch.ones(shapes.shape(u), device=param.device, dtype=param.dtype, requires_grad=requires_grad)
+        for u in units
+    }
+
+
+@contextlib.contextmanager
+def gated(model: nn.Module, gates: dict[str, torch.Tensor]) -> Iterator[None]:
+    """Within the block every forward pass of ``model`` is multiplied by ``gates`` (per unit type)."""
+    shapes = unit_shapes(model)
+    handles = []
+    for index, layer in enumerate(layer_modules(model)):
+        handles += _register_layer_gates(layer, index, gates, shapes)
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _register_layer_gates(layer: LayerModules, index: int, gates: dict[str, torch.Tensor], shapes: UnitShapes):
+    handles = []
+    if "head" in gates:
+        head_gate = gates["head"][index]
+
+        def scale_heads(module, args):
+            (context,) = args
+            split = context.view(*context.shape[:-1], shapes.heads, shapes.head_dim)
+            return ((split * head_gate.to(context.dtype)[:, None]).reshape(context.shape),)
+
+        handles.append(layer.attn_out.register_forward_pre_hook(scale_heads))
+    for unit, module in (("intermediate", layer.intermediate), ("output", layer.output)):
+        if unit in gates:
+            gate = gates[unit][index]
+            handles.append(module.register_forward_hook(lambda m, a, out, g=gate: out * g.to(out.dtype)))
+    return handles

@@ -1,0 +1,264 @@
+"""DAS: continual DAP with soft-masking (Ke et al., "Continual Pre-training of Language Models", ICLR 2023).
+
+Per domain t: the gradients of every attention head and FFN neuron (intermediate and output) are
+multiplied by (1 - I), where I is the accumulated importance: the element-wise max of the general
+knowledge importance (the KL proxy on domain 0, before any training) and the MLM importance of every
+earlier domain, each normalised per layer (z-score, tanh, abs). A contrastive loss pulls the full
+network's representation of an input towards the same input under another dropout mask and away
+from the other inputs and from the o_prev views (the network gated by I). Total loss = MLM +
+lambda * contrast.
+
+Defaults follow the paper. Every point where the public reference code behaves differently is a
+named switch; ``fidelity="reference"`` turns them all to the code's behaviour
+(``../shared/design/DAS_REFERENCE.md`` section 8.1):
+
+=============================  ==================================  ======================================
+switch                         paper (default)                     reference code
+=============================  ==================================  ======================================
+``contrast_pairing``           ``same_input`` (two dropout views)  ``adjacent`` (tiled rows, mispaired)
+``kl_proxy``                   ``dropout_vocab`` (train mode)      ``eval_hidden`` (eval mode; KL == 0)
+``mlm_importance_input``       ``masked``                          ``unmasked``
+``importance_abs``             ``per_batch`` (|grad|, then mean)   ``after_tanh`` (signed mean)
+``importance_accumulation``    ``per_batch`` (grads zeroed)        ``cumulative`` (never zeroed)
+``qkv_mask_axis``              ``output`` (per-head rows)          ``input`` (columns)
+``mask_attn_out_bias``         False                               True (head vector on hidden dims)
+=============================  ==================================  ======================================
+
+Not reproduced: the reference leaks the importance pass's parameter gradients into the first
+update (negligible, and zero with its KL proxy) and trains past its last step with LR 0 (same
+weights). Ablation presets (``ablation=``): ``no_init`` (no general-knowledge importance),
+``no_softmask`` (contrast only), ``random_importance``, ``no_contrast``, ``domain_contrast``
+(o_prev gated by the earlier domains' importance only, without the general one: our reading of the
+paper's "domain-specific" row), ``general_mlm`` / ``general_kl`` (general importance from the
+general corpus with the MLM loss or the KL proxy, the paper's Wiki+MLM / Wiki+KL rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from benchmark.errors import DapbenchError
+from benchmark.method import ContinualMethod, DomainContext, MethodConfig, StepContext, StepOutput
+from benchmark.modeling import encoder_of, layer_modules
+from methods._shared.contrast import gather_with_grad, info_nce, mean_pool, reference_pairing
+from methods._shared.importance import gate_importance, kl_proxy_loss, mlm_importance_loss, reference_kl_proxy_loss
+from methods._shared.softmask import accumulate_importance, normalize_importance, soft_mask_gradients
+from methods._shared.units import UNIT_TYPES, gated, unit_shapes
+
+PAPER = {
+    "contrast_pairing": "same_input",
+    "kl_proxy": "dropout_vocab",
+    "mlm_importance_input": "masked",
+    "importance_abs": "per_batch",
+    "importance_accumulation": "per_batch",
+    "qkv_mask_axis": "output",
+    "mask_attn_out_bias": False,
+}
+REFERENCE = {
+    "contrast_pairing": "adjacent",
+    "kl_proxy": "eval_hidden",
+    "mlm_importance_input": "unmasked",
+    "importance_abs": "after_tanh",
+    "importance_accumulation": "cumulative",
+    "qkv_mask_axis": "input",
+    "mask_attn_out_bias": True,
+}
+CHOICES = {
+    "contrast_pairing": ("same_input", "adjacent"),
+    "kl_proxy": ("dropout_vocab", "eval_hidden"),
+    "mlm_importance_input": ("masked", "unmasked"),
+    "importance_abs": ("per_batch", "after_tanh"),
+    "importance_accumulation": ("per_batch", "cumulative"),
+    "qkv_mask_axis": ("output", "input"),
+    "mask_attn_out_bias": (False, True),
+}
+ABLATIONS = (
+    "none",
+    "no_init",
+    "no_softmask",
+    "random_importance",
+    "no_contrast",
+    "domain_contrast",
+    "general_mlm",
+    "general_kl",
+)
+
+
+@dataclass(frozen=True)
+class DASConfig(MethodConfig):
+    """DAS options; a switch left at None takes its value from the ``fidelity`` preset."""
+
+    fidelity: str = "paper"
+    """``paper`` (default) or ``reference`` (the public code's behaviour)."""
+    ablation: str = "none"
+    contrast_lambda: float = 1.0
+    temperature: float = 0.05
+    units: tuple[str, ...] = UNIT_TYPES
+    contrast_pairing: str | None = None
+    kl_proxy: str | None = None
+    mlm_importance_input: str | None = None
+    importance_abs: str | None = None
+    importance_accumulation: str | None = None
+    qkv_mask_axis: str | None = None
+    mask_attn_out_bias: bool | None = None
+
+    def __post_init__(self):
+        if self.fidelity not in ("paper", "reference"):
+            raise DapbenchError(f"unknown fidelity {self.fidelity!r}", "use fidelity=paper or fidelity=reference")
+        if self.ablation not in ABLATIONS:
+            raise DapbenchError(f"unknown ablation {self.ablation!r}", f"choose one of {', '.join(ABLATIONS)}")
+        for name, allowed in CHOICES.items():
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise DapbenchError(f"invalid {name}={value!r}", f"choose one of {allowed}")
+        unknown = set(self.units) - set(UNIT_TYPES)
+        if unknown or not self.units:
+            raise DapbenchError(f"invalid units {self.units}", f"choose among {UNIT_TYPES}")
+
+    def switch(self, name: str) -> Any:
+        """The effective value of a fidelity switch."""
+        value = getattr(self, name)
+        return value if value is not None else (PAPER if self.fidelity == "paper" else REFERENCE)[name]
+
+
+class DAS(ContinualMethod):
+    """Soft-masking of units by accumulated importance plus contrastive knowledge integration."""
+
+    name: ClassVar[str] = "das"
+    config_cls: ClassVar[type[MethodConfig]] = DASConfig
+    config: DASConfig
+
+    def __init__(self, config: DASConfig, *, env):
+        super().__init__(config, env=env)
+        self.importance: dict[str, torch.Tensor] | None = None
+        """Accumulated normalised importance (general + earlier domains), layers x units, on CPU."""
+        self.domain_importance: dict[str, torch.Tensor] | None = None
+        """Accumulated importance of the earlier domains only (kept for ``ablation=domain_contrast``)."""
+        self._device_importance: dict[str, torch.Tensor] | None = None
+        self._generator = torch.Generator().manual_seed(env.seed)
+
+    # -- importance ------------------------------------------------------------------------------
+    def before_domain(self, ctx: DomainContext) -> None:
+        """Before the first domain, compute the general-knowledge importance."""
+        if ctx.index == 0 and self.config.ablation != "no_init":
+            self.importance = self._normalised(self._general_importance(ctx), ctx)
+        self._device_importance = None
+
+    def _general_importance(self, ctx: DomainContext) -> dict[str, torch.Tensor]:
+        ablation = self.config.ablation
+        if ablation in ("general_mlm", "general_kl"):
+            batches = ctx.general_probe()
+            if batches is None:
+                raise DapbenchError(f"das ablation={ablation} needs a general corpus", "set general_corpus=PATH")
+            loss = self._mlm_loss() if ablation == "general_mlm" else kl_proxy_loss
+            return self._gate_importance(ctx.model, batches, loss)
+        loss = kl_proxy_loss if self.config.switch("kl_proxy") == "dropout_vocab" else reference_kl_proxy_loss
+        return self._gate_importance(ctx.model, ctx.probe_loader, loss)
+
+    def after_domain(self, ctx: DomainContext) -> None:
+        """Add this domain's MLM importance to the accumulated importance (element-wise max)."""
+        new = self._normalised(self._gate_importance(ctx.model, ctx.probe_loader, self._mlm_loss()), ctx)
+        self.importance = accumulate_importance(self.importance, new)
+        self.domain_importance = accumulate_importance(self.domain_importance, new)
+        self._device_importance = None
+
+    def _mlm_loss(self):
+        return mlm_importance_loss(unmasked=self.config.switch("mlm_importance_input") == "unmasked")
+
+    def _gate_importance(self, model, batches, loss_fn) -> dict[str, torch.Tensor]:
+        return gate_importance(
+            model,
+            batches,
+            loss_fn,
+            tuple(self.config.units),
+            absolute=self.config.switch("importance_abs") == "per_batch",
+            cumulative=self.config.switch("importance_accumulation") == "cumulative",
+        )
+
+    def _normalised(self, raw: dict[str, torch.Tensor], ctx: DomainContext) -> dict[str, torch.Tensor]:
+        if self.config.ablation == "random_importance":
+            return {u: torch.rand(v.shape, generator=self._generator) for u, v in raw.items()}
+        return {u: normalize_importance(v) for u, v in raw.items()}
+
+    # -- training --------------------------------------------------------------------------------
+    def _on_device(self, device) -> dict[str, torch.Tensor] | None:
+        if self.importance is None:
+            return None
+        if self._device_importance is None:
+            self._device_importance = {u: v.to(device) for u, v in self.importance.items()}
+        return self._device_importance
+
+    def training_loss(
+        self, batch: Mapping[str, torch.Tensor], outputs: StepOutput, ctx: StepContext
+    ) -> dict[str, torch.Tensor]:
+        """The contrastive term on the unmasked batch (skipped before any importance exists)."""
+        if self.config.ablation == "no_contrast" or self.config.contrast_lambda == 0:
+            return {}
+        prev_gates = self._contrast_gates(batch["original_ids"].device)
+        if prev_gates is None:
+            return {}
+        return {"contrast": self.config.contrast_lambda * self._contrast(ctx.model, batch, prev_gates, ctx)}
+
+    def _contrast_gates(self, device) -> dict[str, torch.Tensor] | None:
+        if self.config.ablation == "domain_contrast":
+            if self.domain_importance is None:
+                return None
+            return {u: v.to(device) for u, v in self.domain_importance.items()}
+        return self._on_device(device)
+
+    def _contrast(self, model, batch, prev_gates, ctx: StepContext) -> torch.Tensor:
+        module = ctx.accelerator.unwrap_model(model) if ctx.accelerator else model
+        encoder = encoder_of(module)
+        ids, mask = batch["original_ids"], batch.get("attention_mask")
+        # Two dropout views of every input in one batched pass (each row gets its own dropout mask).
+        mask2 = None if mask is None else torch.cat([mask, mask])
+        pooled = mean_pool(encoder(input_ids=torch.cat([ids, ids]), attention_mask=mask2).last_hidden_state, mask2)
+        first, second = pooled.chunk(2)
+        with gated(module, prev_gates):
+            prev = mean_pool(encoder(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
+        if self.config.switch("contrast_pairing") == "adjacent":
+            first, second = reference_pairing(first, second)
+        gather = ctx.accelerator
+        return info_nce(
+            gather_with_grad(first, gather),
+            gather_with_grad(second, gather),
+            gather_with_grad(prev, gather),
+            self.config.temperature,
+        )
+
+    def after_backward(self, ctx: StepContext) -> None:
+        """Soft-mask the gradients of the masked modules by (1 - accumulated importance)."""
+        if self.config.ablation == "no_softmask":
+            return
+        model = ctx.accelerator.unwrap_model(ctx.model) if ctx.accelerator else ctx.model
+        importance = self._on_device(next(model.parameters()).device)
+        if importance is None:
+            return
+        soft_mask_gradients(
+            layer_modules(model),
+            importance,
+            unit_shapes(model).head_dim,
+            qkv_axis=self.config.switch("qkv_mask_axis"),
+            mask_attn_out_bias=self.config.switch("mask_attn_out_bias"),
+        )
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The accumulated importance tensors (and the domain-only accumulation)."""
+        return {
+            "importance": self.importance,
+            "domain_importance": self.domain_importance,
+            "generator": self._generator.get_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the accumulated importance."""
+        self.importance = state.get("importance")
+        self.domain_importance = state.get("domain_importance")
+        if state.get("generator") is not None:
+            self._generator.set_state(state["generator"])
+        self._device_importance = None

@@ -1,0 +1,246 @@
+"""DAS / DGA algorithms on tiny models built in the test."""
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import BertConfig, BertForMaskedLM, RobertaConfig, RobertaForMaskedLM
+
+from benchmark.errors import DapbenchError
+from benchmark.modeling import layer_modules, mlm_loss
+from benchmark.runner import ContinualRun, prepare_data
+from methods._shared.contrast import info_nce, mean_pool, reference_pairing
+from methods._shared.importance import gate_importance, kl_proxy_loss, mlm_importance_loss, reference_kl_proxy_loss
+from methods._shared.softmask import accumulate_importance, normalize_importance, soft_mask_gradients
+from methods._shared.units import gated, ones_gates, unit_shapes
+from methods.das import ABLATIONS, DASConfig
+
+
+def tiny_mlm(arch: str = "bert", dtype=torch.float32):
+    torch.manual_seed(0)
+    kwargs = dict(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=24,
+        max_position_embeddings=40,
+        attn_implementation="eager",
+    )
+    if arch == "roberta":
+        model = RobertaForMaskedLM(RobertaConfig(**kwargs, pad_token_id=1))
+    else:
+        model = BertForMaskedLM(BertConfig(**kwargs))
+    return model.to(dtype)
+
+
+def toy_batch(seed: int = 0, batch: int = 3, length: int = 10):
+    g = torch.Generator().manual_seed(seed)
+    original = torch.randint(5, 50, (batch, length), generator=g)
+    masked = original.clone()
+    positions = torch.tensor([1, 4, 12, 17, 25])
+    masked.view(-1)[positions] = 4
+    return {
+        "input_ids": masked,
+        "original_ids": original,
+        "attention_mask": torch.ones_like(original),
+        "mlm_positions": positions,
+        "mlm_targets": original.view(-1)[positions],
+    }
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta"])
+def test_gate_gradient_matches_finite_differences(arch):
+    model = tiny_mlm(arch, torch.float64).eval()
+    batch = toy_batch()
+    gates = ones_gates(model, ("head", "intermediate", "output"))
+    with gated(model, gates):
+        loss = mlm_loss(model, batch)
+    grads = dict(zip(gates, torch.autograd.grad(loss, list(gates.values())), strict=True))
+    eps = 1e-6
+    for unit, index in (("head", (1, 2)), ("intermediate", (0, 7)), ("output", (1, 3))):
+        values = []
+        for sign in (1, -1):
+            bumped = {u: g.detach().clone() for u, g in gates.items()}
+            bumped[unit][index] += sign * eps
+            with torch.no_grad(), gated(model, bumped):
+                values.append(float(mlm_loss(model, batch)))
+        finite_difference = (values[0] - values[1]) / (2 * eps)
+        assert float(grads[unit][index]) == pytest.approx(finite_difference, rel=1e-5, abs=1e-9)
+
+
+def test_head_gate_equals_scaling_attention_probabilities():
+    model = tiny_mlm().eval()
+    batch = toy_batch()
+    gates = {"head": torch.ones(2, 4)}
+    gates["head"][0, 1] = 0.0
+    with torch.no_grad(), gated(model, gates):
+        gated_hidden = model.bert(input_ids=batch["input_ids"]).last_hidden_state
+    head_mask = torch.ones(2, 4)
+    head_mask[0, 1] = 0.0
+    # Recompute layer 0 by hand with head 1's attention probabilities multiplied by 0.
+    layer0 = model.bert.encoder.layer[0]
+    attn = layer0.attention.self
+    with torch.no_grad():
+        x = model.bert.embeddings(input_ids=batch["input_ids"])
+        q, k, v = (lin(x).view(3, 10, 4, 4).transpose(1, 2) for lin in (attn.query, attn.key, attn.value))
+        probs = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) * head_mask[0][None, :, None, None]
+        context = (probs @ v).transpose(1, 2).reshape(3, 10, 16)
+        after_attention = layer0.attention.output(context, x)
+        hidden = layer0.output(layer0.intermediate(after_attention), after_attention)
+        out = model.bert.encoder.layer[1](hidden)
+        final = out[0] if isinstance(out, tuple) else out
+    assert torch.allclose(gated_hidden, final, atol=1e-5)
+
+
+def _sgd_step_with_mask(model, importance, **kwargs):
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    loss = mlm_loss(model, toy_batch())
+    loss.backward()
+    soft_mask_gradients(layer_modules(model), importance, unit_shapes(model).head_dim, **kwargs)
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    return before, dict(model.named_parameters())
+
+
+def test_full_head_importance_freezes_exactly_that_head():
+    model = tiny_mlm().train()
+    importance = {"head": torch.zeros(2, 4), "intermediate": torch.zeros(2, 24), "output": torch.zeros(2, 16)}
+    importance["head"][1, 2] = 1.0
+    before, after = _sgd_step_with_mask(model, importance)
+    rows = slice(8, 12)  # head 2 of 4, head_dim 4
+    prefix = "bert.encoder.layer.1.attention"
+    for name in ("self.query", "self.key", "self.value"):
+        w, b = f"{prefix}.{name}.weight", f"{prefix}.{name}.bias"
+        assert torch.equal(before[w][rows], after[w][rows]) and torch.equal(before[b][rows], after[b][rows])
+        assert not torch.equal(before[w][:8], after[w][:8])
+    out = f"{prefix}.output.dense.weight"
+    assert torch.equal(before[out][:, rows], after[out][:, rows])
+    assert not torch.equal(before[out][:, :8], after[out][:, :8])
+    # the same head in the other layer is not protected
+    other = "bert.encoder.layer.0.attention.self.query.weight"
+    assert not torch.equal(before[other][rows], after[other][rows])
+
+
+def test_full_neuron_importance_freezes_exactly_those_neurons():
+    model = tiny_mlm().train()
+    importance = {"intermediate": torch.zeros(2, 24), "output": torch.zeros(2, 16)}
+    importance["intermediate"][0, 5] = 1.0
+    importance["output"][0, 3] = 1.0
+    before, after = _sgd_step_with_mask(model, importance)
+    inter, out = "bert.encoder.layer.0.intermediate.dense", "bert.encoder.layer.0.output.dense"
+    assert torch.equal(before[f"{inter}.weight"][5], after[f"{inter}.weight"][5])
+    assert torch.equal(before[f"{inter}.bias"][5], after[f"{inter}.bias"][5])
+    assert not torch.equal(before[f"{inter}.weight"][6], after[f"{inter}.weight"][6])
+    assert torch.equal(before[f"{out}.weight"][3], after[f"{out}.weight"][3])
+    assert torch.equal(before[f"{out}.bias"][3], after[f"{out}.bias"][3])
+    assert not torch.equal(before[f"{out}.weight"][4], after[f"{out}.weight"][4])
+    # embeddings and LayerNorms are never masked
+    assert not torch.equal(
+        before["bert.embeddings.word_embeddings.weight"], after["bert.embeddings.word_embeddings.weight"]
+    )
+
+
+def test_reference_qkv_axis_masks_input_columns_instead():
+    model = tiny_mlm().train()
+    importance = {"head": torch.zeros(2, 4)}
+    importance["head"][1, 2] = 1.0
+    before, after = _sgd_step_with_mask(model, importance, qkv_axis="input", mask_attn_out_bias=True)
+    q = "bert.encoder.layer.1.attention.self.query.weight"
+    assert torch.equal(before[q][:, 8:12], after[q][:, 8:12])
+    assert not torch.equal(before[q][8:12], after[q][8:12])
+    bias = "bert.encoder.layer.1.attention.output.dense.bias"
+    assert torch.equal(before[bias][8:12], after[bias][8:12])
+
+
+def test_kl_proxy_is_nonzero_in_train_mode_and_exactly_zero_in_the_reference_form():
+    model = tiny_mlm()
+    batches = [toy_batch(s) for s in range(2)]
+    torch.manual_seed(1)
+    paper = gate_importance(model, batches, kl_proxy_loss, ("head", "intermediate", "output"))
+    assert all(v.abs().sum() > 0 for v in paper.values())
+    reference = gate_importance(
+        model, batches, reference_kl_proxy_loss, ("head", "intermediate", "output"), absolute=False, cumulative=True
+    )
+    assert all(torch.count_nonzero(v) == 0 for v in reference.values())
+    assert all(float(normalize_importance(v).abs().max()) == 0 for v in reference.values())
+
+
+def test_importance_pass_leaves_parameter_gradients_alone():
+    model = tiny_mlm()
+    gate_importance(model, [toy_batch()], mlm_importance_loss(), ("head",))
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_cumulative_signed_importance_matches_the_reference_weighting():
+    model = tiny_mlm().eval()
+    batches = [toy_batch(s) for s in range(3)]
+    per_batch = [gate_importance(model, [b], mlm_loss, ("head",), absolute=False)["head"] for b in batches]
+    cumulative = gate_importance(model, batches, mlm_loss, ("head",), absolute=False, cumulative=True)["head"]
+    expected = (3 * per_batch[0] + 2 * per_batch[1] + per_batch[2]) / 3
+    assert torch.allclose(cumulative, expected, atol=1e-6)
+
+
+def test_normalisation_and_max_accumulation():
+    raw = torch.tensor([[1.0, 2.0, 3.0, 10.0], [5.0, 5.0, 5.0, 5.0]])
+    norm = normalize_importance(raw)
+    assert torch.all(norm >= 0) and torch.all(norm < 1)
+    assert torch.equal(norm[1], torch.zeros(4))  # a constant layer gives 0, not NaN
+    z = (raw[0] - raw[0].mean()) / raw[0].std()
+    assert torch.allclose(norm[0], torch.tanh(z).abs(), atol=1e-6)
+    a = {"head": torch.tensor([[0.1, 0.9], [0.5, 0.2]])}
+    b = {"head": torch.tensor([[0.3, 0.4], [0.1, 0.8]])}
+    assert torch.equal(accumulate_importance(a, b)["head"], torch.tensor([[0.3, 0.9], [0.5, 0.8]]))
+    assert accumulate_importance(None, a)["head"] is not a["head"]
+
+
+def test_contrastive_positive_is_the_same_input():
+    # four distinct inputs; the two dropout views of an input are identical here
+    views = torch.eye(4, 8)
+    prev = torch.eye(4, 8).roll(4, dims=1)  # orthogonal to every view
+    paper = info_nce(views, views, prev, temperature=0.05)
+    anchor, positive = reference_pairing(views, views)
+    # tiled rows [x0 x1 x2 x3 x0 x1 x2 x3]: anchors = odd rows (x1 x3 x1 x3), positives = even rows (x0 x2 x0 x2)
+    assert torch.equal(anchor, views[[1, 3, 1, 3]]) and torch.equal(positive, views[[0, 2, 0, 2]])
+    mispaired = info_nce(anchor, positive, prev, temperature=0.05)
+    assert float(paper) < 1e-6 < float(mispaired) - 1.0
+
+
+def test_mean_pool_ignores_padding():
+    hidden = torch.tensor([[[1.0], [3.0], [100.0]]])
+    assert float(mean_pool(hidden, torch.tensor([[1, 1, 0]]))) == 2.0
+
+
+def test_fidelity_presets_and_overrides():
+    paper, reference = DASConfig(), DASConfig(fidelity="reference")
+    assert paper.switch("contrast_pairing") == "same_input" and reference.switch("contrast_pairing") == "adjacent"
+    assert reference.switch("kl_proxy") == "eval_hidden" and reference.switch("qkv_mask_axis") == "input"
+    mixed = DASConfig(fidelity="reference", contrast_pairing="same_input")
+    assert mixed.switch("contrast_pairing") == "same_input" and mixed.switch("kl_proxy") == "eval_hidden"
+    with pytest.raises(DapbenchError, match="unknown ablation"):
+        DASConfig(ablation="everything")
+    with pytest.raises(DapbenchError, match="invalid qkv_mask_axis"):
+        DASConfig(qkv_mask_axis="diagonal")
+
+
+@pytest.mark.parametrize("options", [{"fidelity": "reference"}] + [{"ablation": a} for a in ABLATIONS if a != "none"])
+def test_das_presets_run_end_to_end(options, tiny_config):
+    config = dataclasses.replace(tiny_config, method_options={"das": options})
+    record = ContinualRun(config, prepare_data(config), "das", 3, show_progress=False).execute()
+    assert record["method_label"] == "das[" + ",".join(f"{k}={v}" for k, v in options.items()) + "]"
+    first, second = ([entry for entry in d["loss_log"]] for d in record["domains"])
+    if options.get("ablation") == "no_contrast":
+        assert all("contrast" not in entry for entry in first + second)
+    elif options.get("ablation") in ("no_init", "domain_contrast"):
+        # no importance exists during the first domain, so nothing to contrast against yet
+        assert all("contrast" not in entry for entry in first) and all("contrast" in entry for entry in second)
+    else:
+        assert all("contrast" in entry for entry in first + second)
+
+
+def test_das_state_holds_only_accumulated_importance(tiny_config):
+    run = ContinualRun(tiny_config, prepare_data(tiny_config), "das", 3, show_progress=False)
+    run.execute()
+    state = run.method.state_dict()
+    assert set(state["importance"]) == {"head", "intermediate", "output"}
+    assert state["importance"]["head"].shape == (2, 4)
+    assert float(state["importance"]["intermediate"].max()) < 1.0
