@@ -30,6 +30,36 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(required=True, dest="command")
 
     run = sub.add_parser("run", help="pre-train through a domain sequence, fine-tune, write records")
+    _add_run_arguments(run)
+    run.set_defaults(func=cmd_run)
+
+    bench = sub.add_parser("bench", help="DAP step time per method (ratios to the first method)")
+    _add_run_arguments(bench)
+    bench.add_argument("--steps", type=int, default=20, help="timed updates per method")
+    bench.set_defaults(func=cmd_bench)
+
+    similarity = sub.add_parser("importance-similarity", help="cosine of DAS's general importance across domains")
+    _add_run_arguments(similarity)
+    similarity.set_defaults(func=cmd_importance_similarity)
+
+    report = sub.add_parser("report", help="tables, heatmaps and leaderboard.md from results/")
+    report.add_argument("--output-dir", default=".")
+    report.set_defaults(func=cmd_report)
+
+    listing = sub.add_parser("list", help="registered methods, tasks, sequences and profiles")
+    listing.add_argument("--data-root", help="list a custom suite instead of the built-in one")
+    listing.set_defaults(func=cmd_list)
+
+    base = sub.add_parser("pretrain-base", help="build a small base masked LM from a general corpus")
+    base.add_argument("corpus", help="text file, one passage per line")
+    base.add_argument("out_dir", help="model directory to write")
+    for field in dataclasses.fields(_base_spec_cls()):
+        base.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
+    base.set_defaults(func=cmd_pretrain_base)
+    return parser
+
+
+def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--profile", default="synthetic", help="synthetic (default), mini or paper")
     run.add_argument("--methods", help="comma-separated method names (default: the profile's)")
     run.add_argument("--model", help="hub id or local directory of the base masked LM")
@@ -49,23 +79,6 @@ def _parser() -> argparse.ArgumentParser:
         help="override any config field, e.g. dap.steps=100 or das.contrast_lambda=0.5",
     )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
-    run.set_defaults(func=cmd_run)
-
-    report = sub.add_parser("report", help="tables, heatmaps and leaderboard.md from results/")
-    report.add_argument("--output-dir", default=".")
-    report.set_defaults(func=cmd_report)
-
-    listing = sub.add_parser("list", help="registered methods, tasks, sequences and profiles")
-    listing.add_argument("--data-root", help="list a custom suite instead of the built-in one")
-    listing.set_defaults(func=cmd_list)
-
-    base = sub.add_parser("pretrain-base", help="build a small base masked LM from a general corpus")
-    base.add_argument("corpus", help="text file, one passage per line")
-    base.add_argument("out_dir", help="model directory to write")
-    for field in dataclasses.fields(_base_spec_cls()):
-        base.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
-    base.set_defaults(func=cmd_pretrain_base)
-    return parser
 
 
 def _base_spec_cls():
@@ -131,9 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from benchmark.report import write_report
     from benchmark.runner import ContinualRun, prepare_data
 
-    config = resolve_run_config(args)
-    if config.profile == "synthetic" and config.model == "synthetic":
-        config = _materialise_synthetic(config, show_progress=not args.quiet)
+    config = _prepared(args)
     data = prepare_data(config)
     records = []
     for method in config.methods:
@@ -224,6 +235,34 @@ def _materialise_synthetic(config: RunConfig, show_progress: bool) -> RunConfig:
         general_heldout=str(data_root / "general_heldout.txt"),
         general_corpus=str(data_root / "general.txt"),
     )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``dapbench bench``: seconds per DAP update of each method on the same data."""
+    import json
+
+    from benchmark.bench import step_times
+
+    config = _prepared(args)
+    print(json.dumps(step_times(config, list(config.methods), args.steps), indent=2))
+    return 0
+
+
+def cmd_importance_similarity(args: argparse.Namespace) -> int:
+    """``dapbench importance-similarity``."""
+    import json
+
+    from benchmark.bench import importance_similarity
+
+    print(json.dumps(importance_similarity(_prepared(args)), indent=2))
+    return 0
+
+
+def _prepared(args: argparse.Namespace) -> RunConfig:
+    config = resolve_run_config(args)
+    if config.profile == "synthetic" and config.model == "synthetic":
+        config = _materialise_synthetic(config, show_progress=not args.quiet)
+    return config
 
 
 def cmd_report(args: argparse.Namespace) -> int:

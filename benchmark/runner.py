@@ -127,6 +127,13 @@ class ContinualRun:
         self.root = Path(config.work_dir) / "runs" / self.run_id
         self.show_progress = show_progress
         self.accelerator = _make_accelerator(config)
+        if self.accelerator.num_processes > 1:
+            # The MLM and method passes call the encoder inside the wrapper, which would bypass DDP's
+            # gradient synchronisation: refuse rather than train silently wrong.
+            raise DapbenchError(
+                "multi-process (DDP) DAP training is not supported yet",
+                "run one process per job (a single GPU); multi-GPU support is future work",
+            )
         self.T = len(data.domains)
         self._general_batches: list[dict] | None = None
         env = RunEnv(self.T, data.domains, seed, self.root / "scratch")

@@ -149,3 +149,13 @@ def test_atomic_json_write_keeps_the_old_file_on_failure(tmp_path):
         atomic_write_json(path, {"a": object()})
     assert json.loads(path.read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_bench_and_importance_similarity(tiny_config):
+    from benchmark.bench import importance_similarity, step_times
+
+    times = step_times(tiny_config, ["ncl", "das"], steps=2)
+    assert times["ncl"]["ratio"] == 1.0 and times["das"]["step_seconds"] > 0
+    similarity = importance_similarity(tiny_config)
+    assert set(similarity["normalised"]["pairs"]) == {"alpha/beta"}
+    assert -1.0 <= similarity["raw"]["mean"] <= 1.0

@@ -1,0 +1,83 @@
+"""Measurements that are not unit tests: DAP step time per method, and importance similarity."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmark.config import RunConfig
+from benchmark.io import read_json
+from benchmark.runner import ContinualRun, RunData, _DeviceBatches, prepare_data
+
+
+def step_times(config: RunConfig, methods: list[str], steps: int, seed: int = 0) -> dict[str, dict]:
+    """Seconds per DAP update of each method on the first domain of ``config.sequence`` (same data,
+    same budget, one process), with the ratio to the first method listed."""
+    with tempfile.TemporaryDirectory() as work:
+        cfg = dataclasses.replace(
+            config, work_dir=work, matrix="final", dap=dataclasses.replace(config.dap, steps=steps, log_every=steps)
+        )
+        data = prepare_data(cfg)
+        data = dataclasses.replace(data, domains=data.domains[:1])  # time the first domain only
+        out = {}
+        for name in methods:
+            run = ContinualRun(cfg, data, name, seed, show_progress=False)
+            run._run_domain(0)
+            stats = read_json(run._done(0), "domain stats")
+            out[name] = {
+                "step_seconds": stats["step_seconds"],
+                "tokens_per_second": stats["tokens_per_second"],
+                "peak_memory_mb": stats["peak_memory_mb"],
+            }
+    baseline = out[methods[0]]["step_seconds"]
+    for stats in out.values():
+        stats["ratio"] = round(stats["step_seconds"] / baseline, 3)
+    return out
+
+
+def importance_similarity(config: RunConfig, seed: int = 0) -> dict:
+    """Cosine similarity between DAS's general-knowledge (KL-proxy) importance vectors computed on
+    the probe data of each domain of the sequence, from the base model (the paper reports ~0.9)."""
+    from transformers import set_seed
+
+    from benchmark.data import fixed_mlm_batches
+    from benchmark.modeling import load_masked_lm
+    from methods._shared.importance import gate_importance, kl_proxy_loss
+    from methods._shared.softmask import normalize_importance
+    from methods._shared.units import UNIT_TYPES
+
+    data: RunData = prepare_data(config)
+    model, _ = load_masked_lm(config.model)
+    dap = config.dap
+    vectors = {}
+    for name in data.domains:
+        set_seed(seed)
+        batches = fixed_mlm_batches(
+            data.corpora[name].train,
+            data.tokenizer,
+            dap.probe_chunks,
+            dap.probe_batch_size,
+            dap.mlm_probability,
+            seed=1000,
+        )
+        raw = gate_importance(model, _DeviceBatches(batches, "cpu"), kl_proxy_loss, UNIT_TYPES)
+        vectors[name] = {
+            "raw": torch.cat([raw[u].flatten() for u in UNIT_TYPES]),
+            "normalised": torch.cat([normalize_importance(raw[u]).flatten() for u in UNIT_TYPES]),
+        }
+    result = {}
+    for kind in ("raw", "normalised"):
+        pairs = {
+            f"{a}/{b}": float(torch.nn.functional.cosine_similarity(vectors[a][kind], vectors[b][kind], dim=0))
+            for a, b in itertools.combinations(data.domains, 2)
+        }
+        result[kind] = {
+            "pairs": {k: round(v, 4) for k, v in pairs.items()},
+            "mean": round(sum(pairs.values()) / len(pairs), 4),
+        }
+    result["model"] = str(Path(config.model))
+    return result
