@@ -36,7 +36,6 @@ from benchmark.data import (
     load_heldout_text,
     load_suite,
     package_versions,
-    read_corpus_lines,
     resolve_corpus_path,
 )
 from benchmark.errors import DapbenchError
@@ -547,7 +546,3 @@ def _git_commit() -> str | None:
         return None
     return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
-
-def check_general_corpus(path: str) -> None:
-    """Fail early with a clear error when the general held-out file is missing or empty."""
-    read_corpus_lines(path)
