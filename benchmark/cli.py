@@ -200,34 +200,15 @@ def _synthetic_reading(records: list[dict]) -> str:
 
 def _materialise_synthetic(config: RunConfig, show_progress: bool) -> RunConfig:
     """Generate the synthetic data and pre-train its tiny base model once (cached in the work dir)."""
-    from benchmark.pretrain import BaseModelSpec, pretrain_base
-    from benchmark.synthetic import DOMAINS, build_world, write_world
+    from benchmark.synthetic import VERSION, build_world, pretrain_synthetic_base, write_world
 
-    root = Path(config.work_dir) / "synthetic"
+    root = Path(config.work_dir) / f"synthetic-v{VERSION}"
     data_root, model_dir = root / "data", root / "base-model"
     if not data_root.exists():
         write_world(build_world(seed=0), data_root)
     if not model_dir.exists():
-        corpora = [str(data_root / "general.txt")] + [str(data_root / f"{d}.txt") for d in DOMAINS]
-        spec = BaseModelSpec(
-            vocab_size=2000,
-            hidden_size=64,
-            num_layers=2,
-            num_heads=4,
-            intermediate_size=128,
-            seq_len=32,
-            steps=600,
-            batch_size=64,
-            lr=2e-3,
-        )
         print("synthetic: pre-training the tiny base model on the general corpus (once)")
-        pretrain_base(
-            str(data_root / "general.txt"),
-            model_dir,
-            spec,
-            vocab_corpora=corpora,
-            show_progress=show_progress,
-        )
+        pretrain_synthetic_base(data_root, model_dir, show_progress=show_progress)
     return dataclasses.replace(
         config,
         model=str(model_dir),

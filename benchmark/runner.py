@@ -545,4 +545,3 @@ def _git_commit() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-

@@ -27,6 +27,8 @@ import yaml
 from benchmark.data import SUITE_FILE
 from benchmark.io import atomic_directory
 
+VERSION = 1
+"""Bump when the generator changes: cached worlds and base models live under a versioned folder."""
 DOMAINS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")
 NUM_LABELS = (3, 3, 4, 2, 4, 2)
 INTENSIFIERS = ("very", "really", "quite")
@@ -147,6 +149,30 @@ def write_world(world: dict, root: str | Path) -> Path:
         (tmp / SUITE_FILE).write_text(yaml.safe_dump(suite, sort_keys=False))
 
     return atomic_directory(root, fill)
+
+
+def pretrain_synthetic_base(data_root: str | Path, out_dir: str | Path, spec=None, show_progress: bool = True) -> Path:
+    """Pre-train the synthetic world's base model on its general corpus only.
+
+    The tokenizer's vocabulary also covers the domain corpora (segmentation carries no knowledge),
+    so domain words are whole tokens whose embeddings the base model never trained.
+    """
+    from benchmark.pretrain import BaseModelSpec, pretrain_base
+
+    root = Path(data_root)
+    spec = spec or BaseModelSpec(
+        vocab_size=2000,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=128,
+        seq_len=32,
+        steps=600,
+        batch_size=64,
+        lr=2e-3,
+    )
+    corpora = [str(root / "general.txt")] + [str(root / f"{d}.txt") for d in DOMAINS]
+    return pretrain_base(str(root / "general.txt"), out_dir, spec, vocab_corpora=corpora, show_progress=show_progress)
 
 
 def _sequences() -> dict[str, list[str]]:

@@ -10,8 +10,8 @@ import pytest
 
 from benchmark.cli import _quiet_libraries
 from benchmark.config import RunConfig, profile_config
-from benchmark.pretrain import BaseModelSpec, pretrain_base
-from benchmark.synthetic import DOMAINS, build_world, write_world
+from benchmark.pretrain import BaseModelSpec
+from benchmark.synthetic import build_world, pretrain_synthetic_base, write_world
 
 _quiet_libraries()
 SHARED = Path(os.environ.get("DAPBENCH_SHARED", Path(__file__).resolve().parents[2] / "shared"))
@@ -36,9 +36,7 @@ def tiny_model(world_root, tmp_path_factory) -> Path:
         batch_size=16,
         lr=1e-3,
     )
-    corpora = [str(world_root / "general.txt")] + [str(world_root / f"{d}.txt") for d in DOMAINS]
-    out = tmp_path_factory.mktemp("model") / "tiny"
-    return pretrain_base(str(world_root / "general.txt"), out, spec, vocab_corpora=corpora, show_progress=False)
+    return pretrain_synthetic_base(world_root, tmp_path_factory.mktemp("model") / "tiny", spec, show_progress=False)
 
 
 @pytest.fixture
