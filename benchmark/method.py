@@ -99,6 +99,8 @@ class StepOutput:
     """Mean MLM cross-entropy at the masked positions."""
     hidden: torch.Tensor
     """Last hidden state, batch x length x hidden."""
+    logits: torch.Tensor
+    """MLM logits at the masked positions (``batch["mlm_positions"]``), selected x vocabulary."""
 
 
 @dataclass

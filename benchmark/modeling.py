@@ -86,8 +86,9 @@ def load_masked_lm(name_or_path: str):
     return model, tokenizer
 
 
-def mlm_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean MLM cross-entropy at the masked positions, and the last hidden state.
+def mlm_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mean MLM cross-entropy at the masked positions, the last hidden state, and the logits at the
+    masked positions (selected x vocabulary).
 
     The vocabulary projection dominates small models, so the head runs only on the selected
     positions. Their flat indices (``mlm_positions``) and targets (``mlm_targets``) are computed on
@@ -100,7 +101,7 @@ def mlm_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[to
     logits = mlm_head_of(model)(selected)
     # Half-precision logits are promoted for a stable softmax; float64 stays float64.
     loss = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), batch["mlm_targets"])
-    return loss, hidden
+    return loss, hidden, logits
 
 
 def mlm_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -270,8 +270,8 @@ class ContinualRun:
                 batch = next(batches)
                 sync = contextlib.nullcontext() if micro == accum - 1 else acc.no_sync(model)
                 with sync:
-                    loss, hidden = mlm_forward(model, batch)
-                    terms = {"mlm": loss, **self.method.training_loss(batch, StepOutput(loss, hidden), ctx)}
+                    loss, hidden, logits = mlm_forward(model, batch)
+                    terms = {"mlm": loss, **self.method.training_loss(batch, StepOutput(loss, hidden, logits), ctx)}
                     acc.backward(sum(terms.values()) / accum)
                 for key, value in terms.items():
                     sums[key] = sums.get(key, 0) + value.detach() / accum

@@ -9,4 +9,6 @@ BUILTIN_METHODS: dict[str, str] = {
     "one": "methods.one:ONE",
     "das": "methods.das:DAS",
     "dga": "methods.dga:DGA",
+    "kd": "methods.kd:KD",
+    "ewc": "methods.ewc:EWC",
 }

@@ -1,0 +1,77 @@
+"""EWC: elastic weight consolidation for continual DAP (Kirkpatrick et al. 2017; DAS paper baseline).
+
+After each domain the diagonal Fisher of the MLM loss is computed on the domain's probe subset
+(batch-mean gradient squared times the batch size, as the reference) and merged with the earlier
+domains' Fisher as a running average; the weights at that point are the anchor. During later
+domains every step adds ``strength / 2 * sum F (theta - theta*)^2`` over all trainable parameters.
+strength = 5000 is the reference's value. Unlike the reference, the Fisher is taken of the MLM loss
+alone (the reference's includes the EWC penalty itself, and crashes; ``DAS_REFERENCE.md`` 4.4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from benchmark.method import ContinualMethod, DomainContext, MethodConfig, StepContext, StepOutput
+from benchmark.modeling import mlm_loss
+from methods._shared.ewc import diagonal_fisher, ewc_penalty, merge_fisher
+
+
+@dataclass(frozen=True)
+class EWCConfig(MethodConfig):
+    """EWC options."""
+
+    strength: float = 5000.0
+    """lambda of the penalty (the reference's value; its comments mention a 500..50000 grid)."""
+
+
+class EWC(ContinualMethod):
+    """MLM plus a quadratic penalty that anchors parameters important to earlier domains."""
+
+    name: ClassVar[str] = "ewc"
+    config_cls: ClassVar[type[MethodConfig]] = EWCConfig
+    config: EWCConfig
+
+    def __init__(self, config: EWCConfig, *, env):
+        super().__init__(config, env=env)
+        self.fisher: dict[str, torch.Tensor] | None = None
+        self.anchor: dict[str, torch.Tensor] | None = None
+        self._on_device: tuple[dict, dict] | None = None
+
+    def after_domain(self, ctx: DomainContext) -> None:
+        """Fisher on the probe subset, merged with the earlier domains'; anchor the current weights."""
+        model = ctx.accelerator.unwrap_model(ctx.model) if ctx.accelerator else ctx.model
+        named = self.trainable_parameters(model)
+        new = diagonal_fisher(named, ctx.probe_loader, lambda batch: mlm_loss(model, batch))
+        self.fisher = merge_fisher(self.fisher, new, ctx.index)
+        self.anchor = {name: p.detach().float().cpu().clone() for name, p in named}
+        self._on_device = None
+
+    def training_loss(
+        self, batch: Mapping[str, torch.Tensor], outputs: StepOutput, ctx: StepContext
+    ) -> dict[str, torch.Tensor]:
+        """The EWC penalty (from the second domain on)."""
+        if self.fisher is None:
+            return {}
+        named = self.trainable_parameters(ctx.model)
+        if self._on_device is None:
+            device = named[0][1].device
+            self._on_device = (
+                {n: f.to(device) for n, f in self.fisher.items()},
+                {n: a.to(device) for n, a in self.anchor.items()},
+            )
+        fisher, anchor = self._on_device
+        return {"ewc": ewc_penalty(named, fisher, anchor, self.config.strength)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Merged Fisher and anchor weights."""
+        return {"fisher": self.fisher, "anchor": self.anchor}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore Fisher and anchor."""
+        self.fisher, self.anchor = state.get("fisher"), state.get("anchor")
+        self._on_device = None

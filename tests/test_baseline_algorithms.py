@@ -1,0 +1,79 @@
+"""Hand-computed cases for the baselines' pure algorithms."""
+
+import pytest
+import torch
+from torch import nn
+
+from methods._shared.distill import distillation_loss, reference_hidden_kl
+from methods._shared.ewc import diagonal_fisher, ewc_penalty, merge_fisher
+
+
+def test_ewc_penalty_by_hand():
+    w = nn.Parameter(torch.tensor([1.0, 2.0]))
+    b = nn.Parameter(torch.tensor([0.5]))
+    fisher = {"w": torch.tensor([2.0, 0.5]), "b": torch.tensor([4.0])}
+    anchor = {"w": torch.tensor([0.0, 1.0]), "b": torch.tensor([0.0])}
+    # 10/2 * (2*1^2 + 0.5*1^2 + 4*0.5^2) = 5 * 3.5 = 17.5
+    penalty = ewc_penalty([("w", w), ("b", b)], fisher, anchor, strength=10.0)
+    assert float(penalty) == pytest.approx(17.5)
+    penalty.backward()
+    # d/dw = strength * F * (w - w*) = 10 * [2*1, 0.5*1]
+    assert torch.allclose(w.grad, torch.tensor([20.0, 5.0]))
+
+
+def test_ewc_penalty_is_zero_at_the_anchor():
+    w = nn.Parameter(torch.tensor([1.0, 2.0]))
+    assert float(ewc_penalty([("w", w)], {"w": torch.ones(2)}, {"w": w.detach().clone()}, 5000.0)) == 0.0
+
+
+def test_fisher_merge_is_a_running_average():
+    f0, f1, f2 = ({"w": torch.tensor([v])} for v in (3.0, 6.0, 0.0))
+    merged = merge_fisher(None, f0, 0)
+    merged = merge_fisher(merged, f1, 1)  # (6 + 1*3) / 2 = 4.5
+    assert float(merged["w"]) == pytest.approx(4.5)
+    merged = merge_fisher(merged, f2, 2)  # (0 + 2*4.5) / 3 = 3 = mean(3, 6, 0)
+    assert float(merged["w"]) == pytest.approx(3.0)
+
+
+def test_diagonal_fisher_is_batch_size_times_squared_gradient():
+    w = nn.Parameter(torch.tensor([2.0]))
+    batches = [
+        {"input_ids": torch.zeros(4, 1), "x": torch.tensor([1.0])},
+        {"input_ids": torch.zeros(2, 1), "x": torch.tensor([3.0])},
+    ]
+    # loss = w * x -> grad = x; Fisher = mean(4 * 1^2, 2 * 3^2) = (4 + 18) / 2 = 11
+    fisher = diagonal_fisher([("w", w)], batches, lambda batch: (w * batch["x"]).sum())
+    assert float(fisher["w"]) == pytest.approx(11.0)
+    assert w.grad is None  # parameters' .grad untouched
+
+
+def test_kd_loss_is_zero_when_student_equals_teacher():
+    logits = torch.randn(5, 11)
+    assert float(distillation_loss(logits, logits.clone(), temperature=2.0)) == pytest.approx(0.0, abs=1e-6)
+    assert float(distillation_loss(logits, torch.randn(5, 11), temperature=2.0)) > 0
+    hidden = torch.randn(2, 7, 4)
+    assert float(reference_hidden_kl(hidden, hidden.clone())) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_kd_temperature_scaling():
+    student, teacher = torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 0.0]])
+    p = torch.softmax(teacher / 2, -1)
+    q = torch.softmax(student / 2, -1)
+    expected = 4 * float((p * (p.log() - q.log())).sum())
+    assert float(distillation_loss(student, teacher, temperature=2.0)) == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "term", "in_first_domain"),
+    [("kd", {}, "kd", True), ("kd", {"target": "hidden_states"}, "kd", True), ("ewc", {}, "ewc", False)],
+)
+def test_baselines_add_their_loss_terms(name, options, term, in_first_domain, tiny_config):
+    import dataclasses
+
+    from benchmark.runner import ContinualRun, prepare_data
+
+    config = dataclasses.replace(tiny_config, method_options={name: options})
+    record = ContinualRun(config, prepare_data(config), name, 3, show_progress=False).execute()
+    first, second = (d["loss_log"] for d in record["domains"])
+    assert all(term in entry for entry in second)
+    assert all((term in entry) == in_first_domain for entry in first)
