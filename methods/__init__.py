@@ -11,4 +11,5 @@ BUILTIN_METHODS: dict[str, str] = {
     "dga": "methods.dga:DGA",
     "kd": "methods.kd:KD",
     "ewc": "methods.ewc:EWC",
+    "derpp": "methods.derpp:DERPP",
 }

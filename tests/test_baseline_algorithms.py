@@ -15,7 +15,7 @@ def test_ewc_penalty_by_hand():
     anchor = {"w": torch.tensor([0.0, 1.0]), "b": torch.tensor([0.0])}
     # 10/2 * (2*1^2 + 0.5*1^2 + 4*0.5^2) = 5 * 3.5 = 17.5
     penalty = ewc_penalty([("w", w), ("b", b)], fisher, anchor, strength=10.0)
-    assert float(penalty) == pytest.approx(17.5)
+    assert float(penalty.detach()) == pytest.approx(17.5)
     penalty.backward()
     # d/dw = strength * F * (w - w*) = 10 * [2*1, 0.5*1]
     assert torch.allclose(w.grad, torch.tensor([20.0, 5.0]))
@@ -77,3 +77,49 @@ def test_baselines_add_their_loss_terms(name, options, term, in_first_domain, ti
     first, second = (d["loss_log"] for d in record["domains"])
     assert all(term in entry for entry in second)
     assert all((term in entry) == in_first_domain for entry in first)
+
+
+def test_reservoir_keeps_a_uniform_sample_within_budget():
+    import random
+
+    from methods._shared.replay import Reservoir
+
+    stream, capacity, trials = 200, 20, 600
+    counts = [0] * stream
+    rng = random.Random(0)
+    for _ in range(trials):
+        reservoir = Reservoir(capacity=capacity)
+        for i in range(stream):
+            reservoir.offer(lambda i=i: i, rng)
+        assert len(reservoir.items) == capacity and reservoir.seen == stream
+        for item in reservoir.items:
+            counts[item] += 1
+    frequencies = [c / trials for c in counts]
+    # every item is kept with probability capacity / stream = 0.1 (3 sigma over 600 trials ~ 0.037)
+    assert max(abs(f - 0.1) for f in frequencies) < 0.05
+    assert abs(sum(frequencies[:100]) - sum(frequencies[100:])) < 1.0  # early and late items alike
+
+
+def test_replay_collation_offsets_positions_per_row():
+    from methods._shared.replay import ReplayItem, collate_replay
+
+    items = [
+        ReplayItem(torch.arange(4), torch.tensor([1]), torch.tensor([7]), torch.ones(1, 3)),
+        ReplayItem(torch.arange(4), torch.tensor([0, 3]), torch.tensor([8, 9]), torch.zeros(2, 3)),
+    ]
+    batch = collate_replay(items, "cpu")
+    assert batch["mlm_positions"].tolist() == [1, 4, 7]
+    assert batch["mlm_targets"].tolist() == [7, 8, 9] and batch["stored_outputs"].shape == (3, 3)
+
+
+def test_derpp_buffer_respects_the_token_budget(tiny_config):
+    import dataclasses
+
+    from benchmark.runner import ContinualRun, prepare_data
+
+    config = dataclasses.replace(tiny_config, method_options={"derpp": {"tokens_per_domain": 96}})
+    run = ContinualRun(config, prepare_data(config), "derpp", 3, show_progress=False)
+    record = run.execute()
+    assert [len(r.items) for r in run.method.reservoirs] == [3, 3]  # 96 tokens // 32-token chunks
+    assert all(r.seen == 4 * 8 for r in run.method.reservoirs)  # 4 steps x batch 8 offered
+    assert all("replay_mse" in entry for entry in record["domains"][1]["loss_log"])

@@ -1,0 +1,65 @@
+"""Reservoir sampling (Vitter's algorithm R) and replay-batch assembly for DER++ (pure functions)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+
+def reservoir_slot(seen: int, capacity: int, rng: random.Random) -> int | None:
+    """Where the ``seen``-th item (0-based) of a stream goes in a reservoir of ``capacity``, or None.
+
+    After n items every item is in the reservoir with probability capacity / n (a uniform sample).
+    """
+    if seen < capacity:
+        return seen
+    slot = rng.randint(0, seen)
+    return slot if slot < capacity else None
+
+
+@dataclass
+class ReplayItem:
+    """One stored chunk: masked input, MLM targets and the model's outputs when it was stored."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    """Masked positions within the chunk."""
+    targets: torch.Tensor
+    outputs: torch.Tensor
+    """Final hidden states at the masked positions at storage time (float16)."""
+
+
+@dataclass
+class Reservoir:
+    """A uniform sample of one domain's training stream within a token budget."""
+
+    capacity: int
+    seen: int = 0
+    items: list[ReplayItem] = field(default_factory=list)
+
+    def offer(self, make_item, rng: random.Random) -> None:
+        """Offer the next stream item; ``make_item()`` is only called if it is kept."""
+        slot = reservoir_slot(self.seen, self.capacity, rng)
+        self.seen += 1
+        if slot is None:
+            return
+        if slot == len(self.items):
+            self.items.append(make_item())
+        else:
+            self.items[slot] = make_item()
+
+
+def collate_replay(items: list[ReplayItem], device) -> dict[str, torch.Tensor]:
+    """Stack stored chunks into a batch with flat MLM positions, like the MLM collator's output."""
+    length = items[0].input_ids.shape[0]
+    flat = torch.cat([item.positions + row * length for row, item in enumerate(items)])
+    batch = {
+        "input_ids": torch.stack([item.input_ids for item in items]),
+        "mlm_positions": flat,
+        "mlm_targets": torch.cat([item.targets for item in items]),
+        "stored_outputs": torch.cat([item.outputs for item in items]),
+    }
+    batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    return {key: value.to(device) for key, value in batch.items()}
