@@ -417,7 +417,7 @@ class ContinualRun:
                 "tokens_per_second": _mean([s["tokens_per_second"] for s in trained]),
                 "step_seconds": _mean([s["step_seconds"] for s in trained]),
                 "peak_memory_mb": max(s["peak_memory_mb"] for s in domain_stats),
-                "memory_kind": "cuda_max_allocated" if torch.cuda.is_available() else "cpu_max_rss",
+                "memory_kind": "cuda_max_allocated" if torch.cuda.is_available() else "cpu_peak_rss_per_domain",
             },
             "trainable_parameters": max(s["trainable_parameters"] for s in domain_stats),
             "domains": domain_stats,
@@ -507,13 +507,21 @@ def _restore_rng(path: Path | None, fallback_seed: int) -> None:
 
 
 def _reset_peak_memory() -> None:
+    """Start a new peak: CUDA's allocator statistics, or Linux's per-process RSS high-water mark."""
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
+        return
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (Linux >= 4.0)
 
 
 def _peak_memory_mb() -> float:
+    """Peak since the last reset: CUDA max allocated, else VmHWM (else the process-lifetime max RSS)."""
     if torch.cuda.is_available():
         return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        status = Path("/proc/self/status").read_text().splitlines()
+        return round(int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) / 1024, 1)
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
