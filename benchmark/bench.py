@@ -11,7 +11,7 @@ import torch
 
 from benchmark.config import RunConfig
 from benchmark.io import read_json
-from benchmark.runner import ContinualRun, RunData, _DeviceBatches, prepare_data, probe_batches
+from benchmark.runner import ContinualRun, RunData, _DeviceBatches, prepare_data
 
 
 def step_times(config: RunConfig, methods: list[str], steps: int, seed: int = 0) -> dict[str, dict]:
@@ -44,6 +44,7 @@ def importance_similarity(config: RunConfig, seed: int = 0) -> dict:
     the probe data of each domain of the sequence, from the base model (the paper reports ~0.9)."""
     from transformers import set_seed
 
+    from benchmark.data import fixed_mlm_batches
     from benchmark.modeling import load_masked_lm
     from methods._shared.importance import gate_importance, kl_proxy_loss
     from methods._shared.softmask import normalize_importance
@@ -51,10 +52,18 @@ def importance_similarity(config: RunConfig, seed: int = 0) -> dict:
 
     data: RunData = prepare_data(config)
     model, _ = load_masked_lm(config.model)
+    dap = config.dap
     vectors = {}
     for name in data.domains:
         set_seed(seed)
-        batches = probe_batches(data.corpora[name].train, data.tokenizer, config.dap, seed=1000)
+        batches = fixed_mlm_batches(
+            data.corpora[name].train,
+            data.tokenizer,
+            dap.probe_chunks,
+            dap.probe_batch_size,
+            dap.mlm_probability,
+            seed=1000,
+        )
         raw = gate_importance(model, _DeviceBatches(batches, "cpu"), kl_proxy_loss, UNIT_TYPES)
         vectors[name] = {
             "raw": torch.cat([raw[u].flatten() for u in UNIT_TYPES]),

@@ -296,7 +296,7 @@ def load_corpus(
     return Corpus(name=name, train=train, heldout=heldout, checksum=checksum)
 
 
-def load_text_chunks(name: str, source: str, tokenizer, seq_len: int, cache_dir: Path, max_lines: int | None = None):
+def load_heldout_text(name: str, source: str, tokenizer, seq_len: int, cache_dir: Path, max_lines: int | None = None):
     """A whole text file as packed chunks (the general corpus), and its checksum."""
     lines = read_corpus_lines(source)[:max_lines]
     checksum = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]

@@ -78,10 +78,6 @@ class DomainContext:
     general_probe: Callable[[], Iterable[Mapping[str, torch.Tensor]] | None] = lambda: None
     """Loads (once) a fixed masked subset of the general corpus (``general_corpus``); None if not set."""
 
-    def unwrapped_model(self) -> nn.Module:
-        """The bare model (without accelerate's wrappers), for module access and hooks."""
-        return unwrap(self.model, self.accelerator)
-
 
 @dataclass
 class StepContext:
@@ -93,10 +89,6 @@ class StepContext:
     total_domain_steps: int
     global_step: int
     accelerator: Any
-
-    def unwrapped_model(self) -> nn.Module:
-        """The bare model (without accelerate's wrappers), for module access and hooks."""
-        return unwrap(self.model, self.accelerator)
 
 
 @dataclass
@@ -191,11 +183,6 @@ class ContinualMethod:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
-
-
-def unwrap(model: nn.Module, accelerator: Any) -> nn.Module:
-    """``model`` without accelerate's wrappers (unchanged when there is no accelerator)."""
-    return accelerator.unwrap_model(model) if accelerator is not None else model
 
 
 def _default_of(field: dataclasses.Field) -> Any:

@@ -76,7 +76,8 @@ def pretrain_base(
     ``vocab_corpora`` (default: the corpus itself) only shape the tokenizer's vocabulary; the model
     sees nothing but ``corpus``.
     """
-    from transformers import BertConfig, BertForMaskedLM, set_seed
+    from tqdm.auto import tqdm
+    from transformers import BertConfig, BertForMaskedLM, get_cosine_schedule_with_warmup, set_seed
 
     if not Path(corpus).is_file():
         raise DapbenchError(f"corpus not found: {corpus}", "pass a text file with one passage per line")
@@ -92,46 +93,19 @@ def pretrain_base(
         pad_token_id=tokenizer.pad_token_id,
     )
     model = BertForMaskedLM(config)
-    # The packed chunks are memory-mapped from the scratch cache: train while it exists.
     with _scratch(out_dir) as scratch:
         data = load_corpus("base", corpus, tokenizer, spec.seq_len, 0.02, None, scratch)
-        heldout = fixed_mlm_batches(data.heldout, tokenizer, 128, 64, 0.15)
-        train_chunks = len(data.train)
-        start = time.perf_counter()
-        _train_mlm(model, data.train, tokenizer, spec, show_progress)
-    reinitialised = _reinitialise_unseen_tokens(model, tokenizer, read_corpus_lines(corpus))
-    report = {
-        "reinitialised_unseen_tokens": reinitialised,
-        "spec": asdict(spec),
-        "corpus": str(corpus),
-        "seconds": round(time.perf_counter() - start, 1),
-        "heldout_mlm_loss": _evaluate(model, heldout),
-        "train_chunks": train_chunks,
-    }
-
-    def fill(tmp: Path) -> None:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        atomic_write_json(tmp / "pretraining.json", report)
-
-    return atomic_directory(out_dir, fill)
-
-
-def _train_mlm(model, chunks, tokenizer, spec: BaseModelSpec, show_progress: bool) -> None:
-    """``spec.steps`` AdamW updates of the MLM loss with a cosine schedule."""
-    from tqdm.auto import tqdm
-    from transformers import get_cosine_schedule_with_warmup
-
     loader = DataLoader(
-        chunks,
+        data.train,
         batch_size=spec.batch_size,
         shuffle=True,
         collate_fn=MlmCollator(tokenizer),
-        drop_last=len(chunks) >= spec.batch_size,
+        drop_last=len(data.train) >= spec.batch_size,
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
     scheduler = get_cosine_schedule_with_warmup(optimizer, spec.steps // 20, spec.steps)
-    step = 0
+    heldout = fixed_mlm_batches(data.heldout, tokenizer, 128, 64, 0.15)
+    start, step = time.perf_counter(), 0
     model.train()
     with tqdm(total=spec.steps, desc="pretrain-base", disable=not show_progress, leave=False) as bar:
         while step < spec.steps:
@@ -144,6 +118,22 @@ def _train_mlm(model, chunks, tokenizer, spec: BaseModelSpec, show_progress: boo
                 bar.update()
                 if step >= spec.steps:
                     break
+    reinitialised = _reinitialise_unseen_tokens(model, tokenizer, read_corpus_lines(corpus))
+    report = {
+        "reinitialised_unseen_tokens": reinitialised,
+        "spec": asdict(spec),
+        "corpus": str(corpus),
+        "seconds": round(time.perf_counter() - start, 1),
+        "heldout_mlm_loss": _evaluate(model, heldout),
+        "train_chunks": len(data.train),
+    }
+
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        atomic_write_json(tmp / "pretraining.json", report)
+
+    return atomic_directory(out_dir, fill)
 
 
 @torch.no_grad()

@@ -33,8 +33,8 @@ from benchmark.data import (
     fixed_mlm_batches,
     load_corpus,
     load_end_task,
+    load_heldout_text,
     load_suite,
-    load_text_chunks,
     package_versions,
     resolve_corpus_path,
 )
@@ -99,16 +99,11 @@ def prepare_data(config: RunConfig) -> RunData:
     for name, corpus in corpora.items():
         heldout[name] = _heldout_batches(corpus.heldout, tokenizer, dap)
     if config.general_heldout:
-        general, checksums[f"corpus/{GENERAL}"] = load_text_chunks(
+        general, checksums[f"corpus/{GENERAL}"] = load_heldout_text(
             GENERAL, config.general_heldout, tokenizer, dap.seq_len, cache_dir
         )
         heldout[GENERAL] = _heldout_batches(general, tokenizer, dap)
     return RunData(suite, domains, tokenizer, corpora, heldout, tasks, checksums)
-
-
-def probe_batches(dataset, tokenizer, dap: DapConfig, seed: int) -> list[dict]:
-    """The fixed probe subset handed to methods: the first ``probe_chunks`` chunks, masked with ``seed``."""
-    return fixed_mlm_batches(dataset, tokenizer, dap.probe_chunks, dap.probe_batch_size, dap.mlm_probability, seed)
 
 
 def _heldout_batches(dataset, tokenizer, dap: DapConfig) -> list[dict]:
@@ -207,8 +202,16 @@ class ContinualRun:
         return model
 
     def _probe_batches(self, t: int) -> list[dict]:
+        dap = self.config.dap
         corpus = self.data.corpora[self.data.domains[t]]
-        return probe_batches(corpus.train, self.data.tokenizer, self.config.dap, seed=1000 + t)
+        return fixed_mlm_batches(
+            corpus.train,
+            self.data.tokenizer,
+            dap.probe_chunks,
+            dap.probe_batch_size,
+            dap.mlm_probability,
+            seed=1000 + t,
+        )
 
     def _general_probe(self) -> _DeviceBatches | None:
         """A fixed masked subset of the general training corpus, loaded on first use."""
@@ -216,7 +219,7 @@ class ContinualRun:
             return None
         if self._general_batches is None:
             dap = self.config.dap
-            dataset, _ = load_text_chunks(
+            dataset, _ = load_heldout_text(
                 "general-train",
                 self.config.general_corpus,
                 self.data.tokenizer,
@@ -224,7 +227,9 @@ class ContinualRun:
                 Path(self.config.work_dir) / "cache",
                 max_lines=dap.max_corpus_lines,
             )
-            self._general_batches = probe_batches(dataset, self.data.tokenizer, dap, seed=999)
+            self._general_batches = fixed_mlm_batches(
+                dataset, self.data.tokenizer, dap.probe_chunks, dap.probe_batch_size, dap.mlm_probability, seed=999
+            )
         return _DeviceBatches(self._general_batches, self.accelerator.device)
 
     def _train(self, model, corpus: Corpus, t: int) -> dict:

@@ -145,7 +145,7 @@ class DAS(ContinualMethod):
     def before_domain(self, ctx: DomainContext) -> None:
         """Before the first domain, compute the general-knowledge importance."""
         if ctx.index == 0 and self.config.ablation != "no_init":
-            self.importance = self._normalised(self._general_importance(ctx))
+            self.importance = self._normalised(self._general_importance(ctx), ctx)
         self._device_importance = None
 
     def _general_importance(self, ctx: DomainContext) -> dict[str, torch.Tensor]:
@@ -161,7 +161,7 @@ class DAS(ContinualMethod):
 
     def after_domain(self, ctx: DomainContext) -> None:
         """Add this domain's MLM importance to the accumulated importance (element-wise max)."""
-        new = self._normalised(self._gate_importance(ctx.model, ctx.probe_loader, self._mlm_loss()))
+        new = self._normalised(self._gate_importance(ctx.model, ctx.probe_loader, self._mlm_loss()), ctx)
         self.importance = accumulate_importance(self.importance, new)
         self.domain_importance = accumulate_importance(self.domain_importance, new)
         self._device_importance = None
@@ -179,7 +179,7 @@ class DAS(ContinualMethod):
             cumulative=self.config.switch("importance_accumulation") == "cumulative",
         )
 
-    def _normalised(self, raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _normalised(self, raw: dict[str, torch.Tensor], ctx: DomainContext) -> dict[str, torch.Tensor]:
         if self.config.ablation == "random_importance":
             return {u: torch.rand(v.shape, generator=self._generator) for u, v in raw.items()}
         return {u: normalize_importance(v) for u, v in raw.items()}
@@ -201,7 +201,7 @@ class DAS(ContinualMethod):
         prev_gates = self._contrast_gates(batch["original_ids"].device)
         if prev_gates is None:
             return {}
-        return {"contrast": self.config.contrast_lambda * self._contrast(batch, prev_gates, ctx)}
+        return {"contrast": self.config.contrast_lambda * self._contrast(ctx.model, batch, prev_gates, ctx)}
 
     def _contrast_gates(self, device) -> dict[str, torch.Tensor] | None:
         if self.config.ablation == "domain_contrast":
@@ -210,8 +210,8 @@ class DAS(ContinualMethod):
             return {u: v.to(device) for u, v in self.domain_importance.items()}
         return self._on_device(device)
 
-    def _contrast(self, batch, prev_gates, ctx: StepContext) -> torch.Tensor:
-        module = ctx.unwrapped_model()
+    def _contrast(self, model, batch, prev_gates, ctx: StepContext) -> torch.Tensor:
+        module = ctx.accelerator.unwrap_model(model) if ctx.accelerator else model
         encoder = encoder_of(module)
         ids, mask = batch["original_ids"], batch.get("attention_mask")
         # Two dropout views of every input in one batched pass (each row gets its own dropout mask).
@@ -234,7 +234,7 @@ class DAS(ContinualMethod):
         """Soft-mask the gradients of the masked modules by (1 - accumulated importance)."""
         if self.config.ablation == "no_softmask":
             return
-        model = ctx.unwrapped_model()
+        model = ctx.accelerator.unwrap_model(ctx.model) if ctx.accelerator else ctx.model
         importance = self._on_device(next(model.parameters()).device)
         if importance is None:
             return

@@ -34,7 +34,7 @@ class DGA(DAS):
 
     def before_domain(self, ctx: DomainContext) -> None:
         """General-knowledge head importance on this domain's data (the model is the base model)."""
-        self.importance = self._normalised(self._general_importance(ctx))
+        self.importance = self._normalised(self._general_importance(ctx), ctx)
         self._device_importance = None
 
     def after_domain(self, ctx: DomainContext) -> None:
