@@ -96,14 +96,14 @@ def _heatmap(frame: pd.DataFrame, title: str, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(1.2 * frame.shape[1] + 2, 0.7 * frame.shape[0] + 1.5))
-    image = ax.imshow(frame.to_numpy(dtype=float), cmap="viridis", vmin=0, vmax=1)
+    image = ax.imshow(100 * frame.to_numpy(dtype=float), cmap="viridis", vmin=0, vmax=100)
     ax.set_xticks(range(frame.shape[1]), frame.columns, rotation=45, ha="right")
     ax.set_yticks(range(frame.shape[0]), frame.index)
     for (i, j), value in np.ndenumerate(frame.to_numpy(dtype=float)):
         if not math.isnan(value):
             ax.text(j, i, f"{100 * value:.1f}", ha="center", va="center", color="w", fontsize=8)
     ax.set_title(title)
-    fig.colorbar(image, ax=ax)
+    fig.colorbar(image, ax=ax, label="%")
     fig.tight_layout()
     atomic_write_bytes(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     plt.close(fig)
