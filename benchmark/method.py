@@ -161,7 +161,10 @@ class ContinualMethod:
         """The classification model for end-task fine-tuning (default: a fresh head on checkpoint t)."""
         from transformers import AutoModelForSequenceClassification
 
-        return AutoModelForSequenceClassification.from_pretrained(ctx.checkpoint_dir, num_labels=ctx.num_labels)
+        from benchmark.modeling import quiet_transformers
+
+        with quiet_transformers():
+            return AutoModelForSequenceClassification.from_pretrained(ctx.checkpoint_dir, num_labels=ctx.num_labels)
 
     # -- state ---------------------------------------------------------------------------------
     def variant(self) -> str:

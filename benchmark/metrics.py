@@ -69,14 +69,17 @@ def backward_transfer(matrix: Sequence[Sequence[float]]) -> float:
 
 
 def summarize_matrix(
-    matrix: Sequence[Sequence[float]], independent_per_domain: bool = False
+    matrix: Sequence[Sequence[float]], independent_per_domain: bool = False, final_row_only: bool = False
 ) -> dict[str, float | None]:
-    """Final average, forgetting and backward transfer of one matrix (forgetting is undefined, None,
-    for a single domain and for independent-per-domain methods, whose final model per task never
-    sees later domains)."""
+    """Final average, forgetting and backward transfer of one matrix.
+
+    Forgetting is undefined (None) for a single domain, for independent-per-domain methods (their
+    model for a task never sees later domains) and for a matrix with only its final row (joint
+    training: there is no model after the earlier domains).
+    """
     a = _as_matrix(matrix)
     out: dict[str, float | None] = {"final": final_average(a, independent_per_domain)}
-    defined = a.shape[0] >= 2 and not independent_per_domain
+    defined = a.shape[0] >= 2 and not independent_per_domain and not final_row_only
     out["forgetting"] = forgetting_rate(a) if defined else None
     out["bwt"] = backward_transfer(a) if defined else None
     return out

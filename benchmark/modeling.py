@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,20 @@ def layer_modules(model: nn.Module) -> list[LayerModules]:
     return [LayerModules(**{k: layer.get_submodule(p) for k, p in LAYER_PATHS[model_type].items()}) for layer in layers]
 
 
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' load report inside the block: loading a DAP checkpoint into a task model
+    (or a checkpoint with method-added tensors) lists expected key differences, not problems."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def load_masked_lm(name_or_path: str):
     """Load a masked LM and its tokenizer from a hub id or a local directory."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
@@ -77,13 +92,41 @@ def load_masked_lm(name_or_path: str):
         )
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = AutoModelForMaskedLM.from_pretrained(name_or_path)
+        with quiet_transformers():
+            model = AutoModelForMaskedLM.from_pretrained(name_or_path)
     except (OSError, ValueError) as exc:
         raise DapbenchError(
             f"cannot load model {name_or_path!r}: {exc}",
             "without hub access use a local directory (see ../shared/models or `dapbench pretrain-base`)",
         ) from exc
     return model, tokenizer
+
+
+def restore_checkpoint_weights(model: nn.Module, checkpoint_dir: str | Path) -> None:
+    """Load every tensor of a checkpoint into a model after the method's ``setup``.
+
+    ``from_pretrained`` skips (or re-initialises around) what a method adds in ``setup``: adapter
+    weights, prompt vectors, task embeddings, and the ``base_layer`` renaming that peft's injection
+    causes. Loading the whole file again into the set-up model restores all of it. Only tied weights,
+    which the file stores once, may be absent from it.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(checkpoint_dir) / "model.safetensors"
+    if not path.exists():
+        raise DapbenchError(f"checkpoint weights missing: {path}", "delete the run directory and run again")
+    tensors = load_file(str(path))
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - {
+        name for name, _ in model.named_parameters()
+    }
+    missing = [name for name in missing if name not in tied]
+    if missing or unexpected:
+        raise DapbenchError(
+            f"checkpoint {checkpoint_dir} does not match the method's model: missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}",
+            "resume with the same method options, or delete the run directory",
+        )
 
 
 def mlm_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -84,7 +84,8 @@ def write_run_tables(record: dict, out_dir: Path) -> list[Path]:
 def mlm_loss_frame(record: dict) -> pd.DataFrame:
     """Held-out MLM loss per corpus (columns) before DAP and after each domain (rows)."""
     losses = record["mlm_loss"]
-    rows = [losses["base"], *losses["after_domain"]]
+    # Joint training has a model only after the last domain: the other rows stay empty.
+    rows = [losses["base"], *(row or {} for row in losses["after_domain"])]
     index = ["base", *[f"after {d}" for d in record["sequence"]]]
     return pd.DataFrame(rows, index=index)[losses["columns"]]
 

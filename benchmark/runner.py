@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import ConcatDataset, DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from benchmark.config import DapConfig, RunConfig
@@ -51,7 +51,7 @@ from benchmark.method import (
     build_method,
 )
 from benchmark.metrics import summarize_matrix
-from benchmark.modeling import load_masked_lm, mlm_forward, mlm_loss
+from benchmark.modeling import load_masked_lm, mlm_forward, mlm_loss, restore_checkpoint_weights
 from benchmark.registry import default_registry
 
 GENERAL = "general"
@@ -154,13 +154,18 @@ class ContinualRun:
         """Run (or resume) every domain and fine-tune, then return the complete record."""
         started = time.time()
         base_losses = self._base_losses()
-        for t in range(self.T):
+        for t in self._stages():
             if not self._done(t).exists():
                 self._run_domain(t)
             self._finetune_row(t)
             if t > 0 and not self.config.keep_checkpoints and self._ckpt(t - 1).exists():
                 shutil.rmtree(self._ckpt(t - 1))
         return self._record(base_losses, time.time() - started)
+
+    def _stages(self) -> list[int]:
+        """The domains after which a checkpoint exists: every one, or only the last for joint training
+        (one model trained once on the union of all corpora)."""
+        return [self.T - 1] if self.caps.joint_training else list(range(self.T))
 
     def _base_losses(self) -> dict[str, float]:
         path = self.root / "base-mlm-loss.json"
@@ -172,8 +177,9 @@ class ContinualRun:
     # -- one domain --------------------------------------------------------------------------------
     def _run_domain(self, t: int) -> None:
         name = self.data.domains[t]
-        model = self._model_for_domain(t)
+        # Seed first: a method's setup may draw random initial weights (adapters, prompts, task embeddings).
         _restore_rng(self._ckpt(t - 1) / "rng.pt" if t > 0 else None, self.seed + t)
+        model = self._model_for_domain(t)
         _reset_peak_memory()
         probe = _DeviceBatches(self._probe_batches(t), self.accelerator.device)
         ctx = DomainContext(t, name, model, probe, self.accelerator, mlm_loss, general_probe=self._general_probe)
@@ -181,7 +187,7 @@ class ContinualRun:
         if self.caps.pretrains:
             stats["trainable_parameters"] = sum(p.numel() for _, p in self.method.trainable_parameters(model))
             self.method.before_domain(ctx)
-            stats = {**stats, "trained": True, **self._train(model, self.data.corpora[name], t)}
+            stats = {**stats, "trained": True, **self._train(model, t)}
             ctx.model = model
             self.method.after_domain(ctx)
         stats["mlm_loss"] = self._heldout_losses(model)
@@ -192,11 +198,14 @@ class ContinualRun:
 
     def _model_for_domain(self, t: int):
         """Base model at the first domain and for independent methods, else checkpoint t-1."""
-        fresh = t == 0 or self.caps.independent_per_domain or not self.caps.pretrains
+        caps = self.caps
+        fresh = t == 0 or caps.independent_per_domain or caps.joint_training or not caps.pretrains
         source = self.config.model if fresh else self._ckpt(t - 1)
         model, _ = load_masked_lm(str(source))
         model = self.method.setup(model.to(self.accelerator.device))
-        if t > 0:
+        if not fresh:
+            restore_checkpoint_weights(model, source)
+        if t > 0 and not caps.joint_training:
             state = torch.load(self._ckpt(t - 1) / "method_state.pt", weights_only=False)
             self.method.load_state_dict(state)
         return model
@@ -232,40 +241,50 @@ class ContinualRun:
             )
         return _DeviceBatches(self._general_batches, self.accelerator.device)
 
-    def _train(self, model, corpus: Corpus, t: int) -> dict:
+    def _training_set(self, t: int) -> tuple[Dataset, int]:
+        """Domain t's training chunks and its number of updates; for joint training the union of all
+        corpora with the whole sequence's budget (T x steps), so it sees as many tokens as a continual run."""
+        if self.caps.joint_training:
+            union = ConcatDataset([self.data.corpora[name].train for name in self.data.domains])
+            return union, self.T * self.config.dap.steps
+        return self.data.corpora[self.data.domains[t]].train, self.config.dap.steps
+
+    def _train(self, model, t: int) -> dict:
         dap, acc = self.config.dap, self.accelerator
+        dataset, steps = self._training_set(t)
         params = self.method.trainable_parameters(model)
         optimizer = torch.optim.AdamW(_param_groups(params, dap.weight_decay), lr=dap.lr, eps=dap.adam_eps)
         from transformers import get_linear_schedule_with_warmup
 
-        scheduler = get_linear_schedule_with_warmup(optimizer, int(dap.warmup_ratio * dap.steps), dap.steps)
+        scheduler = get_linear_schedule_with_warmup(optimizer, int(dap.warmup_ratio * steps), steps)
         loader = DataLoader(
-            corpus.train,
+            dataset,
             batch_size=dap.per_device_batch_size,
             shuffle=True,
             collate_fn=MlmCollator(self.data.tokenizer, dap.mlm_probability),
-            drop_last=len(corpus.train) >= dap.per_device_batch_size,
+            drop_last=len(dataset) >= dap.per_device_batch_size,
         )
         model, optimizer, loader, scheduler = acc.prepare(model, optimizer, loader, scheduler)
         accum = max(1, dap.batch_size // (dap.per_device_batch_size * acc.num_processes))
-        return self._train_loop(model, optimizer, scheduler, _forever(loader), accum, t)
+        return self._train_loop(model, optimizer, scheduler, _forever(loader), accum, t, steps)
 
-    def _train_loop(self, model, optimizer, scheduler, batches: Iterator[dict], accum: int, t: int) -> dict:
+    def _train_loop(self, model, optimizer, scheduler, batches: Iterator[dict], accum: int, t: int, steps: int) -> dict:
         dap, acc = self.config.dap, self.accelerator
-        ctx = StepContext(model, t, 0, dap.steps, t * dap.steps, acc)
+        offset = 0 if self.caps.joint_training else t * dap.steps
+        ctx = StepContext(model, t, 0, steps, offset, acc)
         sums: dict[str, torch.Tensor] = {}
         log: list[dict] = []
         last_logged = 0
         model.train()
         bar = tqdm(
-            range(dap.steps),
+            range(steps),
             desc=f"{self.method_cls.name} {self.data.domains[t]}",
             disable=not self.show_progress,
             leave=False,
         )
         start = time.perf_counter()
         for step in bar:
-            ctx.domain_step, ctx.global_step = step, t * dap.steps + step
+            ctx.domain_step, ctx.global_step = step, offset + step
             for micro in range(accum):
                 batch = next(batches)
                 sync = contextlib.nullcontext() if micro == accum - 1 else acc.no_sync(model)
@@ -282,17 +301,17 @@ class ContinualRun:
             scheduler.step()
             self.method.after_optimizer_step(ctx)
             optimizer.zero_grad(set_to_none=True)
-            if (step + 1) % dap.log_every == 0 or step + 1 == dap.steps:
+            if (step + 1) % dap.log_every == 0 or step + 1 == steps:
                 log.append(self._flush_log(sums, step + 1, step + 1 - last_logged, bar))  # the only host sync
                 last_logged = step + 1
         seconds = time.perf_counter() - start
-        tokens = dap.steps * accum * dap.per_device_batch_size * dap.seq_len * acc.num_processes
+        tokens = steps * accum * dap.per_device_batch_size * dap.seq_len * acc.num_processes
         return {
-            "steps": dap.steps,
+            "steps": steps,
             "train_seconds": round(seconds, 3),
             "tokens": tokens,
             "tokens_per_second": round(tokens / seconds, 1),
-            "step_seconds": round(seconds / dap.steps, 4),
+            "step_seconds": round(seconds / steps, 4),
             "loss_log": log,
         }
 
@@ -347,6 +366,8 @@ class ContinualRun:
         return "base" if not self.caps.pretrains else f"row{t}"
 
     def _finetune_row(self, t: int) -> None:
+        from transformers import set_seed
+
         todo = [k for k in self._row_tasks(t) if not self._pair(self._row_key(t), k).exists()]
         if not todo:
             return
@@ -361,31 +382,35 @@ class ContinualRun:
                 num_labels=task.num_labels,
                 task_domain_index=k if self.caps.needs_domain_id_at_finetune else None,
             )
+            seed = self.seed + self.config.finetune.seed_offset
+            # Seeded before the classifier exists: its fresh head must not depend on what ran before
+            # (a resumed run skips work and would otherwise draw a different head).
+            set_seed(seed)
             model = self.method.finetune_model(ctx).to(self.accelerator.device)
             result = finetune_and_evaluate(
-                model,
-                task,
-                self.data.tokenizer,
-                self.config.finetune,
-                self.seed + self.config.finetune.seed_offset,
-                self.accelerator,
+                model, task, self.data.tokenizer, self.config.finetune, seed, self.accelerator
             )
             atomic_write_json(self._pair(self._row_key(t), k), {"row": t, "task": task.name, **result})
 
     def _load_checkpoint_model(self, t: int):
         model, _ = load_masked_lm(str(self._ckpt(t)))
         model = self.method.setup(model.to(self.accelerator.device))
+        restore_checkpoint_weights(model, self._ckpt(t))
         self.method.load_state_dict(torch.load(self._ckpt(t) / "method_state.pt", weights_only=False))
         return model
 
     # -- record ------------------------------------------------------------------------------------
     def _record(self, base_losses: dict[str, float], seconds: float) -> dict:
-        domain_stats = [read_json(self._done(t), "domain progress file") for t in range(self.T)]
+        stages = self._stages()
+        domain_stats = [read_json(self._done(t), "domain progress file") for t in stages]
+        after_domain: list[dict | None] = [None] * self.T
+        for t, stats in zip(stages, domain_stats, strict=True):
+            after_domain[t] = stats["mlm_loss"]
         matrices = self._matrices()
         caps = self.caps
         summary = {
-            metric: summarize_matrix(np.asarray(m, dtype=float), caps.independent_per_domain)
-            if _summarizable(m, caps.independent_per_domain)
+            metric: summarize_matrix(np.asarray(m, dtype=float), caps.independent_per_domain, caps.joint_training)
+            if _summarizable(m, caps.independent_per_domain, caps.joint_training)
             else None
             for metric, m in matrices.items()
         }
@@ -409,7 +434,7 @@ class ContinualRun:
             "mlm_loss": {
                 "columns": list(self.data.heldout_batches),
                 "base": base_losses,
-                "after_domain": [s["mlm_loss"] for s in domain_stats],
+                "after_domain": after_domain,
             },
             "timing": {
                 "wall_seconds": round(seconds, 1),
@@ -437,7 +462,7 @@ class ContinualRun:
         out: dict[str, list[list[float | None]]] = {
             m: [[None] * self.T for _ in range(self.T)] for m in ("acc", "macro_f1", "micro_f1")
         }
-        for t in range(self.T):
+        for t in self._stages():
             for k in self._row_tasks(t):
                 pair = read_json(self._pair(self._row_key(t), k), "fine-tune result")
                 for metric in out:
@@ -525,9 +550,10 @@ def _peak_memory_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def _summarizable(matrix: list[list[float | None]], independent: bool) -> bool:
+def _summarizable(matrix: list[list[float | None]], independent: bool, final_row_only: bool) -> bool:
     t = len(matrix)
-    needed = [matrix[k][k] for k in range(t)] + ([] if independent else matrix[-1])
+    diagonal = [] if final_row_only else [matrix[k][k] for k in range(t)]
+    needed = diagonal + ([] if independent else matrix[-1])
     return all(v is not None for v in needed)
 
 

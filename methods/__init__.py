@@ -12,4 +12,11 @@ BUILTIN_METHODS: dict[str, str] = {
     "kd": "methods.kd:KD",
     "ewc": "methods.ewc:EWC",
     "derpp": "methods.derpp:DERPP",
+    "pool": "methods.pool:Pool",
+    "adapter_ncl": "methods.adapter_ncl:AdapterNCL",
+    "adapter_one": "methods.adapter_one:AdapterONE",
+    "demix": "methods.demix:DEMIX",
+    "prompt_one": "methods.prompt_one:PromptONE",
+    "hat": "methods.hat:HAT",
+    "hat_all": "methods.hat_all:HATAll",
 }

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 import torch
-from transformers import BertConfig, BertForMaskedLM, RobertaConfig, RobertaForMaskedLM
+from model_helpers import tiny_mlm, toy_batch
 
 from benchmark.errors import DapbenchError
 from benchmark.modeling import layer_modules, mlm_loss
@@ -14,39 +14,6 @@ from methods._shared.importance import gate_importance, kl_proxy_loss, mlm_impor
 from methods._shared.softmask import accumulate_importance, normalize_importance, soft_mask_gradients
 from methods._shared.units import gated, ones_gates, unit_shapes
 from methods.das import ABLATIONS, DASConfig
-
-
-def tiny_mlm(arch: str = "bert", dtype=torch.float32):
-    torch.manual_seed(0)
-    kwargs = dict(
-        vocab_size=50,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=24,
-        max_position_embeddings=40,
-        attn_implementation="eager",
-    )
-    if arch == "roberta":
-        model = RobertaForMaskedLM(RobertaConfig(**kwargs, pad_token_id=1))
-    else:
-        model = BertForMaskedLM(BertConfig(**kwargs))
-    return model.to(dtype)
-
-
-def toy_batch(seed: int = 0, batch: int = 3, length: int = 10):
-    g = torch.Generator().manual_seed(seed)
-    original = torch.randint(5, 50, (batch, length), generator=g)
-    masked = original.clone()
-    positions = torch.tensor([1, 4, 12, 17, 25])
-    masked.view(-1)[positions] = 4
-    return {
-        "input_ids": masked,
-        "original_ids": original,
-        "attention_mask": torch.ones_like(original),
-        "mlm_positions": positions,
-        "mlm_targets": original.view(-1)[positions],
-    }
 
 
 @pytest.mark.parametrize("arch", ["bert", "roberta"])

@@ -11,7 +11,7 @@ dropout, residual and LayerNorm), as in the DAS reference (section 3.1 of ``DAS_
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -58,13 +58,14 @@ def ones_gates(model: nn.Module, units: tuple[str, ...], requires_grad: bool = T
     }
 
 
+GateOf = Callable[[str, int], "torch.Tensor | None"]
+"""Maps (unit type, layer index) to that layer's gate vector, or None for no gate."""
+
+
 @contextlib.contextmanager
 def gated(model: nn.Module, gates: dict[str, torch.Tensor]) -> Iterator[None]:
     """Within the block every forward pass of ``model`` is multiplied by ``gates`` (per unit type)."""
-    shapes = unit_shapes(model)
-    handles = []
-    for index, layer in enumerate(layer_modules(model)):
-        handles += _register_layer_gates(layer, index, gates, shapes)
+    handles = attach_gates(model, tuple(gates), lambda unit, index: gates[unit][index])
     try:
         yield
     finally:
@@ -72,19 +73,36 @@ def gated(model: nn.Module, gates: dict[str, torch.Tensor]) -> Iterator[None]:
             handle.remove()
 
 
-def _register_layer_gates(layer: LayerModules, index: int, gates: dict[str, torch.Tensor], shapes: UnitShapes):
+def attach_gates(model: nn.Module, units: tuple[str, ...], gate_of: GateOf) -> list:
+    """Persistent gates: from now on every forward multiplies each unit of the given types by
+    ``gate_of(unit, layer)``, read at forward time (so it may change between steps, or be None to
+    pass through). Returns the hook handles."""
+    shapes = unit_shapes(model)
     handles = []
-    if "head" in gates:
-        head_gate = gates["head"][index]
+    for index, layer in enumerate(layer_modules(model)):
+        handles += _register_layer_gates(layer, index, units, gate_of, shapes)
+    return handles
+
+
+def _register_layer_gates(layer: LayerModules, index: int, units: tuple[str, ...], gate_of: GateOf, shapes: UnitShapes):
+    handles = []
+    if "head" in units:
 
         def scale_heads(module, args):
+            head_gate = gate_of("head", index)
+            if head_gate is None:
+                return None
             (context,) = args
             split = context.view(*context.shape[:-1], shapes.heads, shapes.head_dim)
             return ((split * head_gate.to(context.dtype)[:, None]).reshape(context.shape),)
 
         handles.append(layer.attn_out.register_forward_pre_hook(scale_heads))
     for unit, module in (("intermediate", layer.intermediate), ("output", layer.output)):
-        if unit in gates:
-            gate = gates[unit][index]
-            handles.append(module.register_forward_hook(lambda m, a, out, g=gate: out * g.to(out.dtype)))
+        if unit in units:
+
+            def scale_units(module, args, out, unit=unit):
+                gate = gate_of(unit, index)
+                return out if gate is None else out * gate.to(out.dtype)
+
+            handles.append(module.register_forward_hook(scale_units))
     return handles

@@ -1,0 +1,61 @@
+"""Adapter-NCL: one shared bottleneck adapter trained continually through the sequence, base model
+frozen (DAS paper baseline "Adapter", Ke et al. 2023, Table 1).
+
+During DAP only the adapter and the MLM head's own parameters train (as adapter-transformers'
+``train_adapter`` does in the reference: the head lies outside the frozen base model; its decoder
+weight is tied to the frozen word embeddings). At fine-tuning the adapter and the whole model train
+with a fresh classifier, as in the paper. The adapter is LoRA on the FFN output projection with rank
+``hidden // reduction_factor`` (48 for roberta-base), peft's closest match to the paper's pfeiffer
+adapter; ``methods/_shared/adapters.py`` states the differences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import nn
+
+from benchmark.errors import DapbenchError
+from benchmark.method import ContinualMethod, FinetuneContext, MethodConfig
+from methods._shared.adapters import (
+    adapter_parameters,
+    classifier_with_dap_encoder,
+    head_parameters,
+    inject_ffn_adapters,
+    train_only,
+)
+
+ADAPTER = "adapter"
+
+
+@dataclass(frozen=True)
+class AdapterConfig(MethodConfig):
+    """Adapter options."""
+
+    reduction_factor: int = 16
+    """Adapter rank = hidden_size // reduction_factor (the reference's default 16: 48 for roberta-base)."""
+
+    def __post_init__(self):
+        if self.reduction_factor < 1:
+            raise DapbenchError("adapter reduction_factor must be >= 1", "set reduction_factor to e.g. 16")
+
+
+class AdapterNCL(ContinualMethod):
+    """A single adapter (plus MLM head) trained through every domain on a frozen base model."""
+
+    name: ClassVar[str] = "adapter_ncl"
+    config_cls: ClassVar[type[MethodConfig]] = AdapterConfig
+    config: AdapterConfig
+
+    def setup(self, model: nn.Module) -> nn.Module:
+        """Inject the adapter and freeze everything but the adapter and the MLM head."""
+        model = inject_ffn_adapters(model, [ADAPTER], self.config.reduction_factor)
+        train_only(model, adapter_parameters(model, ADAPTER) + head_parameters(model))
+        return model
+
+    def finetune_model(self, ctx: FinetuneContext) -> nn.Module:
+        """Classifier with the trained adapter; adapter and model all trainable."""
+        return classifier_with_dap_encoder(
+            ctx, lambda model: inject_ffn_adapters(model, [ADAPTER], self.config.reduction_factor)
+        )

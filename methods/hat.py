@@ -1,0 +1,193 @@
+"""HAT: hard attention to the task on every attention head and FFN neuron (Serra et al., ICML 2018;
+the DAS paper's "HAT" baseline, Ke et al. 2023; transformer-level design of the DGA code,
+``DAS_REFERENCE.md`` section 4.7).
+
+Each domain t has task embeddings e_t for the same units as DAS (heads, FFN intermediate, FFN
+output); the runner's forward is gated by sigmoid(s * e_t), with s annealed linearly from 1/smax to
+smax over the domain's updates (the reference anneals within each epoch; a DAP domain here is one
+pass of ``dap.steps`` updates). Loss = MLM + lambda * attention regulariser. After backward (t > 0)
+weight gradients are scaled by 1 - min(m_<t(out), m_<t(in)); the embedding gradient is compensated for
+the annealing, embeddings are clamped to +-6 after each step. After the domain,
+m_<t+1 = max(m_<t, sigmoid(smax * e_t)). Embeddings, LayerNorms and the LM head carry no gate and are
+trained freely (as in the reference), so earlier domains are protected only where gates exist.
+
+``hat`` fine-tunes the end task's domain with that domain's near-binary mask (s = smax) applied in
+the forward (it needs the domain id); ``hat_all`` (:mod:`methods.hat_all`) fine-tunes the full
+network. The held-out MLM loss after domain t is measured with domain t's mask for ``hat`` and with
+the full network for ``hat_all``, matching what each fine-tunes. Task embeddings start N(0, 1) like
+the HAT code's ``nn.Embedding``; the DAP optimizer's learning rate applies to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from benchmark.errors import DapbenchError
+from benchmark.method import (
+    Capabilities,
+    ContinualMethod,
+    DomainContext,
+    FinetuneContext,
+    MethodConfig,
+    StepContext,
+    StepOutput,
+)
+from benchmark.modeling import encoder_of, layer_modules
+from methods._shared.hat import (
+    anneal_s,
+    attention_regularizer,
+    compensate_embedding_gradient,
+    hat_gates,
+    mask_hat_gradients,
+)
+from methods._shared.softmask import accumulate_importance
+from methods._shared.units import UNIT_TYPES, attach_gates, unit_shapes
+
+EMBEDDINGS = "dapbench_hat"
+"""Attribute of the encoder that holds the task embeddings (saved with the checkpoint)."""
+
+
+@dataclass(frozen=True)
+class HATConfig(MethodConfig):
+    """HAT options (defaults: the HAT paper and the reference)."""
+
+    smax: float = 400.0
+    reg_lambda: float = 0.75
+    thres_cosh: float = 50.0
+    thres_emb: float = 6.0
+    units: tuple[str, ...] = UNIT_TYPES
+
+    def __post_init__(self):
+        if self.smax <= 1:
+            raise DapbenchError("hat smax must be > 1", "use e.g. smax=400")
+        if not self.units or set(self.units) - set(UNIT_TYPES):
+            raise DapbenchError(f"invalid units {self.units}", f"choose among {UNIT_TYPES}")
+
+
+class TaskEmbeddings(nn.Module):
+    """One embedding table per unit type: domains x layers x units."""
+
+    def __init__(self, model: nn.Module, num_domains: int, units: tuple[str, ...]):
+        super().__init__()
+        shapes = unit_shapes(model)
+        device = next(model.parameters()).device
+        self.tables = nn.ParameterDict(
+            {u: nn.Parameter(torch.randn(num_domains, *shapes.shape(u), device=device)) for u in units}
+        )
+
+    def of(self, domain: int) -> dict[str, torch.Tensor]:
+        """Domain ``domain``'s embeddings per unit type (layers x units)."""
+        return {u: table[domain] for u, table in self.tables.items()}
+
+
+class HAT(ContinualMethod):
+    """Task-gated units with hard attention masks; fine-tunes with the end task's domain mask."""
+
+    name: ClassVar[str] = "hat"
+    config_cls: ClassVar[type[MethodConfig]] = HATConfig
+    capabilities: ClassVar[Capabilities] = Capabilities(needs_domain_id_at_finetune=True)
+    config: HATConfig
+    full_network_after_domain: ClassVar[bool] = False
+    """Evaluate (held-out MLM loss) with the full network instead of the domain's mask."""
+
+    def __init__(self, config: HATConfig, *, env):
+        super().__init__(config, env=env)
+        self.domain = 0
+        self.s = config.smax
+        self.gating = True
+        self.previous: dict[str, torch.Tensor] | None = None
+        """Cumulative mask m_<t of the finished domains (layers x units), on CPU."""
+        self._embeddings: TaskEmbeddings | None = None
+        self._device_previous: dict[str, torch.Tensor] | None = None
+
+    # -- model -----------------------------------------------------------------------------------
+    def setup(self, model: nn.Module) -> nn.Module:
+        """Add the task embeddings and gate every forward by the current domain's mask."""
+        self._embeddings = TaskEmbeddings(model, self.env.num_domains, tuple(self.config.units))
+        encoder_of(model).add_module(EMBEDDINGS, self._embeddings)
+        attach_gates(model, tuple(self.config.units), self._gate)
+        return model
+
+    def _gate(self, unit: str, layer: int) -> torch.Tensor | None:
+        if not self.gating:
+            return None
+        return torch.sigmoid(self.s * self._embeddings.tables[unit][self.domain, layer])
+
+    # -- per domain ------------------------------------------------------------------------------
+    def before_domain(self, ctx: DomainContext) -> None:
+        """Gate with this domain's embeddings, starting the annealing at s = 1/smax."""
+        self.domain, self.gating = ctx.index, True
+        self.s = anneal_s(0, 2, self.config.smax)
+        self._device_previous = None
+
+    def after_domain(self, ctx: DomainContext) -> None:
+        """Fold this domain's binary-ish mask into the cumulative mask; set the evaluation view."""
+        with torch.no_grad():
+            mask = {u: g.detach().cpu() for u, g in hat_gates(self._embeddings.of(ctx.index), self.config.smax).items()}
+        self.previous = accumulate_importance(self.previous, mask)
+        self.s, self.gating = self.config.smax, not self.full_network_after_domain
+        self._device_previous = None
+
+    # -- per step --------------------------------------------------------------------------------
+    def training_loss(
+        self, batch: Mapping[str, torch.Tensor], outputs: StepOutput, ctx: StepContext
+    ) -> dict[str, torch.Tensor]:
+        """lambda * the attention regulariser of the current gates."""
+        gates = hat_gates(self._embeddings.of(self.domain), self.s)
+        return {"hat_reg": self.config.reg_lambda * attention_regularizer(gates, self._previous_on(ctx))}
+
+    def _previous_on(self, ctx: StepContext) -> dict[str, torch.Tensor] | None:
+        if self.previous is None:
+            return None
+        if self._device_previous is None:
+            device = self._embeddings.tables[self.config.units[0]].device
+            self._device_previous = {u: v.to(device) for u, v in self.previous.items()}
+        return self._device_previous
+
+    def after_backward(self, ctx: StepContext) -> None:
+        """Block the gradients of units earlier domains use; compensate the embedding gradient."""
+        model = ctx.accelerator.unwrap_model(ctx.model) if ctx.accelerator else ctx.model
+        previous = self._previous_on(ctx)
+        if previous is not None:
+            mask_hat_gradients(layer_modules(model), previous, unit_shapes(model).head_dim)
+        for table in self._embeddings.tables.values():
+            if table.grad is not None:
+                row = self.domain
+                table.grad[row] = compensate_embedding_gradient(
+                    table.grad[row], table.data[row], self.s, self.config.smax, self.config.thres_cosh
+                )
+
+    def after_optimizer_step(self, ctx: StepContext) -> None:
+        """Clamp the embeddings and advance the annealing for the next step."""
+        with torch.no_grad():
+            for table in self._embeddings.tables.values():
+                table.clamp_(-self.config.thres_emb, self.config.thres_emb)
+        self.s = anneal_s(ctx.domain_step + 1, ctx.total_domain_steps, self.config.smax)
+
+    # -- fine-tuning -----------------------------------------------------------------------------
+    def finetune_model(self, ctx: FinetuneContext) -> nn.Module:
+        """The checkpoint's classifier gated by the end task's domain mask at s = smax (fixed)."""
+        if ctx.task_domain_index is None:
+            raise DapbenchError("hat needs the end task's domain id at fine-tuning", "declare the capability")
+        embeddings = getattr(encoder_of(ctx.model), EMBEDDINGS).of(ctx.task_domain_index)
+        with torch.no_grad():
+            masks = {u: g.detach().clone() for u, g in hat_gates(embeddings, self.config.smax).items()}
+        model = super().finetune_model(ctx)
+        attach_gates(model, tuple(masks), lambda unit, layer: masks[unit][layer])
+        return model
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The cumulative mask and the current domain (the embeddings are part of the model)."""
+        return {"previous": self.previous, "domain": self.domain}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the model is then in its after-domain evaluation view."""
+        self.previous, self.domain = state["previous"], state["domain"]
+        self.s, self.gating = self.config.smax, not self.full_network_after_domain
+        self._device_previous = None

@@ -1,0 +1,62 @@
+"""Prompt-ONE: a soft prompt per domain on the frozen base model (DAS paper baseline, Ke et al. 2023,
+Table 1; reference ``prompt_one``, which crashes as released, ``DAS_REFERENCE.md`` section 4.9).
+
+Every domain starts from the base model (``independent_per_domain``) with 100 new prompt vectors
+prepended to the input (the paper's ``n_tokens``); during DAP only the prompt trains (the reference
+freezes everything else, LM head included). At fine-tuning the trained prompt is loaded (the
+reference re-initialises it) and prompt plus model train with a fresh classifier, as in the paper.
+Initialisation: peft's ``SAMPLE_VOCAB`` (prompt vectors copied from randomly drawn vocabulary
+embeddings), the sampled-vocabulary initialisation of the prompt-tuning paper (Lester et al. 2021);
+the reference copies the first 100 rows of the embedding matrix, which in BERT vocabularies are
+unused placeholder tokens. Prompt + input must fit in the model's positions (100 + 128 <= 512 for
+BERT and roberta-base).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import nn
+
+from benchmark.errors import DapbenchError
+from benchmark.method import Capabilities, ContinualMethod, FinetuneContext, MethodConfig
+from methods._shared.adapters import classifier_with_dap_encoder, train_only
+from methods._shared.prompts import attach_prompt, prompt_parameters
+
+INITS = ("SAMPLE_VOCAB", "RANDOM")
+
+
+@dataclass(frozen=True)
+class PromptConfig(MethodConfig):
+    """Prompt options."""
+
+    num_tokens: int = 100
+    """Prompt vectors per domain (the paper's n_tokens)."""
+    init: str = "SAMPLE_VOCAB"
+    """peft's ``PromptTuningInit``: ``SAMPLE_VOCAB`` or ``RANDOM``."""
+
+    def __post_init__(self):
+        if self.num_tokens < 1:
+            raise DapbenchError("prompt num_tokens must be >= 1", "set num_tokens to e.g. 100")
+        if self.init not in INITS:
+            raise DapbenchError(f"invalid prompt init {self.init!r}", f"use one of {', '.join(INITS)}")
+
+
+class PromptONE(ContinualMethod):
+    """One soft prompt per domain, trained with the language model frozen."""
+
+    name: ClassVar[str] = "prompt_one"
+    config_cls: ClassVar[type[MethodConfig]] = PromptConfig
+    capabilities: ClassVar[Capabilities] = Capabilities(independent_per_domain=True)
+    config: PromptConfig
+
+    def setup(self, model: nn.Module) -> nn.Module:
+        """Attach a fresh prompt and freeze everything else."""
+        model = attach_prompt(model, self.config.num_tokens, self.config.init)
+        train_only(model, prompt_parameters(model))
+        return model
+
+    def finetune_model(self, ctx: FinetuneContext) -> nn.Module:
+        """Classifier whose encoder carries the trained prompt; prompt and model all trainable."""
+        return classifier_with_dap_encoder(ctx, lambda model: attach_prompt(model, self.config.num_tokens, "RANDOM"))
