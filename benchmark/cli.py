@@ -42,6 +42,17 @@ def _parser() -> argparse.ArgumentParser:
     _add_run_arguments(similarity)
     similarity.set_defaults(func=cmd_importance_similarity)
 
+    reproduce = sub.add_parser("reproduce", help="re-run a committed record from scratch and compare its numbers")
+    reproduce.add_argument("record", help="a run record JSON, e.g. results/mini/ncl-seq0-seed2021-<hash>.json")
+    reproduce.add_argument("--output-dir", help="where the new record goes (default: reproduce/<run id>)")
+    for name in ("model", "data-root", "general-heldout", "general-corpus"):
+        reproduce.add_argument(f"--{name}", help=f"replace the recorded {name} path")
+    reproduce.add_argument("--score-tolerance", type=float, help="accepted |difference| of acc/F1 (fraction)")
+    reproduce.add_argument("--loss-tolerance", type=float, help="accepted |difference| of MLM losses")
+    reproduce.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. device=cpu")
+    reproduce.add_argument("--quiet", action="store_true", help="no progress bars")
+    reproduce.set_defaults(func=cmd_reproduce)
+
     report = sub.add_parser("report", help="tables, heatmaps and leaderboard.md from results/")
     report.add_argument("--output-dir", default=".")
     report.set_defaults(func=cmd_report)
@@ -60,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_run_arguments(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--profile", default="synthetic", help="synthetic (default), mini or paper")
+    run.add_argument("--profile", default="synthetic", help="synthetic (default), mini, ci or paper")
     run.add_argument("--methods", help="comma-separated method names (default: the profile's)")
     run.add_argument("--model", help="hub id or local directory of the base masked LM")
     run.add_argument("--data-root", help="the paper's data-release folder (or env DAPBENCH_DATA)")
@@ -244,6 +255,45 @@ def _prepared(args: argparse.Namespace) -> RunConfig:
     if config.profile == "synthetic" and config.model == "synthetic":
         config = _materialise_synthetic(config, show_progress=not args.quiet)
     return config
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    """``dapbench reproduce``: exit 0 if every number matches within tolerance, 1 otherwise."""
+    from benchmark.io import read_json
+    from benchmark.reproduce import DEFAULT_TOLERANCE, Tolerance, check_data, compare_records, reproduction_config
+    from benchmark.runner import ContinualRun, prepare_data
+
+    record = read_json(args.record, "run record")
+    if not isinstance(record, dict) or record.get("status") != "complete" or "config" not in record:
+        raise DapbenchError(f"{args.record} is not a complete run record", "pass a JSON file from results/")
+    out = args.output_dir or str(Path("reproduce") / record["run_id"])
+    paths = {name: getattr(args, name) for name in ("model", "data_root", "general_heldout", "general_corpus")}
+    config = apply_overrides(reproduction_config(record, out, paths), args.set)
+    if config.profile == "synthetic" and not Path(config.model).exists():
+        config = _materialise_synthetic(config, show_progress=not args.quiet)
+    data = prepare_data(config)
+    check_data(record, data.checksums)
+    run = ContinualRun(config, data, record["method"], record["seed"], show_progress=not args.quiet)
+    new = run.execute()
+    path = Path(out) / "results" / config.profile / f"{run.run_id}.json"
+    atomic_write_json(path, new)
+    tolerance = Tolerance(
+        score=DEFAULT_TOLERANCE.score if args.score_tolerance is None else args.score_tolerance,
+        loss=DEFAULT_TOLERANCE.loss if args.loss_tolerance is None else args.loss_tolerance,
+    )
+    mismatches = compare_records(record, new, tolerance)
+    compared = len(set(_numbers(record)) | set(_numbers(new)))
+    print(f"reproduced {record.get('method_label', record['method'])} seed {record['seed']} -> {path}")
+    print(f"{compared} numbers compared, {len(mismatches)} outside tolerance {tolerance}")
+    for mismatch in mismatches:
+        print(f"  {mismatch}")
+    return 1 if mismatches else 0
+
+
+def _numbers(record: dict) -> dict:
+    from benchmark.reproduce import key_numbers
+
+    return key_numbers(record)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -159,6 +159,40 @@ def _mini() -> RunConfig:
     )
 
 
+def _ci() -> RunConfig:
+    """The CI key-number profile: the tiny shared model on real data, three domains, minute-sized budgets.
+
+    Its numbers say nothing about methods; they pin the code's behaviour. The committed records under
+    ``results/ci/`` are re-derived in CI (``tests/test_key_numbers.py``).
+    """
+    mini = _mini()
+    return dataclasses.replace(
+        mini,
+        profile="ci",
+        sequence="restaurant,acl,phone",
+        methods=("ncl", "one", "das"),
+        dap=dataclasses.replace(
+            mini.dap,
+            steps=10,
+            batch_size=8,
+            per_device_batch_size=8,
+            seq_len=64,
+            max_corpus_lines=400,
+            heldout_chunks=16,
+            probe_chunks=16,
+            probe_batch_size=8,
+            log_every=5,
+        ),
+        finetune=dataclasses.replace(
+            mini.finetune,
+            max_length=64,
+            epochs={k: 2 for k in PAPER_FINETUNE_EPOCHS},
+            max_train_examples=80,
+            max_test_examples=120,
+        ),
+    )
+
+
 def _paper() -> RunConfig:
     """The paper's setting: roberta-base, 2580 steps of 248 x 164 tokens per domain, fp16."""
     return RunConfig(
@@ -199,7 +233,7 @@ def _synthetic() -> RunConfig:
     )
 
 
-PROFILES = {"synthetic": _synthetic, "mini": _mini, "paper": _paper}
+PROFILES = {"synthetic": _synthetic, "mini": _mini, "ci": _ci, "paper": _paper}
 
 
 def _shared_path(relative: str) -> Path:

@@ -78,6 +78,10 @@ class DomainContext:
     general_probe: Callable[[], Iterable[Mapping[str, torch.Tensor]] | None] = lambda: None
     """Loads (once) a fixed masked subset of the general corpus (``general_corpus``); None if not set."""
 
+    def unwrapped_model(self) -> nn.Module:
+        """The model without accelerate's wrappers (for hooks, module maps and copies)."""
+        return self.accelerator.unwrap_model(self.model) if self.accelerator else self.model
+
 
 @dataclass
 class StepContext:
@@ -89,6 +93,10 @@ class StepContext:
     total_domain_steps: int
     global_step: int
     accelerator: Any
+
+    def unwrapped_model(self) -> nn.Module:
+        """The model without accelerate's wrappers (for hooks, module maps and copies)."""
+        return self.accelerator.unwrap_model(self.model) if self.accelerator else self.model
 
 
 @dataclass
@@ -167,6 +175,11 @@ class ContinualMethod:
             return AutoModelForSequenceClassification.from_pretrained(ctx.checkpoint_dir, num_labels=ctx.num_labels)
 
     # -- state ---------------------------------------------------------------------------------
+    def domain_report(self) -> dict[str, Any]:
+        """JSON-ready facts about the method's state after a domain (kept small: summaries, not tensors);
+        stored per domain in the run record and plotted by ``dapbench report``."""
+        return {}
+
     def variant(self) -> str:
         """The options that differ from the defaults (``fidelity=reference``), to label records."""
         return ",".join(

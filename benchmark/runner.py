@@ -190,6 +190,7 @@ class ContinualRun:
             stats = {**stats, "trained": True, **self._train(model, t)}
             ctx.model = model
             self.method.after_domain(ctx)
+            stats["method_report"] = self.method.domain_report()
         stats["mlm_loss"] = self._heldout_losses(model)
         stats["peak_memory_mb"] = _peak_memory_mb()
         self._save_checkpoint(t, model)
@@ -431,6 +432,7 @@ class ContinualRun:
             "config_fingerprint": self.config.fingerprint(),
             "matrices": matrices,
             "summary": summary,
+            "majority_class": _majority_class([self.data.tasks[d] for d in self.data.domains]),
             "mlm_loss": {
                 "columns": list(self.data.heldout_batches),
                 "base": base_losses,
@@ -548,6 +550,14 @@ def _peak_memory_mb() -> float:
         status = Path("/proc/self/status").read_text().splitlines()
         return round(int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) / 1024, 1)
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def _majority_class(tasks: list[EncodedTask]) -> dict[str, float]:
+    """Mean over end tasks of what always predicting the most frequent test label scores: accuracy p and
+    macro-F1 2p/(1+p)/labels (the majority class's F1; every other class scores 0)."""
+    shares = [np.bincount(t.test_labels, minlength=t.num_labels).max() / len(t.test_labels) for t in tasks]
+    f1 = [2 * p / (1 + p) / t.num_labels for p, t in zip(shares, tasks, strict=True)]
+    return {"acc": round(float(np.mean(shares)), 5), "macro_f1": round(float(np.mean(f1)), 5)}
 
 
 def _summarizable(matrix: list[list[float | None]], independent: bool, final_row_only: bool) -> bool:

@@ -201,7 +201,7 @@ class DAS(ContinualMethod):
         prev_gates = self._contrast_gates(batch["original_ids"].device)
         if prev_gates is None:
             return {}
-        return {"contrast": self.config.contrast_lambda * self._contrast(ctx.model, batch, prev_gates, ctx)}
+        return {"contrast": self.config.contrast_lambda * self._contrast(batch, prev_gates, ctx)}
 
     def _contrast_gates(self, device) -> dict[str, torch.Tensor] | None:
         if self.config.ablation == "domain_contrast":
@@ -210,8 +210,8 @@ class DAS(ContinualMethod):
             return {u: v.to(device) for u, v in self.domain_importance.items()}
         return self._on_device(device)
 
-    def _contrast(self, model, batch, prev_gates, ctx: StepContext) -> torch.Tensor:
-        module = ctx.accelerator.unwrap_model(model) if ctx.accelerator else model
+    def _contrast(self, batch, prev_gates, ctx: StepContext) -> torch.Tensor:
+        module = ctx.unwrapped_model()
         encoder = encoder_of(module)
         ids, mask = batch["original_ids"], batch.get("attention_mask")
         # Two dropout views of every input in one batched pass (each row gets its own dropout mask).
@@ -234,7 +234,7 @@ class DAS(ContinualMethod):
         """Soft-mask the gradients of the masked modules by (1 - accumulated importance)."""
         if self.config.ablation == "no_softmask":
             return
-        model = ctx.accelerator.unwrap_model(ctx.model) if ctx.accelerator else ctx.model
+        model = ctx.unwrapped_model()
         importance = self._on_device(next(model.parameters()).device)
         if importance is None:
             return
@@ -247,6 +247,20 @@ class DAS(ContinualMethod):
         )
 
     # -- state -----------------------------------------------------------------------------------
+    def domain_report(self) -> dict[str, Any]:
+        """Per unit type and layer: mean accumulated importance and the share of units above 0.5."""
+        if self.importance is None:
+            return {}
+        return {
+            "importance": {
+                unit: {
+                    "mean_per_layer": [round(float(v), 5) for v in values.mean(dim=1)],
+                    "share_above_half_per_layer": [round(float(v), 5) for v in (values > 0.5).float().mean(dim=1)],
+                }
+                for unit, values in self.importance.items()
+            }
+        }
+
     def state_dict(self) -> dict[str, Any]:
         """The accumulated importance tensors (and the domain-only accumulation)."""
         return {

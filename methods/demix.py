@@ -102,7 +102,7 @@ class DEMIX(ContinualMethod):
 
     def before_domain(self, ctx: DomainContext) -> None:
         """Initialise this domain's expert from the nearest earlier one and make it the trained one."""
-        model = ctx.accelerator.unwrap_model(ctx.model) if ctx.accelerator else ctx.model
+        model = ctx.unwrapped_model()
         self.current = ctx.index
         if ctx.index > 0:
             earlier = [expert_name(k) for k in range(ctx.index)]

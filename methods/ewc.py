@@ -44,7 +44,7 @@ class EWC(ContinualMethod):
 
     def after_domain(self, ctx: DomainContext) -> None:
         """Fisher on the probe subset, merged with the earlier domains'; anchor the current weights."""
-        model = ctx.accelerator.unwrap_model(ctx.model) if ctx.accelerator else ctx.model
+        model = ctx.unwrapped_model()
         named = self.trainable_parameters(model)
         new = diagonal_fisher(named, ctx.probe_loader, lambda batch: mlm_loss(model, batch))
         self.fisher = merge_fisher(self.fisher, new, ctx.index)

@@ -151,7 +151,7 @@ class HAT(ContinualMethod):
 
     def after_backward(self, ctx: StepContext) -> None:
         """Block the gradients of units earlier domains use; compensate the embedding gradient."""
-        model = ctx.accelerator.unwrap_model(ctx.model) if ctx.accelerator else ctx.model
+        model = ctx.unwrapped_model()
         previous = self._previous_on(ctx)
         if previous is not None:
             mask_hat_gradients(layer_modules(model), previous, unit_shapes(model).head_dim)

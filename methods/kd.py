@@ -53,7 +53,7 @@ class KD(ContinualMethod):
 
     def before_domain(self, ctx: DomainContext) -> None:
         """Freeze a copy of the model as this domain's teacher."""
-        model = ctx.accelerator.unwrap_model(ctx.model) if ctx.accelerator else ctx.model
+        model = ctx.unwrapped_model()
         self.teacher = copy.deepcopy(model).requires_grad_(False)
         self.teacher.train(self.config.target == "hidden_states")  # the reference runs it with dropout
 
@@ -67,7 +67,7 @@ class KD(ContinualMethod):
             ids, mask = batch["original_ids"], batch.get("attention_mask")
             with torch.no_grad():
                 teacher = encoder_of(self.teacher)(input_ids=ids, attention_mask=mask).last_hidden_state
-            student = encoder_of(ctx.model)(input_ids=ids, attention_mask=mask).last_hidden_state
+            student = encoder_of(ctx.unwrapped_model())(input_ids=ids, attention_mask=mask).last_hidden_state
             return {"kd": self.config.weight * reference_hidden_kl(student, teacher, self.config.temperature)}
         with torch.no_grad():
             teacher_logits = mlm_forward(self.teacher, batch)[2]

@@ -124,6 +124,15 @@ def test_cli_run_and_report_end_to_end(tiny_config, capsys):
     assert "| `ncl` | 1 |" in board and "final acc ↑" in board and "forgetting (acc) ↓" in board
     assert list((root / "results" / "plots").glob("ncl-*-acc.png"))
     assert list((root / "results" / "tables").glob("ncl-*-macro_f1.csv"))
+    assert "- seeds: 1; commit(s):" in board and "**Reading**" in board and "One seed per method" in board
+    assert "-forgetting.png)" in board and "-mlm-loss.png)" in board
+    assert list((root / "results" / "plots").glob("synthetic-*-mlm-loss.png"))
+
+    # the committed record is re-derived from scratch, number for number
+    record_path = next((root / "results" / "synthetic").glob("ncl-*.json"))
+    again = root / "again"
+    assert main(["reproduce", str(record_path), "--output-dir", str(again), "--quiet"]) == 0
+    assert "0 outside tolerance" in capsys.readouterr().out
 
 
 def test_report_on_a_corrupt_record_names_the_file(tmp_path):
@@ -140,6 +149,7 @@ def test_leaderboard_aggregates_seeds(tiny_config):
     text = leaderboard_markdown(records)
     row = next(line for line in text.splitlines() if line.startswith("| `ncl`"))
     assert "| 2 |" in row and "±" in row
+    assert "- Seed spread: the largest std of final macro-F1" in text
 
 
 def test_atomic_json_write_keeps_the_old_file_on_failure(tmp_path):

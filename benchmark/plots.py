@@ -1,0 +1,122 @@
+"""Leaderboard plots of one group of records (same profile, model and sequence): forgetting with seed
+spread, held-out MLM loss after each domain, and DAS's accumulated importance per layer and unit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from benchmark.io import atomic_write_bytes
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    atomic_write_bytes(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    _pyplot().close(fig)
+    return path
+
+
+def _by_label(records: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for record in records:
+        out.setdefault(record.get("method_label", record["method"]), []).append(record)
+    return dict(sorted(out.items()))
+
+
+def plot_forgetting(records: list[dict], path: Path) -> Path | None:
+    """Forgetting rate (acc and macro-F1, points) per method: one dot per seed, a bar at the mean."""
+    groups = {
+        label: runs
+        for label, runs in _by_label(records).items()
+        if all((r["summary"].get("acc") or {}).get("forgetting") is not None for r in runs)
+    }
+    if not groups:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(max(6, 0.9 * len(groups) + 3) * 2, 4), sharey=True)
+    for ax, metric in zip(axes, ("acc", "macro_f1"), strict=True):
+        for i, runs in enumerate(groups.values()):
+            values = [100 * r["summary"][metric]["forgetting"] for r in runs]
+            ax.bar(i, np.mean(values), color="#9ecae1")
+            ax.scatter([i] * len(values), values, color="#08519c", zorder=3, s=18)
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xticks(range(len(groups)), list(groups), rotation=45, ha="right")
+        ax.set_title(f"forgetting ({metric}); bar = mean, dots = seeds")
+        ax.set_ylabel("points (positive = forgotten)")
+    return _save(fig, path)
+
+
+def plot_mlm_losses(records: list[dict], path: Path) -> Path | None:
+    """Held-out MLM loss of every corpus (one panel each) before DAP and after each domain, per method."""
+    groups = {label: runs for label, runs in _by_label(records).items() if runs[0]["mlm_loss"]["after_domain"]}
+    if not groups:
+        return None
+    first = next(iter(groups.values()))[0]
+    columns, domains = first["mlm_loss"]["columns"], first["sequence"]
+    plt = _pyplot()
+    ncols = min(4, len(columns))
+    nrows = -(-len(columns) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 3.2 * nrows), squeeze=False)
+    x_labels = ["base", *domains]
+    for ax, column in zip(axes.flat, columns, strict=False):
+        for label, runs in groups.items():
+            ax.plot(range(len(x_labels)), _mean_loss_curve(runs, column), marker="o", ms=3, label=label)
+        ax.set_title(f"held-out {column}")
+        ax.set_xticks(range(len(x_labels)), x_labels, rotation=45, ha="right", fontsize=7)
+    spare = list(axes.flat)[len(columns) :]
+    for ax in spare:
+        ax.axis("off")
+    axes.flat[0].set_ylabel("MLM loss (nats)")
+    # The legend goes into a spare panel when there is one, else into the first panel.
+    (spare[0] if spare else axes.flat[0]).legend(*axes.flat[0].get_legend_handles_labels(), loc="center", fontsize=7)
+    return _save(fig, path)
+
+
+def _mean_loss_curve(runs: list[dict], column: str) -> list[float]:
+    def value(row: dict | None) -> float:
+        return np.nan if row is None else row[column]
+
+    curves = [[r["mlm_loss"]["base"][column], *map(value, r["mlm_loss"]["after_domain"])] for r in runs]
+    return list(np.nanmean(np.asarray(curves, dtype=float), axis=0))
+
+
+def plot_importance(records: list[dict], path: Path) -> Path | None:
+    """DAS-family methods: mean accumulated importance per layer and unit type after the last domain."""
+    reports = {
+        label: [r["domains"][-1]["method_report"]["importance"] for r in runs]
+        for label, runs in _by_label(records).items()
+        if runs[0]["domains"] and "importance" in runs[0]["domains"][-1].get("method_report", {})
+    }
+    if not reports:
+        return None
+    plt = _pyplot()
+    units = list(next(iter(reports.values()))[0])
+    fig, axes = plt.subplots(1, len(units), figsize=(4.5 * len(units), 3.5), squeeze=False)
+    width = 0.8 / len(reports)
+    for ax, unit in zip(axes.flat, units, strict=True):
+        for i, (label, seeds) in enumerate(reports.items()):
+            means = np.mean([s[unit]["mean_per_layer"] for s in seeds if unit in s], axis=0)
+            ax.bar(np.arange(len(means)) + i * width, means, width, label=label)
+        ax.set_title(f"{unit}: mean importance after the last domain")
+        ax.set_xlabel("layer")
+        ax.set_ylim(0, 1)
+    axes.flat[0].legend(fontsize=7)
+    return _save(fig, path)
+
+
+GROUP_PLOTS: dict[str, Callable[[list[dict], Path], Path | None]] = {
+    "forgetting": plot_forgetting,
+    "mlm-loss": plot_mlm_losses,
+    "importance": plot_importance,
+}

@@ -1,0 +1,142 @@
+"""Re-derive a committed run record from scratch and compare every number it reports.
+
+``dapbench reproduce RECORD`` rebuilds the record's configuration, checks that the data on this
+machine is the data the record was made from (checksums), runs the method and seed again in a fresh
+work directory and lists every reported number (summary, A[t][k] matrices, MLM-loss matrix) that
+differs by more than the tolerance. The CI key-number check uses the same comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmark.config import DapConfig, FinetuneConfig, RunConfig, profile_config
+from benchmark.errors import DapbenchError
+
+PATH_FIELDS = ("model", "data_root", "general_heldout", "general_corpus")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Largest absolute difference accepted per kind of number."""
+
+    score: float
+    """Accuracy / F1 entries and their summaries (fractions in [0, 1])."""
+    loss: float
+    """Held-out MLM losses (nats per masked token)."""
+
+
+CI_TOLERANCE = Tolerance(score=0.0, loss=0.0)
+"""PLACEHOLDER: measured below."""
+DEFAULT_TOLERANCE = CI_TOLERANCE
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One reported number that differs beyond its tolerance (or exists in only one record)."""
+
+    name: str
+    expected: float | None
+    actual: float | None
+    allowed: float
+
+    def __str__(self) -> str:
+        def show(value: float | None) -> str:
+            return "missing" if value is None else f"{value:.5f}"
+
+        return f"{self.name}: expected {show(self.expected)}, got {show(self.actual)} (tolerance {self.allowed})"
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """Rebuild a :class:`RunConfig` from its ``to_dict`` form (the ``config`` of a record)."""
+    try:
+        return RunConfig(
+            **{
+                **data,
+                "dap": DapConfig(**data["dap"]),
+                "finetune": FinetuneConfig(**data["finetune"]),
+                "methods": tuple(data["methods"]),
+                "seeds": tuple(data["seeds"]),
+            }
+        )
+    except (TypeError, KeyError) as exc:
+        raise DapbenchError(
+            f"the record's config does not match this version of dapbench: {exc}",
+            "check out the commit named in the record's environment.git_commit and reproduce there",
+        ) from exc
+
+
+def key_numbers(record: dict) -> dict[str, float | None]:
+    """Every number a record reports about results, flattened to ``section/key`` names."""
+    out: dict[str, float | None] = {}
+    for metric, block in record["summary"].items():
+        for key, value in (block or {}).items():
+            out[f"summary/{metric}/{key}"] = value
+    for metric, matrix in record["matrices"].items():
+        for t, row in enumerate(matrix):
+            for k, value in enumerate(row):
+                if value is not None:
+                    out[f"matrix/{metric}/{t}/{k}"] = value
+    losses = record["mlm_loss"]
+    for column, value in losses["base"].items():
+        out[f"mlm_loss/base/{column}"] = value
+    for t, row in enumerate(losses["after_domain"]):
+        for column, value in (row or {}).items():
+            out[f"mlm_loss/{t}/{column}"] = value
+    return out
+
+
+def compare_records(expected: dict, actual: dict, tolerance: Tolerance) -> list[Mismatch]:
+    """The numbers of ``actual`` that differ from ``expected`` by more than the tolerance."""
+    want, got = key_numbers(expected), key_numbers(actual)
+    mismatches = []
+    for name in sorted(set(want) | set(got)):
+        allowed = tolerance.loss if name.startswith("mlm_loss/") else tolerance.score
+        a, b = want.get(name), got.get(name)
+        if a is None and b is None:
+            continue
+        if a is None or b is None or not math.isclose(a, b, rel_tol=0.0, abs_tol=allowed):
+            mismatches.append(Mismatch(name, a, b, allowed))
+    return mismatches
+
+
+def reproduction_config(record: dict, output_dir: str | Path, paths: dict[str, str | None]) -> RunConfig:
+    """The record's configuration for one fresh run of its method and seed under ``output_dir``.
+
+    Paths given in ``paths`` replace the recorded ones; a recorded path that does not exist here
+    falls back to the profile's default (the shared assets), and the data checksums decide later
+    whether that is the same data.
+    """
+    config = config_from_dict(record["config"])
+    defaults = profile_config(config.profile) if config.profile in ("mini", "ci") else None
+    replaced = {}
+    for name in PATH_FIELDS:
+        given, recorded = paths.get(name), getattr(config, name)
+        if given:
+            replaced[name] = given
+        elif recorded and not Path(recorded).exists() and defaults is not None:
+            replaced[name] = getattr(defaults, name)
+    out = Path(output_dir)
+    return dataclasses.replace(
+        config,
+        **replaced,
+        methods=(record["method"],),
+        seeds=(record["seed"],),
+        output_dir=str(out),
+        work_dir=str(out / ".dapbench"),
+    )
+
+
+def check_data(record: dict, checksums: dict[str, str]) -> None:
+    """Fail with the list of differing inputs if this machine's data is not the record's."""
+    recorded = record.get("data_checksums", {})
+    differing = sorted(k for k in recorded if checksums.get(k) != recorded[k])
+    if differing:
+        raise DapbenchError(
+            f"the data here differs from the data of the record: {', '.join(differing)}",
+            "point --data-root (and --general-heldout) at the data release the record was made from",
+        )

@@ -1,0 +1,56 @@
+"""Record comparison and configuration round trip behind ``dapbench reproduce``."""
+
+import copy
+import dataclasses
+
+import pytest
+
+from benchmark.config import profile_config
+from benchmark.errors import DapbenchError
+from benchmark.reproduce import Tolerance, check_data, compare_records, config_from_dict, key_numbers
+
+
+def fake_record() -> dict:
+    return {
+        "summary": {"acc": {"final": 0.5, "forgetting": 0.1, "bwt": -0.1}, "macro_f1": None},
+        "matrices": {"acc": [[0.6, None], [0.5, 0.5]]},
+        "mlm_loss": {"base": {"general": 4.0}, "after_domain": [None, {"general": 4.5}]},
+        "data_checksums": {"corpus/a": "x", "task/t": "y"},
+    }
+
+
+def test_key_numbers_flatten_every_reported_number():
+    numbers = key_numbers(fake_record())
+    assert numbers == {
+        "summary/acc/final": 0.5,
+        "summary/acc/forgetting": 0.1,
+        "summary/acc/bwt": -0.1,
+        "matrix/acc/0/0": 0.6,
+        "matrix/acc/1/0": 0.5,
+        "matrix/acc/1/1": 0.5,
+        "mlm_loss/base/general": 4.0,
+        "mlm_loss/1/general": 4.5,
+    }
+
+
+def test_compare_records_uses_the_tolerance_of_each_kind():
+    expected, actual = fake_record(), copy.deepcopy(fake_record())
+    actual["matrices"]["acc"][1][1] = 0.52  # a score off by 0.02
+    actual["mlm_loss"]["after_domain"][1]["general"] = 4.504  # a loss off by 0.004
+    assert compare_records(expected, actual, Tolerance(score=0.03, loss=0.01)) == []
+    names = [m.name for m in compare_records(expected, actual, Tolerance(score=0.01, loss=0.001))]
+    assert names == ["matrix/acc/1/1", "mlm_loss/1/general"]
+    del actual["matrices"]["acc"][1][0:1]  # a number missing on one side is a mismatch too
+    assert any(m.actual is None or m.expected is None for m in compare_records(expected, actual, Tolerance(1, 1)))
+
+
+def test_config_round_trips_through_its_dict():
+    config = dataclasses.replace(profile_config("ci"), method_options={"das": {"fidelity": "reference"}})
+    assert config_from_dict(config.to_dict()) == config
+    with pytest.raises(DapbenchError, match="does not match this version"):
+        config_from_dict({**config.to_dict(), "unknown_field": 1})
+
+
+def test_different_data_is_named():
+    with pytest.raises(DapbenchError, match="task/t"):
+        check_data(fake_record(), {"corpus/a": "x", "task/t": "other"})
