@@ -289,6 +289,13 @@ def _reading(part: pd.DataFrame, records: list[dict]) -> list[str]:
             f"- General knowledge: after the last domain the general held-out MLM loss rose by {trained.min():.3f} "
             f"(`{trained.idxmin()}`) to {trained.max():.3f} (`{trained.idxmax()}`) nats over the base model."
         )
+    same = _same_scores_as_no_dap(records)
+    if same:
+        lines.append(
+            f"- {len(same)} of {len({_label(r) for r in records}) - 1} DAP methods score exactly what `none` scores on "
+            f"every end task ({', '.join(f'`{m}`' for m in same)}): their fine-tunes end in the same predictions, "
+            "so at this budget the end tasks do not separate them."
+        )
     majority = records[0].get("majority_class")
     if majority:
         best = part.groupby("method")["final acc"].mean().max() * 100
@@ -298,6 +305,34 @@ def _reading(part: pd.DataFrame, records: list[dict]) -> list[str]:
             f"{means.max():.2f}); scores near these mean the fine-tunes learned little."
         )
     return lines
+
+
+def _label(record: dict) -> str:
+    return record.get("method_label", record["method"])
+
+
+def _same_scores_as_no_dap(records: list[dict]) -> list[str]:
+    """DAP methods whose scored entries (final row or diagonal) equal the no-DAP baseline's, every seed."""
+    reference = {r["seed"]: r["matrices"]["acc"] for r in records if r["method"] == "none"}
+    by_label: dict[str, list[dict]] = {}
+    for record in records:
+        if record["method"] != "none":
+            by_label.setdefault(_label(record), []).append(record)
+
+    same = []
+    for label, runs in sorted(by_label.items()):
+        pairs = [(r, reference.get(r["seed"])) for r in runs]
+        if all(ref is not None for _, ref in pairs) and all(
+            _entries(r["matrices"]["acc"]) == _entries(ref, like=r["matrices"]["acc"]) for r, ref in pairs
+        ):
+            same.append(label)
+    return same
+
+
+def _entries(matrix: list[list[float | None]], like: list[list[float | None]] | None = None) -> list[float]:
+    """The entries of ``matrix`` at the positions where ``like`` (default: itself) has a score."""
+    shape = like or matrix
+    return [matrix[t][k] for t, row in enumerate(shape) for k, v in enumerate(row) if v is not None]
 
 
 def write_report(output_dir: str | Path) -> dict[str, int]:

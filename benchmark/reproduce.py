@@ -30,8 +30,16 @@ class Tolerance:
     """Held-out MLM losses (nats per masked token)."""
 
 
-CI_TOLERANCE = Tolerance(score=0.0, loss=0.0)
-"""PLACEHOLDER: measured below."""
+CI_TOLERANCE = Tolerance(score=0.01, loss=0.005)
+"""Tolerance of the CI key-number check and the default of ``dapbench reproduce``.
+
+Measured on the 2-core development CPU: four runs of the ``ci`` profile (1, 2 and 1 torch threads, and a
+second checkout) gave every number identical (0 difference in 123 numbers; records round losses to 1e-5).
+The tolerance is therefore not for run-to-run noise here but for other CPUs' float kernels: about one
+changed prediction per end task for scores (1/120 test examples = 0.0083 -> 0.01) and 0.005 nats for
+held-out MLM losses (~0.1% of a loss of ~5). It stays tight enough to catch behaviour changes: one extra
+DAP update per domain (``dap.steps`` 10 -> 11) moves the MLM losses by up to 0.065.
+"""
 DEFAULT_TOLERANCE = CI_TOLERANCE
 
 

@@ -169,3 +169,16 @@ def test_bench_and_importance_similarity(tiny_config):
     similarity = importance_similarity(tiny_config)
     assert set(similarity["normalised"]["pairs"]) == {"alpha/beta"}
     assert -1.0 <= similarity["raw"]["mean"] <= 1.0
+
+
+def test_reading_names_methods_whose_scores_equal_no_dap():
+    from benchmark.report import _same_scores_as_no_dap
+
+    def record(method, matrix, seed=1):
+        return {"method": method, "method_label": method, "seed": seed, "matrices": {"acc": matrix}}
+
+    none = record("none", [[0.5, None], [0.5, 0.6]])
+    same = record("ncl", [[0.5, None], [0.5, 0.6]])
+    other = record("das", [[0.5, None], [0.5, 0.7]])
+    pool = record("pool", [[None, None], [0.5, 0.6]])
+    assert _same_scores_as_no_dap([none, same, other, pool]) == ["ncl", "pool"]
