@@ -3,6 +3,7 @@ spread, held-out MLM loss after each domain, and DAS's accumulated importance pe
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -88,7 +89,9 @@ def _mean_loss_curve(runs: list[dict], column: str) -> list[float]:
         return np.nan if row is None else row[column]
 
     curves = [[r["mlm_loss"]["base"][column], *map(value, r["mlm_loss"]["after_domain"])] for r in runs]
-    return list(np.nanmean(np.asarray(curves, dtype=float), axis=0))
+    with warnings.catch_warnings():  # a column that is empty for every seed (joint training) stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return list(np.nanmean(np.asarray(curves, dtype=float), axis=0))
 
 
 def plot_importance(records: list[dict], path: Path) -> Path | None:

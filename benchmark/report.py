@@ -211,7 +211,7 @@ def _group_header(records: list[dict]) -> list[str]:
     seeds = sorted({r["seed"] for r in records})
     commits = sorted({(r["environment"].get("git_commit") or "unknown")[:12] for r in records})
     devices = sorted(
-        {f"{r['environment']['device_name']} ({r['environment']['torch_threads']} threads)" for r in records}
+        {f"{r['environment']['device_name']}, {r['environment']['torch_threads']} torch thread(s)" for r in records}
     )
     data = hashlib.sha256(json.dumps(first.get("data_checksums", {}), sort_keys=True).encode()).hexdigest()[:10]
     dap, ft = config["dap"], config["finetune"]
