@@ -71,6 +71,7 @@ def plot_mlm_losses(records: list[dict], path: Path) -> Path | None:
     fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 3.2 * nrows), squeeze=False)
     x_labels = ["base", *domains]
     for ax, column in zip(axes.flat, columns, strict=False):
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)  # up to 20 methods stay distinguishable
         for label, runs in groups.items():
             ax.plot(range(len(x_labels)), _mean_loss_curve(runs, column), marker="o", ms=3, label=label)
         ax.set_title(f"held-out {column}")
