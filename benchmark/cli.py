@@ -260,7 +260,14 @@ def _prepared(args: argparse.Namespace) -> RunConfig:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """``dapbench reproduce``: exit 0 if every number matches within tolerance, 1 otherwise."""
     from benchmark.io import read_json
-    from benchmark.reproduce import DEFAULT_TOLERANCE, Tolerance, check_data, compare_records, reproduction_config
+    from benchmark.reproduce import (
+        DEFAULT_TOLERANCE,
+        Tolerance,
+        check_data,
+        compare_records,
+        key_numbers,
+        reproduction_config,
+    )
     from benchmark.runner import ContinualRun, prepare_data
 
     record = read_json(args.record, "run record")
@@ -282,18 +289,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         loss=DEFAULT_TOLERANCE.loss if args.loss_tolerance is None else args.loss_tolerance,
     )
     mismatches = compare_records(record, new, tolerance)
-    compared = len(set(_numbers(record)) | set(_numbers(new)))
+    compared = len(set(key_numbers(record)) | set(key_numbers(new)))
     print(f"reproduced {record.get('method_label', record['method'])} seed {record['seed']} -> {path}")
     print(f"{compared} numbers compared, {len(mismatches)} outside tolerance {tolerance}")
     for mismatch in mismatches:
         print(f"  {mismatch}")
     return 1 if mismatches else 0
-
-
-def _numbers(record: dict) -> dict:
-    from benchmark.reproduce import key_numbers
-
-    return key_numbers(record)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -121,8 +121,7 @@ def leaderboard_frame(records: list[dict]) -> pd.DataFrame:
     """One row per record with its group (profile, model, sequence, budget) and every column."""
     rows = []
     for record in records:
-        label = record.get("method_label", record["method"])
-        row = {"group": _group(record), "method": label, "seed": record["seed"]}
+        row = {"group": _group(record), "method": _label(record), "seed": record["seed"]}
         for title, getter, _, _ in LEADERBOARD_COLUMNS:
             value = getter(record)
             row[title] = np.nan if value is None else float(value)
@@ -137,6 +136,14 @@ def _group(record: dict) -> str:
     return (
         f"profile `{record['profile']}`, model `{model}`, sequence {' → '.join(record['sequence'])}, {_budget(record)}"
     )
+
+
+def _records_by_group(records: list[dict]) -> dict[str, list[dict]]:
+    """Records keyed by their leaderboard group (profile, model, sequence, budget)."""
+    groups: dict[str, list[dict]] = {}
+    for record in records:
+        groups.setdefault(_group(record), []).append(record)
+    return groups
 
 
 def _budget(record: dict) -> str:
@@ -195,9 +202,7 @@ def leaderboard_markdown(records: list[dict], plots: dict[str, dict[str, Path]] 
     if not records:
         return "\n".join([*lines, "No complete run records yet.", ""])
     frame = leaderboard_frame(records)
-    by_group: dict[str, list[dict]] = {}
-    for record in records:
-        by_group.setdefault(_group(record), []).append(record)
+    by_group = _records_by_group(records)
     for group, part in frame.groupby("group", sort=True):
         lines += [f"## {group}", "", *_group_header(by_group[group]), "", *_table(part), ""]
         lines += _plot_links((plots or {}).get(group, {}))
@@ -350,11 +355,8 @@ def _group_plots(records: list[dict], out: Path) -> dict[str, dict[str, Path]]:
     """Every group plot, as paths relative to ``out`` (where leaderboard.md links them from)."""
     from benchmark.plots import GROUP_PLOTS
 
-    by_group: dict[str, list[dict]] = {}
-    for record in records:
-        by_group.setdefault(_group(record), []).append(record)
     plots: dict[str, dict[str, Path]] = {}
-    for group, members in by_group.items():
+    for group, members in _records_by_group(records).items():
         slug = hashlib.sha256(group.encode()).hexdigest()[:8]
         stem = f"{members[0]['profile']}-{Path(members[0]['config']['model']).name}-{slug}"
         for kind, plot in GROUP_PLOTS.items():

@@ -201,11 +201,10 @@ class ContinualRun:
         """Base model at the first domain and for independent methods, else checkpoint t-1."""
         caps = self.caps
         fresh = t == 0 or caps.independent_per_domain or caps.joint_training or not caps.pretrains
-        source = self.config.model if fresh else self._ckpt(t - 1)
-        model, _ = load_masked_lm(str(source))
-        model = self.method.setup(model.to(self.accelerator.device))
         if not fresh:
-            restore_checkpoint_weights(model, source)
+            return self._load_checkpoint_model(t - 1)
+        model, _ = load_masked_lm(self.config.model)
+        model = self.method.setup(model.to(self.accelerator.device))
         if t > 0 and not caps.joint_training:
             state = torch.load(self._ckpt(t - 1) / "method_state.pt", weights_only=False)
             self.method.load_state_dict(state)

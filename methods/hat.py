@@ -139,9 +139,9 @@ class HAT(ContinualMethod):
     ) -> dict[str, torch.Tensor]:
         """lambda * the attention regulariser of the current gates."""
         gates = hat_gates(self._embeddings.of(self.domain), self.s)
-        return {"hat_reg": self.config.reg_lambda * attention_regularizer(gates, self._previous_on(ctx))}
+        return {"hat_reg": self.config.reg_lambda * attention_regularizer(gates, self._previous_on_device())}
 
-    def _previous_on(self, ctx: StepContext) -> dict[str, torch.Tensor] | None:
+    def _previous_on_device(self) -> dict[str, torch.Tensor] | None:
         if self.previous is None:
             return None
         if self._device_previous is None:
@@ -152,7 +152,7 @@ class HAT(ContinualMethod):
     def after_backward(self, ctx: StepContext) -> None:
         """Block the gradients of units earlier domains use; compensate the embedding gradient."""
         model = ctx.unwrapped_model()
-        previous = self._previous_on(ctx)
+        previous = self._previous_on_device()
         if previous is not None:
             mask_hat_gradients(layer_modules(model), previous, unit_shapes(model).head_dim)
         for table in self._embeddings.tables.values():
