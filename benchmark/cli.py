@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from benchmark.config import RunConfig, apply_overrides, profile_config
+from benchmark.config import FINETUNE_PROTOCOLS, RunConfig, apply_overrides, profile_config
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_json
 
@@ -139,6 +139,11 @@ def _validate(config: RunConfig) -> None:
         registry.get(name)  # unknown names fail here, before any work
     if config.matrix not in ("full", "final"):
         raise DapbenchError(f"invalid matrix mode {config.matrix!r}", "use full or final")
+    if config.finetune.protocol not in FINETUNE_PROTOCOLS:
+        raise DapbenchError(
+            f"invalid end-task protocol {config.finetune.protocol!r}",
+            f"set finetune.protocol to one of: {', '.join(FINETUNE_PROTOCOLS)}",
+        )
     dap = config.dap
     if dap.steps < 1 or dap.per_device_batch_size < 1 or dap.batch_size % dap.per_device_batch_size:
         raise DapbenchError(

@@ -1,4 +1,5 @@
-"""End-task fine-tuning of one DAP checkpoint on one end task (the paper's protocol)."""
+"""End-task evaluation of one DAP checkpoint on one end task: fine-tuning (the paper's protocol) or a
+linear probe on frozen features (the cheap protocol of small budgets)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -57,7 +59,7 @@ def finetune_and_evaluate(
 
     set_seed(seed)
     collator = DataCollatorWithPadding(tokenizer)
-    loader = DataLoader(task.train, batch_size=cfg.batch_size, shuffle=True, collate_fn=collator)
+    loader = _train_loader(task.train, cfg, collator)
     epochs = cfg.epochs.get(task.name, cfg.default_epochs) * cfg.epoch_scale
     total_steps = max(1, math.ceil(epochs * len(loader)))
     # The reference applies weight decay to every parameter (biases and LayerNorms too).
@@ -93,6 +95,18 @@ def finetune_and_evaluate(
     }
 
 
+def _train_loader(features: list[dict], cfg: FinetuneConfig, collator) -> DataLoader:
+    """Uniformly shuffled batches, or length-grouped ones (``cfg.group_by_length``); both draw from the
+    global torch RNG, which the caller seeds."""
+    if not cfg.group_by_length:
+        return DataLoader(features, batch_size=cfg.batch_size, shuffle=True, collate_fn=collator)
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    lengths = [len(f["input_ids"]) for f in features]
+    sampler = LengthGroupedSampler(cfg.batch_size, lengths=lengths)
+    return DataLoader(features, batch_size=cfg.batch_size, sampler=sampler, collate_fn=collator)
+
+
 @torch.no_grad()
 def predict(model: nn.Module, features: list[dict], collator, batch_size: int, accelerator) -> list[int]:
     """Argmax predictions in the original order; batches are length-sorted to minimise padding."""
@@ -107,3 +121,50 @@ def predict(model: nn.Module, features: list[dict], collator, batch_size: int, a
         for i, pred in zip(chunk, logits.argmax(-1).tolist(), strict=True):
             predictions[i] = pred
     return predictions
+
+
+def probe_and_evaluate(model: nn.Module, task: EncodedTask, tokenizer, cfg: FinetuneConfig, accelerator) -> dict:
+    """Linear probe: freeze ``model`` (the method's fine-tuning model), take the mean of its encoder's last
+    hidden states over non-padding tokens, fit a logistic regression on the training split and score the
+    test split. The classifier head of ``model`` is not used."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    from transformers import DataCollatorWithPadding
+
+    collator = DataCollatorWithPadding(tokenizer)
+    model = model.to(accelerator.device)
+    start = time.perf_counter()
+    train_x = encoder_features(model, task.train, collator, cfg.eval_batch_size, accelerator.device)
+    test_x = encoder_features(model, task.test, collator, cfg.eval_batch_size, accelerator.device)
+    feature_seconds = time.perf_counter() - start
+    # lbfgs on standardised features is deterministic: the probe adds no seed noise of its own.
+    probe = make_pipeline(StandardScaler(), LogisticRegression(C=cfg.probe_c, max_iter=2000))
+    probe.fit(train_x, [f["labels"] for f in task.train])
+    predictions = probe.predict(test_x).tolist()
+    scores = classification_scores(task.test_labels, predictions, task.num_labels)
+    return {
+        **scores,
+        "n_train": len(task.train),
+        "n_test": len(task.test),
+        "protocol": "linear_probe",
+        "feature_seconds": round(feature_seconds, 3),
+        "fit_seconds": round(time.perf_counter() - start - feature_seconds, 3),
+    }
+
+
+@torch.no_grad()
+def encoder_features(model: nn.Module, features: list[dict], collator, batch_size: int, device) -> np.ndarray:
+    """Mean-pooled last hidden states of ``model.base_model`` (eval mode), in the order of ``features``."""
+    model.eval()
+    encoder = model.base_model
+    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
+    out = np.zeros((len(features), model.config.hidden_size), dtype=np.float32)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        batch = collator([{k: v for k, v in features[i].items() if k != "labels"} for i in chunk])
+        batch = {k: v.to(device) for k, v in batch.items()}
+        hidden = encoder(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        out[chunk] = ((hidden * mask).sum(1) / mask.sum(1)).float().cpu().numpy()
+    return out

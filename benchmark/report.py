@@ -149,12 +149,26 @@ def _records_by_group(records: list[dict]) -> dict[str, list[dict]]:
 def _budget(record: dict) -> str:
     """The budget that makes records comparable: DAP, fine-tuning and matrix mode."""
     dap, ft = record["config"]["dap"], record["config"]["finetune"]
-    epochs = sorted(set(ft["epochs"].values())) or [ft["default_epochs"]]
     examples = ft["max_train_examples"] or "all"
+    if ft.get("protocol", "finetune") == "linear_probe":
+        end_tasks = f"probe x {examples} ex"
+    else:
+        epochs = sorted(set(ft["epochs"].values())) or [ft["default_epochs"]]
+        end_tasks = f"FT {'/'.join(f'{e:g}' for e in epochs)} ep x {examples} ex"
     return (
-        f"DAP {dap['steps']} x {dap['batch_size']} x {dap['seq_len']}, "
-        f"FT {'/'.join(f'{e:g}' for e in epochs)} ep x {examples} ex, matrix {record['config']['matrix']}"
+        f"DAP {dap['steps']} x {dap['batch_size']} x {dap['seq_len']}, {end_tasks}, matrix {record['config']['matrix']}"
     )
+
+
+def _end_task_protocol(ft: dict) -> str:
+    """One header phrase for how end tasks were scored."""
+    sizes = f"<= {ft['max_train_examples'] or 'all'} train / {ft['max_test_examples'] or 'all'} test examples"
+    if ft.get("protocol", "finetune") == "linear_probe":
+        return (
+            f"end tasks: linear probe (frozen model, mean-pooled last hidden states, standardised, logistic"
+            f" regression C={ft.get('probe_c', 1.0)}), {sizes}"
+        )
+    return f"fine-tuning: lr {ft['lr']}, {sizes}"
 
 
 def _flags(caps: dict) -> str:
@@ -227,8 +241,7 @@ def _group_header(records: list[dict]) -> list[str]:
         f"- seeds: {', '.join(map(str, seeds))}; commit(s): {', '.join(f'`{c}`' for c in commits)};"
         f" device: {', '.join(devices)}",
         f"- DAP per domain: {dap['steps']} updates of {dap['batch_size']} x {dap['seq_len']} tokens, lr {dap['lr']};"
-        f" fine-tuning: lr {ft['lr']}, <= {ft['max_train_examples'] or 'all'} train / "
-        f"{ft['max_test_examples'] or 'all'} test examples, matrix `{config['matrix']}`",
+        f" {_end_task_protocol(ft)}, matrix `{config['matrix']}`",
     ]
 
 

@@ -39,7 +39,7 @@ from benchmark.data import (
     resolve_corpus_path,
 )
 from benchmark.errors import DapbenchError
-from benchmark.finetune import EncodedTask, encode_task, finetune_and_evaluate
+from benchmark.finetune import EncodedTask, encode_task, finetune_and_evaluate, probe_and_evaluate
 from benchmark.io import atomic_directory, atomic_write_json, read_json
 from benchmark.method import (
     ContinualMethod,
@@ -356,7 +356,14 @@ class ContinualRun:
 
     # -- fine-tuning -------------------------------------------------------------------------------
     def _row_tasks(self, t: int) -> list[int]:
-        """Columns k of row t that the matrix mode asks for."""
+        """Columns k of row t that the matrix mode asks for.
+
+        A per-domain method (the ONE family) scores each end task with its own domain's model, so only
+        the diagonal enters any summary; row t's other cells would measure cross-domain transfer of the
+        domain-t model, which no metric reads, and are not computed.
+        """
+        if self.caps.independent_per_domain:
+            return [t]
         if self.config.matrix == "full" or t == self.T - 1:
             return list(range(t + 1))
         return [t]
@@ -387,9 +394,12 @@ class ContinualRun:
             # (a resumed run skips work and would otherwise draw a different head).
             set_seed(seed)
             model = self.method.finetune_model(ctx).to(self.accelerator.device)
-            result = finetune_and_evaluate(
-                model, task, self.data.tokenizer, self.config.finetune, seed, self.accelerator
-            )
+            if self.config.finetune.protocol == "linear_probe":
+                result = probe_and_evaluate(model, task, self.data.tokenizer, self.config.finetune, self.accelerator)
+            else:
+                result = finetune_and_evaluate(
+                    model, task, self.data.tokenizer, self.config.finetune, seed, self.accelerator
+                )
             atomic_write_json(self._pair(self._row_key(t), k), {"row": t, "task": task.name, **result})
 
     def _load_checkpoint_model(self, t: int):

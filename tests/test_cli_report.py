@@ -56,6 +56,14 @@ def test_cli_rejects_unknown_method_before_any_work(capsys, tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+def test_cli_rejects_an_unknown_end_task_protocol(capsys, tmp_path):
+    args = ["run", "--methods", "ncl", "--set", "finetune.protocol=probe", "--output-dir", str(tmp_path)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "invalid end-task protocol 'probe'" in err and "linear_probe" in err
+    assert not (tmp_path / "results").exists()
+
+
 def test_cli_missing_data_root(capsys, tmp_path):
     code = main(
         [

@@ -3,9 +3,12 @@
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
+from transformers import DataCollatorWithPadding
 
+from benchmark.finetune import encoder_features
 from benchmark.method import ContinualMethod, FinetuneContext
 from benchmark.modeling import load_masked_lm
 from benchmark.registry import default_registry
@@ -42,6 +45,10 @@ def test_method_contract(name, tiny_config):
     clf = run.method.finetune_model(ctx)
     batch = data.tokenizer(["the thing"], return_tensors="pt")
     assert clf(**batch).logits.shape == (1, 3)
+    # linear-probe handoff: the same model yields one finite pooled feature vector per example
+    examples = data.tasks[data.domains[0]].train[:5]
+    features = encoder_features(clf, examples, DataCollatorWithPadding(data.tokenizer), 2, "cpu")
+    assert features.shape == (5, clf.config.hidden_size) and np.isfinite(features).all()
 
 
 def _only_declared_parameters_change(run, base_path):

@@ -44,12 +44,29 @@ def test_independent_and_no_dap_methods(tiny_config):
     data = prepare_data(tiny_config)
     one = ContinualRun(tiny_config, data, "one", 3, show_progress=False).execute()
     assert one["summary"]["acc"]["forgetting"] is None  # per-domain models: forgetting undefined
+    # Only the diagonal is read by any summary of a per-domain method, so only it is fine-tuned.
+    acc = one["matrices"]["acc"]
+    assert acc[1][0] is None and acc[0][0] is not None and acc[1][1] is not None
+    assert one["summary"]["acc"]["final"] == pytest.approx((acc[0][0] + acc[1][1]) / 2, abs=1e-3)
     none = ContinualRun(tiny_config, data, "none", 3, show_progress=False).execute()
     acc = none["matrices"]["acc"]
     assert acc[0][0] == acc[1][0]  # the same base model fine-tuned once per task
     assert none["trainable_parameters"] == 0
     # No DAP: the held-out losses after every "domain" are those of the base model.
     assert none["mlm_loss"]["after_domain"][-1] == none["mlm_loss"]["base"]
+
+
+def test_linear_probe_protocol_fills_the_matrix(tiny_config):
+    config = dataclasses.replace(
+        tiny_config, finetune=dataclasses.replace(tiny_config.finetune, protocol="linear_probe")
+    )
+    run = ContinualRun(config, prepare_data(config), "ncl", 3, show_progress=False)
+    record = run.execute()
+    acc = record["matrices"]["acc"]
+    assert all(0 <= v <= 1 for v in (acc[0][0], acc[1][0], acc[1][1]))
+    pair = json.loads(run._pair("row1", 0).read_text())
+    assert pair["protocol"] == "linear_probe" and pair["n_train"] == 24
+    assert record["config"]["finetune"]["protocol"] == "linear_probe"
 
 
 def test_interrupted_run_resumes_and_matches_an_uninterrupted_one(tiny_config, tmp_path, monkeypatch):
