@@ -146,8 +146,9 @@ def _mini() -> RunConfig:
     about 60 updates of 16 examples at lr 3e-4 per end task to leave the majority class (measured), and a
     full matrix is 21 fine-tunes per method and seed. So end tasks are scored with a linear probe on frozen
     features (500 train / 300 test examples per task), which the base model already lifts above the
-    majority class on all six tasks. DAP is short (24 updates of 16 x 64 tokens per domain), with a larger
-    learning rate than the paper's so that so few updates still move the model measurably.
+    majority class on all six tasks. DAP is short (24 updates of 16 x 64 tokens per domain) at the paper's
+    learning rate (at 3e-4 the first domain raised the general held-out loss 0.42 while lowering its own
+    corpus's loss only 0.32: measured, so the larger rate was dropped).
     """
     return RunConfig(
         profile="mini",
@@ -161,7 +162,7 @@ def _mini() -> RunConfig:
             batch_size=16,
             per_device_batch_size=16,
             seq_len=64,
-            lr=3e-4,
+            lr=1e-4,
             mixed_precision="no",
             max_corpus_lines=1500,
             heldout_chunks=32,

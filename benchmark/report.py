@@ -217,7 +217,11 @@ def leaderboard_markdown(records: list[dict], plots: dict[str, dict[str, Path]] 
         return "\n".join([*lines, "No complete run records yet.", ""])
     frame = leaderboard_frame(records)
     by_group = _records_by_group(records)
-    for group, part in frame.groupby("group", sort=True):
+    # The most complete comparison first: groups with more methods, then by name.
+    order = sorted(by_group, key=lambda g: (-len({_label(r) for r in by_group[g]}), g))
+    parts = dict(tuple(frame.groupby("group")))
+    for group in order:
+        part = parts[group]
         lines += [f"## {group}", "", *_group_header(by_group[group]), "", *_table(part), ""]
         lines += _plot_links((plots or {}).get(group, {}))
         lines += ["", "**Reading** (generated from the numbers above):", "", *_reading(part, by_group[group]), ""]
@@ -234,6 +238,7 @@ def _group_header(records: list[dict]) -> list[str]:
     )
     data = hashlib.sha256(json.dumps(first.get("data_checksums", {}), sort_keys=True).encode()).hexdigest()[:10]
     dap, ft = config["dap"], config["finetune"]
+    wall = sum(r["timing"]["wall_seconds"] for r in records)
     return [
         f"- model: `{config['model']}`",
         f"- data: `{config['data_root']}` (checksum of all inputs `{data}`); general held-out text:"
@@ -242,6 +247,8 @@ def _group_header(records: list[dict]) -> list[str]:
         f" device: {', '.join(devices)}",
         f"- DAP per domain: {dap['steps']} updates of {dap['batch_size']} x {dap['seq_len']} tokens, lr {dap['lr']};"
         f" {_end_task_protocol(ft)}, matrix `{config['matrix']}`",
+        f"- compute: {len(records)} runs, {wall / 3600:.2f} h of run wall time in all (sum over runs; runs that"
+        " shared the machine overlap)",
     ]
 
 
