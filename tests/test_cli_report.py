@@ -158,6 +158,13 @@ def test_leaderboard_aggregates_seeds(tiny_config):
     row = next(line for line in text.splitlines() if line.startswith("| `ncl`"))
     assert "| 2 |" in row and "±" in row
     assert "- Seed spread: the largest std of final macro-F1" in text
+    wall = sum(r["timing"]["wall_seconds"] for r in records) / 3600
+    assert f"- compute: 2 runs, {wall:.2f} h of run wall time" in text
+    # A group with more methods comes first, whatever its name sorts as.
+    alone = dict(records[0], profile="aaa")
+    pair = [dict(records[0], profile="zzz"), dict(records[1], profile="zzz", method="one", method_label="one")]
+    text = leaderboard_markdown([alone, *pair])
+    assert text.index("profile `aaa`") > text.index("profile `zzz`")
 
 
 def test_atomic_json_write_keeps_the_old_file_on_failure(tmp_path):
