@@ -105,17 +105,20 @@ def plot_importance(records: list[dict], path: Path) -> Path | None:
     if not reports:
         return None
     plt = _pyplot()
-    units = list(next(iter(reports.values()))[0])
+    # The union of unit types, in first-seen order: DGA reports heads only, DAS heads and FFN neurons.
+    units = list(dict.fromkeys(unit for seeds in reports.values() for unit in seeds[0]))
     fig, axes = plt.subplots(1, len(units), figsize=(4.5 * len(units), 3.5), squeeze=False)
     width = 0.8 / len(reports)
     for ax, unit in zip(axes.flat, units, strict=True):
         for i, (label, seeds) in enumerate(reports.items()):
-            means = np.mean([s[unit]["mean_per_layer"] for s in seeds if unit in s], axis=0)
-            ax.bar(np.arange(len(means)) + i * width, means, width, label=label)
+            per_seed = [s[unit]["mean_per_layer"] for s in seeds if unit in s]
+            if per_seed:
+                means = np.mean(per_seed, axis=0)
+                ax.bar(np.arange(len(means)) + i * width, means, width, label=label)
         ax.set_title(f"{unit}: mean importance after the last domain")
         ax.set_xlabel("layer")
         ax.set_ylim(0, 1)
-    axes.flat[0].legend(fontsize=7)
+        ax.legend(fontsize=7)
     return _save(fig, path)
 
 

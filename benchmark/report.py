@@ -217,8 +217,8 @@ def leaderboard_markdown(records: list[dict], plots: dict[str, dict[str, Path]] 
         return "\n".join([*lines, "No complete run records yet.", ""])
     frame = leaderboard_frame(records)
     by_group = _records_by_group(records)
-    # The most complete comparison first: groups with more methods, then by name.
-    order = sorted(by_group, key=lambda g: (-len({_label(r) for r in by_group[g]}), g))
+    # The most complete comparison first: groups with more runs (methods x seeds), then by name.
+    order = sorted(by_group, key=lambda g: (-len(by_group[g]), g))
     parts = dict(tuple(frame.groupby("group")))
     for group in order:
         part = parts[group]
@@ -318,7 +318,7 @@ def _reading(part: pd.DataFrame, records: list[dict]) -> list[str]:
     if same:
         lines.append(
             f"- {len(same)} of {len({_label(r) for r in records}) - 1} DAP methods score exactly what `none` scores on "
-            f"every end task ({', '.join(f'`{m}`' for m in same)}): their fine-tunes end in the same predictions, "
+            f"every end task ({', '.join(f'`{m}`' for m in same)}): their end-task models make the same predictions, "
             "so at this budget the end tasks do not separate them."
         )
     majority = records[0].get("majority_class")
@@ -327,7 +327,7 @@ def _reading(part: pd.DataFrame, records: list[dict]) -> list[str]:
         lines.append(
             f"- Always predicting each task's most frequent test label would score {100 * majority['acc']:.2f} "
             f"final accuracy and {100 * majority['macro_f1']:.2f} macro-F1 (best method: {best:.2f} / "
-            f"{means.max():.2f}); scores near these mean the fine-tunes learned little."
+            f"{means.max():.2f}); scores near these mean the end-task models learned little."
         )
     return lines
 

@@ -160,7 +160,7 @@ def test_leaderboard_aggregates_seeds(tiny_config):
     assert "- Seed spread: the largest std of final macro-F1" in text
     wall = sum(r["timing"]["wall_seconds"] for r in records) / 3600
     assert f"- compute: 2 runs, {wall:.2f} h of run wall time" in text
-    # A group with more methods comes first, whatever its name sorts as.
+    # A group with more runs comes first, whatever its name sorts as.
     alone = dict(records[0], profile="aaa")
     pair = [dict(records[0], profile="zzz"), dict(records[1], profile="zzz", method="one", method_label="one")]
     text = leaderboard_markdown([alone, *pair])
