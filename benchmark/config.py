@@ -175,7 +175,6 @@ def _mini() -> RunConfig:
             max_length=128,
             max_train_examples=500,
             max_test_examples=300,
-            eval_batch_size=64,
         ),
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,18 +108,23 @@ def _train_loader(features: list[dict], cfg: FinetuneConfig, collator) -> DataLo
     return DataLoader(features, batch_size=cfg.batch_size, sampler=sampler, collate_fn=collator)
 
 
+def _length_sorted_batches(features: list[dict], collator, batch_size: int, device) -> Iterator[tuple[list[int], dict]]:
+    """Inference batches of similar length (minimal padding), each with the indices of its examples in
+    ``features`` so that callers can put results back in the original order. Labels are left out."""
+    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        batch = collator([{k: v for k, v in features[i].items() if k != "labels"} for i in chunk])
+        yield chunk, {k: v.to(device) for k, v in batch.items()}
+
+
 @torch.no_grad()
 def predict(model: nn.Module, features: list[dict], collator, batch_size: int, accelerator) -> list[int]:
     """Argmax predictions in the original order; batches are length-sorted to minimise padding."""
     model.eval()
-    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
     predictions = [0] * len(features)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        batch = collator([{k: v for k, v in features[i].items() if k != "labels"} for i in chunk])
-        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-        logits = model(**batch).logits
-        for i, pred in zip(chunk, logits.argmax(-1).tolist(), strict=True):
+    for chunk, batch in _length_sorted_batches(features, collator, batch_size, accelerator.device):
+        for i, pred in zip(chunk, model(**batch).logits.argmax(-1).tolist(), strict=True):
             predictions[i] = pred
     return predictions
 
@@ -158,12 +164,8 @@ def encoder_features(model: nn.Module, features: list[dict], collator, batch_siz
     """Mean-pooled last hidden states of ``model.base_model`` (eval mode), in the order of ``features``."""
     model.eval()
     encoder = model.base_model
-    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
     out = np.zeros((len(features), model.config.hidden_size), dtype=np.float32)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        batch = collator([{k: v for k, v in features[i].items() if k != "labels"} for i in chunk])
-        batch = {k: v.to(device) for k, v in batch.items()}
+    for chunk, batch in _length_sorted_batches(features, collator, batch_size, device):
         hidden = encoder(**batch).last_hidden_state
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         out[chunk] = ((hidden * mask).sum(1) / mask.sum(1)).float().cpu().numpy()

@@ -150,7 +150,7 @@ def _budget(record: dict) -> str:
     """The budget that makes records comparable: DAP, fine-tuning and matrix mode."""
     dap, ft = record["config"]["dap"], record["config"]["finetune"]
     examples = ft["max_train_examples"] or "all"
-    if ft.get("protocol", "finetune") == "linear_probe":
+    if _is_probe(ft):
         end_tasks = f"probe x {examples} ex"
     else:
         epochs = sorted(set(ft["epochs"].values())) or [ft["default_epochs"]]
@@ -160,10 +160,15 @@ def _budget(record: dict) -> str:
     )
 
 
+def _is_probe(ft: dict) -> bool:
+    """Whether end tasks were scored by linear probe (records from before the probe existed fine-tuned)."""
+    return ft.get("protocol", "finetune") == "linear_probe"
+
+
 def _end_task_protocol(ft: dict) -> str:
     """One header phrase for how end tasks were scored."""
     sizes = f"<= {ft['max_train_examples'] or 'all'} train / {ft['max_test_examples'] or 'all'} test examples"
-    if ft.get("protocol", "finetune") == "linear_probe":
+    if _is_probe(ft):
         return (
             f"end tasks: linear probe (frozen model, mean-pooled last hidden states, standardised, logistic"
             f" regression C={ft.get('probe_c', 1.0)}), {sizes}"
