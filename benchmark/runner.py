@@ -152,15 +152,17 @@ class ContinualRun:
     # -- driver ------------------------------------------------------------------------------------
     def execute(self) -> dict:
         """Run (or resume) every domain and fine-tune, then return the complete record."""
-        started = time.time()
+        clock = _RunClock(self.root / "elapsed.json")
         base_losses = self._base_losses()
+        clock.save()
         for t in self._stages():
             if not self._done(t).exists():
                 self._run_domain(t)
-            self._finetune_row(t)
+                clock.save()
+            self._finetune_row(t, on_pair_done=clock.save)
             if t > 0 and not self.config.keep_checkpoints and self._ckpt(t - 1).exists():
                 shutil.rmtree(self._ckpt(t - 1))
-        return self._record(base_losses, time.time() - started)
+        return self._record(base_losses, clock)
 
     def _stages(self) -> list[int]:
         """The domains after which a checkpoint exists: every one, or only the last for joint training
@@ -372,7 +374,7 @@ class ContinualRun:
         # The no-DAP baseline fine-tunes the same base model in every row: compute each column once.
         return "base" if not self.caps.pretrains else f"row{t}"
 
-    def _finetune_row(self, t: int) -> None:
+    def _finetune_row(self, t: int, on_pair_done=lambda: None) -> None:
         from transformers import set_seed
 
         todo = [k for k in self._row_tasks(t) if not self._pair(self._row_key(t), k).exists()]
@@ -401,6 +403,7 @@ class ContinualRun:
                     model, task, self.data.tokenizer, self.config.finetune, seed, self.accelerator
                 )
             atomic_write_json(self._pair(self._row_key(t), k), {"row": t, "task": task.name, **result})
+            on_pair_done()
 
     def _load_checkpoint_model(self, t: int):
         model, _ = load_masked_lm(str(self._ckpt(t)))
@@ -410,7 +413,7 @@ class ContinualRun:
         return model
 
     # -- record ------------------------------------------------------------------------------------
-    def _record(self, base_losses: dict[str, float], seconds: float) -> dict:
+    def _record(self, base_losses: dict[str, float], clock: _RunClock) -> dict:
         stages = self._stages()
         domain_stats = [read_json(self._done(t), "domain progress file") for t in stages]
         after_domain: list[dict | None] = [None] * self.T
@@ -448,7 +451,10 @@ class ContinualRun:
                 "after_domain": after_domain,
             },
             "timing": {
-                "wall_seconds": round(seconds, 1),
+                # Summed over invocations: a resumed run counts the kept work of its earlier ones.
+                "wall_seconds": round(clock.total(), 1),
+                "invocations": clock.invocations,
+                "last_invocation_seconds": round(clock.this_invocation(), 1),
                 "dap_seconds": round(sum(s.get("train_seconds", 0.0) for s in domain_stats), 2),
                 "tokens_per_second": _mean([s["tokens_per_second"] for s in trained]),
                 "step_seconds": _mean([s["step_seconds"] for s in trained]),
@@ -496,6 +502,34 @@ class _DeviceBatches:
 
     def __len__(self) -> int:
         return len(self.batches)
+
+
+class _RunClock:
+    """Wall time of one run summed over the invocations that produced it.
+
+    Saved after every finished unit of work (base losses, a domain, a fine-tune), so a run stopped
+    and resumed still reports the time of the work its record is made of; the unfinished unit an
+    interruption threw away is not counted (it is redone, and counted, by the resuming invocation).
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        earlier = read_json(path, "run time ledger") if path.exists() else {"seconds": 0.0, "invocations": 0}
+        self.earlier_seconds = float(earlier["seconds"])
+        self.invocations = int(earlier["invocations"]) + 1
+        self.started = time.time()
+
+    def this_invocation(self) -> float:
+        """Seconds since this invocation started."""
+        return time.time() - self.started
+
+    def total(self) -> float:
+        """Seconds of kept work over all invocations, this one up to now included."""
+        return self.earlier_seconds + self.this_invocation()
+
+    def save(self) -> None:
+        """Persist the total so far (called after each finished unit of work)."""
+        atomic_write_json(self.path, {"seconds": round(self.total(), 3), "invocations": self.invocations})
 
 
 def _forever(loader) -> Iterator[dict]:

@@ -89,6 +89,8 @@ def test_interrupted_run_resumes_and_matches_an_uninterrupted_one(tiny_config, t
     assert not (run_dir / "checkpoint-1").exists()  # no half-written checkpoint
     first_mtime = (run_dir / "domain-0.json").stat().st_mtime_ns
     pair_mtime = (run_dir / "finetune" / "row0-task0.json").stat().st_mtime_ns
+    kept_seconds = json.loads((run_dir / "elapsed.json").read_text())["seconds"]
+    assert kept_seconds > 0
 
     monkeypatch.setattr(NCL, "after_domain", original)
     resumed = ContinualRun(resumed_cfg, data, "ncl", 3, show_progress=False).execute()
@@ -96,6 +98,10 @@ def test_interrupted_run_resumes_and_matches_an_uninterrupted_one(tiny_config, t
     assert (run_dir / "finetune" / "row0-task0.json").stat().st_mtime_ns == pair_mtime  # fine-tune skipped
     assert resumed["matrices"] == full["matrices"]
     assert resumed["mlm_loss"] == full["mlm_loss"]
+    # The record's wall time covers the kept work of both invocations, not only the resumed one.
+    timing = resumed["timing"]
+    assert timing["invocations"] == 2 and full["timing"]["invocations"] == 1
+    assert timing["wall_seconds"] == pytest.approx(kept_seconds + timing["last_invocation_seconds"], abs=0.2)
 
 
 def test_unknown_method_gets_did_you_mean(tiny_config):
