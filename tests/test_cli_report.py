@@ -197,3 +197,22 @@ def test_reading_names_methods_whose_scores_equal_no_dap():
     other = record("das", [[0.5, None], [0.5, 0.7]])
     pool = record("pool", [[None, None], [0.5, 0.6]])
     assert _same_scores_as_no_dap([none, same, other, pool]) == ["ncl", "pool"]
+
+
+def test_paired_comparison_with_no_dap_separates_consistent_differences_from_noise():
+    import pandas as pd
+
+    from benchmark.report import _against_no_dap, paired_against_reference
+
+    rows = [("none", s, v) for s, v in ((1, 0.50), (2, 0.52), (3, 0.51))]
+    rows += [("worse", s, v) for s, v in ((1, 0.45), (2, 0.47), (3, 0.459))]  # 5 points below on every seed
+    rows += [("noisy", s, v) for s, v in ((1, 0.60), (2, 0.44), (3, 0.52))]  # +1 point on average, +-8 spread
+    rows += [("same", s, v) for s, v in ((1, 0.50), (2, 0.52), (3, 0.51))]
+    rows += [("one_seed", 1, 0.9)]
+    part = pd.DataFrame(rows, columns=["method", "seed", "final macro-F1"])
+    table = paired_against_reference(part)
+    assert set(table.index) == {"worse", "noisy", "same"}  # one shared seed is not testable
+    assert table.loc["worse", "mean"] == pytest.approx(-5.03, abs=0.01) and table.loc["worse", "q"] < 0.05
+    assert table.loc["noisy", "q"] > 0.05 and table.loc["same", "p"] == 1.0
+    (line,) = _against_no_dap(part)
+    assert "above it none; below it `worse` (-5.03)" in line and "The other 2 differ" in line
