@@ -1,5 +1,6 @@
-"""Leaderboard plots of one group of records (same profile, model and sequence): forgetting with seed
-spread, held-out MLM loss after each domain, and DAS's accumulated importance per layer and unit."""
+"""Leaderboard plots of one group of records (same profile, model and sequence): A[t][k] per method,
+forgetting with seed spread, held-out MLM loss after each domain, and DAS's accumulated importance per
+layer and unit."""
 
 from __future__ import annotations
 
@@ -33,6 +34,41 @@ def _by_label(records: list[dict]) -> dict[str, list[dict]]:
     for record in records:
         out.setdefault(record.get("method_label", record["method"]), []).append(record)
     return dict(sorted(out.items()))
+
+
+def plot_matrices(records: list[dict], path: Path, metric: str = "macro_f1") -> Path | None:
+    """A[t][k] of every method in one figure (a panel each), the mean over seeds; blank = not computed."""
+    groups = _by_label(records)
+    if not groups:
+        return None
+    first = next(iter(groups.values()))[0]
+    tasks, domains = first["end_tasks"], first["sequence"]
+    plt = _pyplot()
+    ncols = min(4, len(groups))
+    nrows = -(-len(groups) // ncols)
+    size = 0.55 * len(tasks) + 1.5
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size * ncols, size * nrows), squeeze=False)
+    for ax, (label, runs) in zip(axes.flat, groups.items(), strict=False):
+        mean = _mean_matrix(runs, metric)
+        ax.imshow(mean, cmap="viridis", vmin=0, vmax=100)
+        for (t, k), value in np.ndenumerate(mean):
+            if not np.isnan(value):
+                ax.text(k, t, f"{value:.0f}", ha="center", va="center", color="w", fontsize=7)
+        ax.set_title(f"{label}: {metric} %, mean of {len(runs)} seed(s)", fontsize=9)
+        ax.set_xticks(range(len(tasks)), tasks, rotation=60, ha="right", fontsize=7)
+        ax.set_yticks(range(len(domains)), [f"after {d}" for d in domains], fontsize=7)
+    for ax in list(axes.flat)[len(groups) :]:
+        ax.axis("off")
+    return _save(fig, path)
+
+
+def _mean_matrix(runs: list[dict], metric: str) -> np.ndarray:
+    stacked = np.asarray(
+        [[[np.nan if v is None else 100 * v for v in row] for row in r["matrices"][metric]] for r in runs], dtype=float
+    )
+    with warnings.catch_warnings():  # a cell no seed computed stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(stacked, axis=0)
 
 
 def plot_forgetting(records: list[dict], path: Path) -> Path | None:
@@ -123,6 +159,7 @@ def plot_importance(records: list[dict], path: Path) -> Path | None:
 
 
 GROUP_PLOTS: dict[str, Callable[[list[dict], Path], Path | None]] = {
+    "matrices": plot_matrices,
     "forgetting": plot_forgetting,
     "mlm-loss": plot_mlm_losses,
     "importance": plot_importance,

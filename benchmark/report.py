@@ -276,10 +276,10 @@ def _table(part: pd.DataFrame) -> list[str]:
 
 def _plot_links(plots: dict[str, Path]) -> list[str]:
     titles = {
+        "matrices": "A[t][k] per method (mean over seeds)",
         "forgetting": "forgetting per method",
         "mlm-loss": "held-out MLM loss after each domain",
         "importance": "DAS importance per layer",
-        "heatmaps": "A[t][k] heatmaps",
     }
     links = [f"[{titles.get(kind, kind)}]({path.as_posix()})" for kind, path in plots.items()]
     return [f"Plots: {' · '.join(links)}; per-run A[t][k] heatmaps in `results/plots/`."] if links else []
