@@ -271,6 +271,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         check_data,
         compare_records,
         key_numbers,
+        largest_differences,
         reproduction_config,
     )
     from benchmark.runner import ContinualRun, prepare_data
@@ -297,6 +298,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     compared = len(set(key_numbers(record)) | set(key_numbers(new)))
     print(f"reproduced {record.get('method_label', record['method'])} seed {record['seed']} -> {path}")
     print(f"{compared} numbers compared, {len(mismatches)} outside tolerance {tolerance}")
+    for kind, (name, diff) in largest_differences(record, new).items():
+        print(f"  largest {kind} difference: {diff:.5f} ({name})")
     for mismatch in mismatches:
         print(f"  {mismatch}")
     return 1 if mismatches else 0

@@ -112,6 +112,23 @@ def compare_records(expected: dict, actual: dict, tolerance: Tolerance) -> list[
     return mismatches
 
 
+def largest_differences(expected: dict, actual: dict) -> dict[str, tuple[str, float]]:
+    """Per kind (``score``, ``loss``): the number present in both records that moved most, and by how much.
+
+    What a tolerance is measured from: run the same record twice (or on two machines) and read these.
+    """
+    want, got = key_numbers(expected), key_numbers(actual)
+    largest: dict[str, tuple[str, float]] = {}
+    for name in sorted(set(want) & set(got)):
+        if want[name] is None or got[name] is None:
+            continue
+        kind = "loss" if name.startswith("mlm_loss/") else "score"
+        diff = abs(want[name] - got[name])
+        if kind not in largest or diff > largest[kind][1]:
+            largest[kind] = (name, diff)
+    return largest
+
+
 def reproduction_config(record: dict, output_dir: str | Path, paths: dict[str, str | None]) -> RunConfig:
     """The record's configuration for one fresh run of its method and seed under ``output_dir``.
 

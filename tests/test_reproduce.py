@@ -7,7 +7,14 @@ import pytest
 
 from benchmark.config import profile_config
 from benchmark.errors import DapbenchError
-from benchmark.reproduce import Tolerance, check_data, compare_records, config_from_dict, key_numbers
+from benchmark.reproduce import (
+    Tolerance,
+    check_data,
+    compare_records,
+    config_from_dict,
+    key_numbers,
+    largest_differences,
+)
 
 
 def fake_record() -> dict:
@@ -42,6 +49,18 @@ def test_compare_records_uses_the_tolerance_of_each_kind():
     assert names == ["matrix/acc/1/1", "mlm_loss/1/general"]
     del actual["matrices"]["acc"][1][0:1]  # a number missing on one side is a mismatch too
     assert any(m.actual is None or m.expected is None for m in compare_records(expected, actual, Tolerance(1, 1)))
+
+
+def test_largest_differences_per_kind():
+    expected, actual = fake_record(), copy.deepcopy(fake_record())
+    same = largest_differences(expected, actual)
+    assert set(same) == {"score", "loss"} and all(diff == 0.0 for _, diff in same.values())
+    actual["matrices"]["acc"][1][0] = 0.53
+    actual["summary"]["acc"]["final"] = 0.51
+    actual["mlm_loss"]["base"]["general"] = 4.002
+    largest = largest_differences(expected, actual)
+    assert largest["score"] == ("matrix/acc/1/0", pytest.approx(0.03))
+    assert largest["loss"] == ("mlm_loss/base/general", pytest.approx(0.002))
 
 
 def test_config_round_trips_through_its_dict():
