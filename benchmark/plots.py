@@ -81,7 +81,8 @@ def plot_forgetting(records: list[dict], path: Path) -> Path | None:
     if not groups:
         return None
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(max(6, 0.9 * len(groups) + 3) * 2, 4), sharey=True)
+    # Two stacked panels: side by side they grow too wide to read once there are a dozen methods.
+    fig, axes = plt.subplots(2, 1, figsize=(max(6, 0.7 * len(groups) + 2), 7.5), sharex=True)
     for ax, metric in zip(axes, ("acc", "macro_f1"), strict=True):
         for i, runs in enumerate(groups.values()):
             values = [100 * r["summary"][metric]["forgetting"] for r in runs]

@@ -215,4 +215,5 @@ def test_paired_comparison_with_no_dap_separates_consistent_differences_from_noi
     assert table.loc["worse", "mean"] == pytest.approx(-5.03, abs=0.01) and table.loc["worse", "q"] < 0.05
     assert table.loc["noisy", "q"] > 0.05 and table.loc["same", "p"] == 1.0
     (line,) = _against_no_dap(part)
-    assert "above it none; below it `worse` (-5.03)" in line and "The other 2 differ" in line
+    assert "consistently above it none; consistently below it `worse` (-5.03)" in line
+    assert "do not separate the other 2 from no DAP" in line
