@@ -23,7 +23,7 @@ def test_ewc_penalty_by_hand():
 
 def test_ewc_penalty_is_zero_at_the_anchor():
     w = nn.Parameter(torch.tensor([1.0, 2.0]))
-    assert float(ewc_penalty([("w", w)], {"w": torch.ones(2)}, {"w": w.detach().clone()}, 5000.0)) == 0.0
+    assert ewc_penalty([("w", w)], {"w": torch.ones(2)}, {"w": w.detach().clone()}, 5000.0).item() == 0.0
 
 
 def test_fisher_merge_is_a_running_average():
