@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -50,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--score-tolerance", type=float, help="accepted |difference| of acc/F1 (fraction)")
     reproduce.add_argument("--loss-tolerance", type=float, help="accepted |difference| of MLM losses")
     reproduce.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. device=cpu")
+    reproduce.add_argument(
+        "--threads", type=int, help="CPU threads (default: the record's own count; results depend on it)"
+    )
     reproduce.add_argument("--quiet", action="store_true", help="no progress bars")
     reproduce.set_defaults(func=cmd_reproduce)
 
@@ -270,8 +274,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         Tolerance,
         check_data,
         compare_records,
+        cpu_threads,
         key_numbers,
         largest_differences,
+        recorded_cpu_threads,
         reproduction_config,
     )
     from benchmark.runner import ContinualRun, prepare_data
@@ -279,15 +285,20 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     record = read_json(args.record, "run record")
     if not isinstance(record, dict) or record.get("status") != "complete" or "config" not in record:
         raise DapbenchError(f"{args.record} is not a complete run record", "pass a JSON file from results/")
+    threads = args.threads if args.threads is not None else recorded_cpu_threads(record)
+    if threads is not None and threads < 1:
+        raise DapbenchError(f"--threads must be >= 1, got {threads}", "pass a positive thread count")
     out = args.output_dir or str(Path("reproduce") / record["run_id"])
     paths = {name: getattr(args, name) for name in ("model", "data_root", "general_heldout", "general_corpus")}
     config = apply_overrides(reproduction_config(record, out, paths), args.set)
     if config.profile == "synthetic" and not Path(config.model).exists():
         config = _materialise_synthetic(config, show_progress=not args.quiet)
-    data = prepare_data(config)
-    check_data(record, data.checksums)
-    run = ContinualRun(config, data, record["method"], record["seed"], show_progress=not args.quiet)
-    new = run.execute()
+    # The record's thread count by default: float summation order, hence the numbers, depend on it.
+    with cpu_threads(threads) if threads else contextlib.nullcontext():
+        data = prepare_data(config)
+        check_data(record, data.checksums)
+        run = ContinualRun(config, data, record["method"], record["seed"], show_progress=not args.quiet)
+        new = run.execute()
     path = Path(out) / "results" / config.profile / f"{run.run_id}.json"
     atomic_write_json(path, new)
     tolerance = Tolerance(
@@ -297,6 +308,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     mismatches = compare_records(record, new, tolerance)
     compared = len(set(key_numbers(record)) | set(key_numbers(new)))
     print(f"reproduced {record.get('method_label', record['method'])} seed {record['seed']} -> {path}")
+    if threads:
+        print(f"CPU threads: {threads} (the record's: {recorded_cpu_threads(record)})")
     print(f"{compared} numbers compared, {len(mismatches)} outside tolerance {tolerance}")
     for kind, (name, diff) in largest_differences(record, new).items():
         print(f"  largest {kind} difference: {diff:.5f} ({name})")

@@ -8,8 +8,10 @@ differs by more than the tolerance. The CI key-number check uses the same compar
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +129,32 @@ def largest_differences(expected: dict, actual: dict) -> dict[str, tuple[str, fl
         if kind not in largest or diff > largest[kind][1]:
             largest[kind] = (name, diff)
     return largest
+
+
+def recorded_cpu_threads(record: dict) -> int | None:
+    """The CPU thread count a CPU record was made with; None for accelerator or older records.
+
+    Float summation order depends on it, so the same CPU with the same count gives the same numbers.
+    Measured (mini NCL record made with 1 thread, re-run with 2): held-out losses within 1e-5, but
+    the linear probe flipped about one test prediction in 7 of 21 cells (macro-F1 up to 0.0125 on SciERC).
+    """
+    environment = record.get("environment", {})
+    return environment.get("torch_threads") if environment.get("device") == "cpu" else None
+
+
+@contextlib.contextmanager
+def cpu_threads(count: int) -> Iterator[None]:
+    """Limit torch and the BLAS/OpenMP pools that scikit-learn uses to ``count`` threads, then restore."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        with threadpool_limits(limits=count):
+            yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def reproduction_config(record: dict, output_dir: str | Path, paths: dict[str, str | None]) -> RunConfig:

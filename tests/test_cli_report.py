@@ -2,6 +2,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from benchmark.cli import main
 from benchmark.config import apply_overrides, profile_config
@@ -139,8 +140,13 @@ def test_cli_run_and_report_end_to_end(tiny_config, capsys):
     # the committed record is re-derived from scratch, number for number
     record_path = next((root / "results" / "synthetic").glob("ncl-*.json"))
     again = root / "again"
+    threads_before = torch.get_num_threads()
     assert main(["reproduce", str(record_path), "--output-dir", str(again), "--quiet"]) == 0
-    assert "0 outside tolerance" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "0 outside tolerance" in out and "largest score difference: 0.00000" in out
+    recorded = json.loads(record_path.read_text())["environment"]["torch_threads"]
+    assert f"CPU threads: {recorded} (the record's: {recorded})" in out  # the record's count by default
+    assert torch.get_num_threads() == threads_before  # and restored afterwards
 
 
 def test_report_on_a_corrupt_record_names_the_file(tmp_path):

@@ -12,8 +12,10 @@ from benchmark.reproduce import (
     check_data,
     compare_records,
     config_from_dict,
+    cpu_threads,
     key_numbers,
     largest_differences,
+    recorded_cpu_threads,
 )
 
 
@@ -73,3 +75,17 @@ def test_config_round_trips_through_its_dict():
 def test_different_data_is_named():
     with pytest.raises(DapbenchError, match="task/t"):
         check_data(fake_record(), {"corpus/a": "x", "task/t": "other"})
+
+
+def test_reproduction_uses_the_recorded_cpu_thread_count():
+    import torch
+    from threadpoolctl import threadpool_info
+
+    assert recorded_cpu_threads({"environment": {"device": "cpu", "torch_threads": 1}}) == 1
+    assert recorded_cpu_threads({"environment": {"device": "cuda:0", "torch_threads": 8}}) is None
+    assert recorded_cpu_threads({}) is None  # records without an environment block
+    before = torch.get_num_threads()
+    with cpu_threads(1):
+        assert torch.get_num_threads() == 1
+        assert all(pool["num_threads"] == 1 for pool in threadpool_info())
+    assert torch.get_num_threads() == before
