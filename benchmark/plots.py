@@ -63,12 +63,16 @@ def plot_matrices(records: list[dict], path: Path, metric: str = "macro_f1") -> 
 
 
 def _mean_matrix(runs: list[dict], metric: str) -> np.ndarray:
-    stacked = np.asarray(
-        [[[np.nan if v is None else 100 * v for v in row] for row in r["matrices"][metric]] for r in runs], dtype=float
+    return _mean_over_seeds(
+        [[[np.nan if v is None else 100 * v for v in row] for row in r["matrices"][metric]] for r in runs]
     )
-    with warnings.catch_warnings():  # a cell no seed computed stays NaN
+
+
+def _mean_over_seeds(per_seed: list) -> np.ndarray:
+    """Mean over the first axis ignoring NaN; an entry that is NaN in every seed stays NaN, silently."""
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmean(stacked, axis=0)
+        return np.nanmean(np.asarray(per_seed, dtype=float), axis=0)
 
 
 def plot_forgetting(records: list[dict], path: Path) -> Path | None:
@@ -126,10 +130,9 @@ def _mean_loss_curve(runs: list[dict], column: str) -> list[float]:
     def value(row: dict | None) -> float:
         return np.nan if row is None else row[column]
 
+    # A point that is empty for every seed (joint training's earlier domains) stays NaN.
     curves = [[r["mlm_loss"]["base"][column], *map(value, r["mlm_loss"]["after_domain"])] for r in runs]
-    with warnings.catch_warnings():  # a column that is empty for every seed (joint training) stays NaN
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return list(np.nanmean(np.asarray(curves, dtype=float), axis=0))
+    return list(_mean_over_seeds(curves))
 
 
 def plot_importance(records: list[dict], path: Path) -> Path | None:

@@ -351,18 +351,18 @@ def paired_against_reference(
 
     wide = part.pivot_table(index="seed", columns="method", values=column) * 100
     rows = {}
-    for method in wide.columns.drop(reference, errors="ignore"):
-        if reference not in wide:
-            break
+    methods = wide.columns.drop(reference) if reference in wide else []
+    for method in methods:
         pairs = wide[[method, reference]].dropna()
         if len(pairs) < 2:
             continue
         diff = pairs[method] - pairs[reference]
-        if diff.std(ddof=1) == 0:  # identical on every seed: a t statistic is undefined
+        std = diff.std(ddof=1)
+        if std == 0:  # identical on every seed: a t statistic is undefined
             p = 1.0 if diff.iloc[0] == 0 else 0.0
         else:
             p = float(ttest_rel(pairs[method], pairs[reference]).pvalue)
-        rows[method] = {"n": len(pairs), "mean": diff.mean(), "std": diff.std(ddof=1), "p": p}
+        rows[method] = {"n": len(pairs), "mean": diff.mean(), "std": std, "p": p}
     table = pd.DataFrame.from_dict(rows, orient="index", columns=["n", "mean", "std", "p"])
     table["q"] = false_discovery_control(table["p"].to_numpy()) if len(table) else []
     return table.sort_values("mean", ascending=False)

@@ -105,7 +105,7 @@ def compare_records(expected: dict, actual: dict, tolerance: Tolerance) -> list[
     want, got = key_numbers(expected), key_numbers(actual)
     mismatches = []
     for name in sorted(set(want) | set(got)):
-        allowed = tolerance.loss if name.startswith("mlm_loss/") else tolerance.score
+        allowed = tolerance.loss if _kind(name) == "loss" else tolerance.score
         a, b = want.get(name), got.get(name)
         if a is None and b is None:
             continue
@@ -124,11 +124,16 @@ def largest_differences(expected: dict, actual: dict) -> dict[str, tuple[str, fl
     for name in sorted(set(want) & set(got)):
         if want[name] is None or got[name] is None:
             continue
-        kind = "loss" if name.startswith("mlm_loss/") else "score"
+        kind = _kind(name)
         diff = abs(want[name] - got[name])
         if kind not in largest or diff > largest[kind][1]:
             largest[kind] = (name, diff)
     return largest
+
+
+def _kind(name: str) -> str:
+    """``loss`` for held-out MLM losses, ``score`` for accuracies and F1s (a :class:`Tolerance` field)."""
+    return "loss" if name.startswith("mlm_loss/") else "score"
 
 
 def recorded_cpu_threads(record: dict) -> int | None:
