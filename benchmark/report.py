@@ -139,10 +139,25 @@ def _group(record: dict) -> str:
 
 
 def _records_by_group(records: list[dict]) -> dict[str, list[dict]]:
-    """Records keyed by their leaderboard group (profile, model, sequence, budget)."""
+    """Records keyed by their leaderboard group (profile, model, sequence, budget).
+
+    A group holds at most one record per method label and seed: two would be averaged as if they were
+    two seeds. That happens when records of an older configuration (say, before a config field was added,
+    which changes the run id) sit beside new ones, and it is an error that names both.
+    """
     groups: dict[str, list[dict]] = {}
+    seen: dict[tuple[str, str, int], str] = {}
     for record in records:
-        groups.setdefault(_group(record), []).append(record)
+        group = _group(record)
+        key = (group, _label(record), record["seed"])
+        if key in seen:
+            raise DapbenchError(
+                f"two records of `{key[1]}` seed {key[2]} in one leaderboard group ({group}): "
+                f"{seen[key]} and {record['run_id']}",
+                "delete the stale record's JSON under results/ (or re-run it with the current dapbench)",
+            )
+        seen[key] = record["run_id"]
+        groups.setdefault(group, []).append(record)
     return groups
 
 
@@ -420,19 +435,20 @@ def write_report(output_dir: str | Path) -> dict[str, int]:
     """Regenerate every table, plot and ``leaderboard.md`` from the records under ``output_dir/results``."""
     out = Path(output_dir)
     records = [r for r in load_records(out / "results") if r["profile"] not in FIXTURE_PROFILES]
+    groups = _records_by_group(records)  # checked before anything is written
     files = [path for record in records for path in write_run_tables(record, out / "results")]
-    plots = _group_plots(records, out)
+    plots = _group_plots(groups, out)
     files += [path for group in plots.values() for path in group.values()]
     atomic_write_text(out / "leaderboard.md", leaderboard_markdown(records, plots))
     return {"records": len(records), "files": len(files) + 1}
 
 
-def _group_plots(records: list[dict], out: Path) -> dict[str, dict[str, Path]]:
+def _group_plots(groups: dict[str, list[dict]], out: Path) -> dict[str, dict[str, Path]]:
     """Every group plot, as paths relative to ``out`` (where leaderboard.md links them from)."""
     from benchmark.plots import GROUP_PLOTS
 
     plots: dict[str, dict[str, Path]] = {}
-    for group, members in _records_by_group(records).items():
+    for group, members in groups.items():
         slug = hashlib.sha256(group.encode()).hexdigest()[:8]
         stem = f"{members[0]['profile']}-{Path(members[0]['config']['model']).name}-{slug}"
         for kind, plot in GROUP_PLOTS.items():

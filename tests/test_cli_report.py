@@ -157,9 +157,18 @@ def test_report_on_a_corrupt_record_names_the_file(tmp_path):
     assert not (tmp_path / "leaderboard.md").exists()  # nothing half-written
 
 
-def test_leaderboard_aggregates_seeds(tiny_config):
+def test_leaderboard_aggregates_seeds(tiny_config, tmp_path):
     data = prepare_data(tiny_config)
     records = [ContinualRun(tiny_config, data, "ncl", seed, show_progress=False).execute() for seed in (1, 2)]
+    # A stale record of the same method and seed (an older config, so another run id) is not a third seed.
+    stale = dict(records[0], run_id="ncl-seq0-seed1-0000000000")
+    with pytest.raises(DapbenchError, match="two records of `ncl` seed 1 .*ncl-seq0-seed1-0000000000"):
+        leaderboard_markdown([*records, stale])
+    for record in (*records, stale):
+        atomic_write_json(tmp_path / "results" / "x" / f"{record['run_id']}.json", record)
+    with pytest.raises(DapbenchError, match="delete the stale record"):
+        write_report(tmp_path)
+    assert not (tmp_path / "leaderboard.md").exists() and not (tmp_path / "results" / "tables").exists()
     text = leaderboard_markdown(records)
     row = next(line for line in text.splitlines() if line.startswith("| `ncl`"))
     assert "| 2 |" in row and "±" in row
