@@ -7,8 +7,9 @@ and its :class:`Capabilities`, and overrides only the hooks it needs. Hooks rece
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -93,6 +94,8 @@ class StepContext:
     total_domain_steps: int
     global_step: int
     accelerator: Any
+    optimizer: Any = None
+    """The DAP optimizer (read-only for methods: e.g. to measure what a step did from its state)."""
 
     def unwrapped_model(self) -> nn.Module:
         """The model without accelerate's wrappers (for hooks, module maps and copies)."""
@@ -130,6 +133,11 @@ class ContinualMethod:
     name: ClassVar[str] = ""
     config_cls: ClassVar[type[MethodConfig]] = MethodConfig
     capabilities: ClassVar[Capabilities] = Capabilities()
+    comparison_role: ClassVar[str | None] = None
+    """``no_dap`` or ``naive_continual`` for the baselines every method is tested against on the
+    leaderboard (paired by seed); None for every other method."""
+    leaderboard_note: ClassVar[str] = ""
+    """One sentence the leaderboard's reading prints about what this method's numbers mean, if needed."""
 
     def __init__(self, config: MethodConfig, *, env: RunEnv):
         self.config = config
@@ -163,6 +171,14 @@ class ContinualMethod:
 
     def after_optimizer_step(self, ctx: StepContext) -> None:
         """Called after every optimizer step (e.g. clamping, running statistics)."""
+
+    # -- evaluation ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def heldout_view(self, model: nn.Module, domain_index: int | None) -> Iterator[None]:
+        """Inside the block ``model`` is as it is evaluated on held-out text of domain ``domain_index``
+        (None: general text) after the current domain; the default leaves it as it is. A method whose
+        model depends on the domain (task masks) selects what it would use for that domain."""
+        yield
 
     # -- fine-tune handoff ---------------------------------------------------------------------
     def finetune_model(self, ctx: FinetuneContext) -> nn.Module:

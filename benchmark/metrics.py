@@ -6,7 +6,7 @@ A[t][k] is the score of the checkpoint after domain t fine-tuned on the end task
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from sklearn.metrics import accuracy_score, f1_score
@@ -83,3 +83,106 @@ def summarize_matrix(
     out["forgetting"] = forgetting_rate(a) if defined else None
     out["bwt"] = backward_transfer(a) if defined else None
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss-based continual metrics on the held-out MLM-loss matrix L[t][k]
+# ----------------------------------------------------------------------------------------------
+LOSS_METRICS = ("plasticity", "forgetting", "max_forgetting", "final_gain", "general_rise")
+"""The loss-based metrics of one run, in nats (see :func:`loss_metrics`)."""
+
+
+def loss_metrics(
+    base: Mapping[str, float],
+    after_domain: Sequence[Mapping[str, float] | None],
+    domains: Sequence[str],
+    *,
+    independent_per_domain: bool = False,
+    final_row_only: bool = False,
+    general: str = "general",
+) -> dict[str, float | None]:
+    """Continual metrics of the held-out MLM loss, in nats, from L[t][k] = the loss on domain k's held-out
+    text after stage t (``after_domain[t][domains[k]]``) and the base model's losses ``base``.
+
+    * ``plasticity`` = mean_k (base[k] - L[k][k]): how much each domain's loss fell when it was learned.
+    * ``forgetting`` = mean_{k<T-1} (L[T-1][k] - L[k][k]): how much of that the final model gave back.
+    * ``max_forgetting`` = max over stages t >= 1 of mean_{k<t} (L[t][k] - L[k][k]): the worst forgetting
+      at any point of the sequence (forgetting that later domains undo still shows here).
+    * ``final_gain`` = mean_k (base[k] - L_final[k]): what the end of the sequence kept over the base model.
+    * ``general_rise`` = L_final[general] - base[general]: general knowledge lost (positive = lost).
+
+    L_final is the last row, except for per-domain methods (``independent_per_domain``: domain k's model
+    is the one trained on k alone), whose final model for k is row k and whose general rise is the mean
+    over their per-domain models. Forgetting is undefined (None) for them, for joint training
+    (``final_row_only``: no model after the earlier domains, so no plasticity either) and for T < 2.
+    """
+    losses = _loss_matrix(after_domain, [*domains, general])
+    start = np.asarray([base[d] for d in domains], dtype=float)
+    t_count = len(domains)
+    diagonal = np.diag(losses[:, :t_count])
+    final = diagonal if independent_per_domain else losses[-1, :t_count]
+    out: dict[str, float | None] = {name: None for name in LOSS_METRICS}
+    out["final_gain"] = float(np.mean(start - final))
+    if not final_row_only:
+        out["plasticity"] = float(np.mean(start - diagonal))
+    if t_count >= 2 and not (independent_per_domain or final_row_only):
+        stage_forgetting = [np.mean(losses[t, :t] - diagonal[:t]) for t in range(1, t_count)]
+        out["forgetting"] = float(stage_forgetting[-1])
+        out["max_forgetting"] = float(np.max(stage_forgetting))
+    if general in base:
+        general_after = np.mean(losses[:, t_count]) if independent_per_domain else losses[-1, t_count]
+        out["general_rise"] = float(general_after - base[general])
+    return out
+
+
+def record_loss_metrics(record: Mapping) -> dict[str, float | None]:
+    """:func:`loss_metrics` of a run record, from its raw held-out losses and capabilities (older records too)."""
+    losses, caps = record["mlm_loss"], record["capabilities"]
+    return loss_metrics(
+        losses["base"],
+        losses["after_domain"],
+        record["sequence"],
+        independent_per_domain=caps.get("independent_per_domain", False),
+        final_row_only=caps.get("joint_training", False),
+    )
+
+
+def _loss_matrix(after_domain: Sequence[Mapping[str, float] | None], columns: Sequence[str]) -> np.ndarray:
+    """Stages x columns; a stage without a model (joint training's earlier stages) or a missing column is NaN."""
+    return np.asarray(
+        [[np.nan if row is None else row.get(c, np.nan) for c in columns] for row in after_domain], dtype=float
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Representation drift: features of the same held-out inputs under the base and the current model
+# ----------------------------------------------------------------------------------------------
+def mean_cosine(before: np.ndarray, after: np.ndarray) -> float:
+    """Mean over inputs i of cos(before_i, after_i): 1 = every input's feature kept its direction."""
+    a, b = _unit_rows(before), _unit_rows(after)
+    return float(np.mean(np.sum(a * b, axis=1)))
+
+
+def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
+    """Linear centred kernel alignment (Kornblith et al. 2019) of two feature matrices (inputs x dims):
+    ||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F), invariant to rotation and isotropic scaling; 1 = same
+    geometry of the inputs."""
+    xc, yc = (np.asarray(m, dtype=np.float64) - np.mean(m, axis=0) for m in (x, y))
+    cross = np.linalg.norm(yc.T @ xc) ** 2
+    return float(cross / (np.linalg.norm(xc.T @ xc) * np.linalg.norm(yc.T @ yc)))
+
+
+def anisotropy(features: np.ndarray) -> float:
+    """Mean cosine between the features of two different inputs (Ethayarajh 2019): near 1 = every input
+    points the same way, so the features tell inputs apart only in a narrow cone."""
+    unit = _unit_rows(features)
+    n = unit.shape[0]
+    if n < 2:
+        raise ValueError("anisotropy needs at least two inputs")
+    total = np.sum(unit @ unit.T) - n  # drop the n self-similarities of 1
+    return float(total / (n * (n - 1)))
+
+
+def _unit_rows(matrix: np.ndarray) -> np.ndarray:
+    m = np.asarray(matrix, dtype=np.float64)
+    return m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)

@@ -80,8 +80,16 @@ def quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(level)
 
 
-def load_masked_lm(name_or_path: str):
-    """Load a masked LM and its tokenizer from a hub id or a local directory."""
+def load_masked_lm(name_or_path: str, require_complete: bool = True):
+    """Load a masked LM (in float32) and its tokenizer from a hub id or a local directory.
+
+    Always float32: transformers 5 loads a checkpoint in its stored dtype, so a model saved in fp16
+    would otherwise train and evaluate in pure half precision (mixed precision is accelerate's job).
+    ``require_complete`` refuses a model whose file lacks weights the architecture needs: transformers
+    would initialise them at random from the global RNG, so the "base" losses would differ from run to
+    run. DAP checkpoints of methods that rename modules (peft) pass False and restore every tensor with
+    :func:`restore_checkpoint_weights`.
+    """
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     local = Path(name_or_path)
@@ -93,12 +101,21 @@ def load_masked_lm(name_or_path: str):
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         with quiet_transformers():
-            model = AutoModelForMaskedLM.from_pretrained(name_or_path)
+            model, info = AutoModelForMaskedLM.from_pretrained(
+                name_or_path, dtype=torch.float32, output_loading_info=True
+            )
     except (OSError, ValueError) as exc:
         raise DapbenchError(
             f"cannot load model {name_or_path!r}: {exc}",
             "without hub access use a local directory (see ../shared/models or `dapbench pretrain-base`)",
         ) from exc
+    missing = list(info.get("missing_keys") or [])
+    if require_complete and missing:
+        raise DapbenchError(
+            f"model {name_or_path!r} lacks {len(missing)} weight(s) its architecture needs ({', '.join(missing[:3])}):"
+            " they would be initialised at random",
+            "use a complete masked-LM checkpoint (with its MLM head), or train one with `dapbench pretrain-base`",
+        )
     return model, tokenizer
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.io import atomic_write_bytes
+from benchmark.metrics import record_loss_metrics
 
 
 def _pyplot():
@@ -162,7 +163,79 @@ def plot_importance(records: list[dict], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def plot_stability_plasticity(records: list[dict], path: Path) -> Path | None:
+    """Held-out loss: plasticity (x) against forgetting (y) per method, mean with seed-std error bars; the
+    marker's area grows with the general-loss rise. Methods without forgetting (per-domain, joint) are left out."""
+    points = {}
+    for label, runs in _by_label(records).items():
+        metrics = [record_loss_metrics(r) for r in runs]
+        if any(m["plasticity"] is None or m["forgetting"] is None for m in metrics):
+            continue
+        values = {key: np.array([m[key] for m in metrics], dtype=float) for key in metrics[0]}
+        points[label] = values
+    if not points:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    ax.set_prop_cycle(color=plt.cm.tab20.colors)
+    rises = [np.nanmean(v["general_rise"]) for v in points.values() if not np.all(np.isnan(v["general_rise"]))]
+    largest = max([abs(r) for r in rises] + [1e-9])
+    for label, v in points.items():
+        rise = np.nanmean(v["general_rise"]) if not np.all(np.isnan(v["general_rise"])) else 0.0
+        x, y = v["plasticity"], v["forgetting"]
+        ax.errorbar(x.mean(), y.mean(), xerr=_seed_std(x), yerr=_seed_std(y), fmt="none", ecolor="grey", lw=0.8)
+        ax.scatter(
+            x.mean(), y.mean(), s=30 + 600 * max(rise, 0.0) / largest, alpha=0.75, label=f"{label} ({rise:+.3f})"
+        )
+    ax.set_xlabel("plasticity: mean_k base[k] − L[k][k] (nats, → better)")
+    ax.set_ylabel("forgetting: mean_k L[T−1][k] − L[k][k] (nats, ↓ better)")
+    ax.set_title("stability vs plasticity (marker area ∝ general-loss rise, in the legend)", fontsize=9)
+    ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return _save(fig, path)
+
+
+def _seed_std(values: np.ndarray) -> float:
+    return float(values.std(ddof=1)) if len(values) > 1 else 0.0
+
+
+def plot_mask_damping(records: list[dict], path: Path) -> Path | None:
+    """Soft-masking methods: the measured damping per importance bin (|update| relative to the unmasked
+    update of the same units, mean over domains and seeds) and the importance histogram of the mask in force
+    during the last domain, per unit type."""
+    masks = {
+        label: [d["method_report"]["mask"] for r in runs for d in r["domains"] if "mask" in d.get("method_report", {})]
+        for label, runs in _by_label(records).items()
+    }
+    masks = {label: m for label, m in masks.items() if m}
+    if not masks:
+        return None
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    bins = len(next(iter(masks.values()))[0]["damping_per_bin"])
+    centres = (np.arange(bins) + 0.5) / bins
+    left.plot([0, 1], [1, 0], color="grey", ls="--", lw=0.8, label="1 − I (an exactly scaled update)")
+    for label, reports in masks.items():
+        per_bin = [[np.nan if v is None else v for v in m["damping_per_bin"]] for m in reports]
+        left.plot(centres, _mean_over_seeds(per_bin), marker="o", ms=3, label=label)
+        last = reports[-1]["importance_histogram"]
+        for unit, counts in last.items():
+            share = np.asarray(counts, dtype=float) / max(sum(counts), 1)
+            right.plot(centres, share, marker=".", label=f"{label}: {unit}")
+    left.set_xlabel("accumulated importance I of the unit (bin centre)")
+    left.set_ylabel("|update| / |unmasked update|")
+    left.set_ylim(-0.05, 1.1)
+    left.set_title("measured damping of soft-masked units", fontsize=9)
+    left.legend(fontsize=7)
+    right.set_xlabel("importance I (bin centre)")
+    right.set_ylabel("share of units")
+    right.set_title("importance histogram of the mask (one seed's last domain)", fontsize=9)
+    right.legend(fontsize=6)
+    return _save(fig, path)
+
+
 GROUP_PLOTS: dict[str, Callable[[list[dict], Path], Path | None]] = {
+    "stability-plasticity": plot_stability_plasticity,
+    "damping": plot_mask_damping,
     "matrices": plot_matrices,
     "forgetting": plot_forgetting,
     "mlm-loss": plot_mlm_losses,

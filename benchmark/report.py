@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,19 +13,47 @@ import pandas as pd
 
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_bytes, atomic_write_text, read_json
+from benchmark.metrics import record_loss_metrics
 
-# (column title, getter, higher is better, format)
-LEADERBOARD_COLUMNS = [
+# (column title, getter, higher is better (None: neither), format)
+Column = tuple[str, Callable[[dict], "float | None"], "bool | None", str]
+
+LOSS_COLUMNS: list[Column] = [
+    ("plasticity", lambda r: _loss_metric(r, "plasticity"), True, "num"),
+    ("forgetting", lambda r: _loss_metric(r, "forgetting"), False, "num"),
+    ("max forgetting", lambda r: _loss_metric(r, "max_forgetting"), False, "num"),
+    ("final gain", lambda r: _loss_metric(r, "final_gain"), True, "num"),
+    ("general rise", lambda r: _loss_metric(r, "general_rise"), False, "num"),
+    ("CKA to base", lambda r: _final_drift(r, "cka_to_base"), None, "num"),
+]
+"""The headline: continual metrics of the held-out MLM loss in nats (:func:`benchmark.metrics.loss_metrics`)
+and the representation drift after the last stage."""
+
+COST_COLUMNS: list[Column] = [
+    ("tokens/s", lambda r: r["timing"]["tokens_per_second"], True, "int"),
+    ("peak mem (MB)", lambda r: r["timing"]["peak_memory_mb"], False, "int"),
+]
+
+END_TASK_COLUMNS: list[Column] = [
     ("final acc", lambda r: _summary(r, "acc", "final"), True, "pct"),
     ("final macro-F1", lambda r: _summary(r, "macro_f1", "final"), True, "pct"),
     ("forgetting (acc)", lambda r: _summary(r, "acc", "forgetting"), False, "pct"),
     ("forgetting (MF1)", lambda r: _summary(r, "macro_f1", "forgetting"), False, "pct"),
     ("BWT (MF1)", lambda r: _summary(r, "macro_f1", "bwt"), True, "pct"),
     ("general MLM loss", lambda r: _general_loss(r)[0], False, "num"),
-    ("Δ general vs base", lambda r: _general_loss(r)[1], False, "num"),
-    ("tokens/s", lambda r: r["timing"]["tokens_per_second"], True, "int"),
-    ("peak mem (MB)", lambda r: r["timing"]["peak_memory_mb"], False, "int"),
 ]
+LEADERBOARD_COLUMNS = LOSS_COLUMNS + COST_COLUMNS + END_TASK_COLUMNS
+
+VERDICT_METRICS = (("forgetting", "F"), ("general rise", "G"), ("plasticity", "P"))
+"""Loss metrics tested against the reference methods, with their one-letter codes in the verdict column."""
+
+REFERENCE_ROLES = ("naive_continual", "no_dap")
+"""Methods declare these roles (``ContinualMethod.comparison_role``); each is a paired-test reference."""
+
+BASE_LOSS_TOLERANCE = 1e-4
+"""Nats by which the base model's held-out losses may differ between records of one leaderboard group.
+The same held-out batches and weights give bit-identical losses on one device; a larger difference means
+the records were not measured on the same evaluation (another device or precision, changed data or masks)."""
 
 
 def load_records(results_dir: str | Path) -> list[dict]:
@@ -43,6 +72,17 @@ def load_records(results_dir: str | Path) -> list[dict]:
 def _summary(record: dict, metric: str, key: str) -> float | None:
     block = record["summary"].get(metric)
     return None if block is None else block.get(key)
+
+
+def _loss_metric(record: dict, name: str) -> float | None:
+    """A loss-based continual metric, computed from the record's raw held-out losses (older records too)."""
+    return record_loss_metrics(record)[name]
+
+
+def _final_drift(record: dict, key: str) -> float | None:
+    """Representation drift of all held-out inputs after the last stage (None for records without it)."""
+    stages = (record.get("representation") or {}).get("after_domain") or [None]
+    return None if stages[-1] is None else stages[-1]["all"][key]
 
 
 def _general_loss(record: dict) -> tuple[float | None, float | None]:
@@ -158,7 +198,25 @@ def _records_by_group(records: list[dict]) -> dict[str, list[dict]]:
             )
         seen[key] = record["run_id"]
         groups.setdefault(group, []).append(record)
+    for group, members in groups.items():
+        _check_same_base_losses(group, members)
     return groups
+
+
+def _check_same_base_losses(group: str, records: list[dict]) -> None:
+    """Refuse a group whose records measured the base model differently (see ``BASE_LOSS_TOLERANCE``)."""
+    first = records[0]
+    for record in records[1:]:
+        for column, value in record["mlm_loss"]["base"].items():
+            expected = first["mlm_loss"]["base"].get(column)
+            if expected is not None and abs(value - expected) > BASE_LOSS_TOLERANCE:
+                raise DapbenchError(
+                    f"base-model held-out loss of {column!r} differs within one leaderboard group ({group}):"
+                    f" {expected} in {first['run_id']}, {value} in {record['run_id']} (tolerance"
+                    f" {BASE_LOSS_TOLERANCE} nats), so their losses were not measured on the same evaluation",
+                    "re-run the stale record with the current dapbench on the same device and precision, or keep"
+                    " the two in separate results folders",
+                )
 
 
 def _budget(record: dict) -> str:
@@ -220,15 +278,26 @@ def _fmt(values: pd.Series, kind: str) -> str:
 
 
 def leaderboard_markdown(records: list[dict], plots: dict[str, dict[str, Path]] | None = None) -> str:
-    """The generated leaderboard: per group a header, one table sorted by final macro-F1, its plots and a
-    reading generated from its numbers."""
+    """The generated leaderboard: per group a header, the continual (held-out loss) table with paired
+    verdicts, the end-task table, its plots and a reading generated from its numbers."""
     lines = [
         "# dapbench leaderboard",
         "",
         "Generated by `dapbench report` from the run records under `results/`; do not edit by hand.",
-        "Scores are percentages, mean ± sample std over seeds (n seeds; no spread is shown for n = 1).",
-        "↑ higher is better, ↓ lower is better. Forgetting is n/a for per-domain methods (each task is scored",
-        "with its own domain's model) and for joint training (no model after the earlier domains).",
+        "Values are mean ± sample std over seeds (n seeds; no spread is shown for n = 1). ↑ higher is better,",
+        "↓ lower is better.",
+        "",
+        "**Continual table** (held-out MLM loss, nats; L[t][k] = loss on domain k's held-out text after domain t,",
+        "base = the base model's): plasticity = mean_k (base[k] − L[k][k]); forgetting = mean_{k<T−1}",
+        "(L[T−1][k] − L[k][k]); max forgetting = the worst stage's mean forgetting so far; final gain = mean_k",
+        "(base[k] − L_final[k]); general rise = L_final[general] − base[general]. Per-domain methods use each",
+        "domain's own model as L_final and have no forgetting; joint training has only its final model.",
+        "CKA to base: linear CKA between the base and the final model's mean-pooled features of the held-out",
+        "inputs (1 = same geometry). Verdicts: F = forgetting, G = general rise, P = plasticity; ↓/↑ = lower/higher",
+        "than the named reference on every comparison a paired t-test over seeds resolves (Benjamini-Hochberg over",
+        "methods, q < 0.05).",
+        "",
+        "**End-task table**: scores in percent. Forgetting is n/a for per-domain methods and joint training.",
         "Flags: domain-id = needs the end task's domain id at fine-tuning; replay = stores past data;",
         "per-domain = one model per domain from the base model; joint = one model on the union of domains.",
         "",
@@ -241,10 +310,16 @@ def leaderboard_markdown(records: list[dict], plots: dict[str, dict[str, Path]] 
     order = sorted(by_group, key=lambda g: (-len(by_group[g]), g))
     parts = dict(tuple(frame.groupby("group")))
     for group in order:
-        part = parts[group]
-        lines += [f"## {group}", "", *_group_header(by_group[group]), "", *_table(part), ""]
+        part, members = parts[group], by_group[group]
+        references = _reference_labels(members)
+        verdicts = _verdicts(part, references)
+        lines += [f"## {group}", "", *_group_header(members), ""]
+        lines += ["### Continual (held-out MLM loss, nats)", ""]
+        lines += _table(part, LOSS_COLUMNS, "final gain", verdicts, trailing=tuple(COST_COLUMNS))
+        lines += ["", "### End tasks", "", *_table(part, END_TASK_COLUMNS, "final macro-F1"), ""]
         lines += _plot_links((plots or {}).get(group, {}))
-        lines += ["", "**Reading** (generated from the numbers above):", "", *_reading(part, by_group[group]), ""]
+        lines += ["", "**Reading** (generated from the numbers above):", ""]
+        lines += [*_loss_reading(part, references), *_reading(part, members), ""]
     return "\n".join(lines)
 
 
@@ -272,16 +347,30 @@ def _group_header(records: list[dict]) -> list[str]:
     ]
 
 
-def _table(part: pd.DataFrame) -> list[str]:
-    header = ["method", "n"] + [f"{t} {'↑' if up else '↓'}" for t, _, up, _ in LEADERBOARD_COLUMNS]
-    header += ["trainable params", "flags"]
+def _table(
+    part: pd.DataFrame,
+    columns: list[Column],
+    sort_by: str,
+    verdicts: dict[str, str] | None = None,
+    trailing: tuple[Column, ...] = (),
+) -> list[str]:
+    """One row per method label: n, the columns as mean ± std, (with ``verdicts``) the paired verdicts, the
+    ``trailing`` columns, trainable parameters and flags; sorted by ``sort_by``, best first."""
+    arrows = {True: " ↑", False: " ↓", None: ""}
+    header = ["method", "n", *(f"{title}{arrows[up]}" for title, _, up, _ in columns)]
+    header += ["verdicts"] if verdicts is not None else []
+    header += [f"{title}{arrows[up]}" for title, _, up, _ in trailing] + ["trainable params", "flags"]
+    higher_is_better = next(up for title, _, up, _ in columns if title == sort_by)
     body = []
     for method, runs in part.groupby("method"):
-        cells = [f"`{method}`", str(len(runs))]
-        cells += [_fmt(runs[t], kind) for t, _, _, kind in LEADERBOARD_COLUMNS]
+        cells = [f"`{method}`", str(len(runs)), *(_fmt(runs[title], kind) for title, _, _, kind in columns)]
+        if verdicts is not None:
+            cells.append(verdicts.get(method, "") or "–")
+        cells += [_fmt(runs[title], kind) for title, _, _, kind in trailing]
         cells += [f"{int(runs['trainable params'].iloc[0]):,}", runs["flags"].iloc[0]]
-        body.append((runs["final macro-F1"].mean(), cells))
-    body.sort(key=lambda item: -np.nan_to_num(item[0], nan=-1))
+        key = runs[sort_by].mean()
+        body.append((np.nan_to_num(key if higher_is_better else -key, nan=-np.inf), cells))
+    body.sort(key=lambda item: -item[0])
     return [
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -289,8 +378,81 @@ def _table(part: pd.DataFrame) -> list[str]:
     ]
 
 
+def _reference_labels(records: list[dict]) -> dict[str, str]:
+    """Role -> method label of the group's reference methods (by their declared ``comparison_role``,
+    at default options), for the roles present."""
+    from benchmark.registry import default_registry
+
+    registry, out = default_registry(), {}
+    for label in sorted({_label(r) for r in records}):
+        try:
+            role = getattr(registry.get(label), "comparison_role", None)
+        except DapbenchError:  # a variant label (das[...]) or a plugin not installed here
+            continue
+        if role in REFERENCE_ROLES:
+            out[role] = label
+    return {role: out[role] for role in REFERENCE_ROLES if role in out}
+
+
+def _verdicts(part: pd.DataFrame, references: dict[str, str], alpha: float = 0.05) -> dict[str, str]:
+    """Per method: which loss metrics differ from each reference beyond seed noise, e.g. ``F↓ ncl · G↓ ncl, none``."""
+    found: dict[str, dict[tuple[str, str], list[str]]] = {}
+    for column, letter in VERDICT_METRICS:
+        for reference in references.values():
+            table = paired_against_reference(part, reference, column, scale=1.0)
+            for method, row in table[(table["q"] < alpha) & (table["mean"] != 0)].iterrows():
+                arrow = "↓" if row["mean"] < 0 else "↑"
+                found.setdefault(method, {}).setdefault((letter, arrow), []).append(f"`{reference}`")
+    return {
+        method: " · ".join(f"{letter}{arrow} {', '.join(refs)}" for (letter, arrow), refs in cells.items())
+        for method, cells in found.items()
+    }
+
+
+def _loss_reading(part: pd.DataFrame, references: dict[str, str], alpha: float = 0.05) -> list[str]:
+    """Reading lines: which methods beat each reference on forgetting, general-loss rise and plasticity."""
+    lines = []
+    words = {
+        "forgetting": ("less forgetting", "more forgetting"),
+        "general rise": ("a smaller general-loss rise", "a larger general-loss rise"),
+        "plasticity": ("less plasticity", "more plasticity"),
+    }
+    for reference in references.values():
+        clauses, tested = [], 0
+        for column, _ in VERDICT_METRICS:
+            table = paired_against_reference(part, reference, column, scale=1.0)
+            tested = max(tested, len(table))
+            significant = table[(table["q"] < alpha) & (table["mean"] != 0)]
+            for sign, word in zip((-1, 1), words[column], strict=True):
+                rows = significant[np.sign(significant["mean"]) == sign]
+                names = ", ".join(f"`{m}` ({d:+.3f})" for m, d in rows["mean"].items()) or "none"
+                clauses.append(f"{word}: {names}")
+        if tested:
+            lines.append(
+                f"- Against `{reference}` (held-out loss, paired by seed, t-test, Benjamini-Hochberg over {tested}"
+                f" methods per metric, q < {alpha}; difference in nats): " + "; ".join(clauses) + "."
+            )
+    spread = part.groupby("method")["forgetting"].std(ddof=1).max()
+    means = part.groupby("method")["forgetting"].mean().dropna()
+    if len(means) > 1 and not np.isnan(spread):
+        lines.append(
+            f"- Forgetting spans {means.min():.3f} (`{means.idxmin()}`) to {means.max():.3f} (`{means.idxmax()}`)"
+            f" nats across methods; the largest seed std is {spread:.3f}."
+        )
+    drift = part.groupby("method")["CKA to base"].mean().dropna()
+    if not drift.empty:
+        lines.append(
+            f"- Representation drift after the last stage: CKA to the base model from {drift.min():.3f}"
+            f" (`{drift.idxmin()}`) to {drift.max():.3f} (`{drift.idxmax()}`); methods without it in their records"
+            " predate the measurement."
+        )
+    return lines
+
+
 def _plot_links(plots: dict[str, Path]) -> list[str]:
     titles = {
+        "stability-plasticity": "stability vs plasticity (held-out loss)",
+        "damping": "soft-mask damping and importance histogram",
         "matrices": "A[t][k] per method (mean over seeds)",
         "forgetting": "forgetting per method",
         "mlm-loss": "held-out MLM loss after each domain",
@@ -328,7 +490,7 @@ def _reading(part: pd.DataFrame, records: list[dict]) -> list[str]:
                 f"macro-F1 from `none`; {int((dap > means['none']).sum())} of {len(dap)} DAP methods are above it."
             )
     lines += _against_no_dap(part)
-    general = part.groupby("method")["Δ general vs base"].mean().dropna()
+    general = part.groupby("method")["general rise"].mean().dropna()
     trained = general.drop("none", errors="ignore")
     if not trained.empty:
         lines.append(
@@ -350,21 +512,46 @@ def _reading(part: pd.DataFrame, records: list[dict]) -> list[str]:
             f"final accuracy and {100 * majority['macro_f1']:.2f} macro-F1 (best method: {best:.2f} / "
             f"{means.max():.2f}); scores near these mean the end-task models learned little."
         )
+    if _is_probe(records[0]["config"]["finetune"]):
+        lines.append(
+            "- The end tasks are scored by a linear probe on the frozen model's mean-pooled features. A base"
+            " model whose pooled features were trained for sentence similarity (the `small` model is"
+            " all-MiniLM-L6-v2 with an MLM head) already suits the probe, so DAP's drift of those features (CKA"
+            " to base) can cost probe accuracy even where the held-out losses show domain knowledge gained: read"
+            " the end-task table with the continual table, not instead of it."
+        )
+    lines += _method_notes(records)
     return lines
 
 
+def _method_notes(records: list[dict]) -> list[str]:
+    """What a method says its numbers mean (its ``leaderboard_note``), once per method in the group."""
+    from benchmark.registry import default_registry
+
+    notes = []
+    for name in sorted({r["method"] for r in records}):
+        try:
+            note = getattr(default_registry().get(name), "leaderboard_note", "")
+        except DapbenchError:  # a plugin not installed here
+            continue
+        if note:
+            notes.append(f"- `{name}`: {note}")
+    return notes
+
+
 def paired_against_reference(
-    part: pd.DataFrame, reference: str = "none", column: str = "final macro-F1"
+    part: pd.DataFrame, reference: str = "none", column: str = "final macro-F1", scale: float = 100.0
 ) -> pd.DataFrame:
     """Each method's per-seed difference from ``reference`` on the seeds both ran, with a paired test.
 
-    Columns: ``n`` shared seeds, ``mean`` and ``std`` of the difference (points), ``p`` (two-sided
+    Columns: ``n`` shared seeds, ``mean`` and ``std`` of the difference (``column`` x ``scale``: points
+    for scores, nats for losses with ``scale=1``), ``p`` (two-sided
     paired t-test over seeds) and ``q`` (Benjamini-Hochberg adjusted over the methods tested).
     Methods sharing fewer than two seeds with the reference are left out (no spread to test against).
     """
     from scipy.stats import false_discovery_control, ttest_rel
 
-    wide = part.pivot_table(index="seed", columns="method", values=column) * 100
+    wide = part.pivot_table(index="seed", columns="method", values=column) * scale
     rows = {}
     methods = wide.columns.drop(reference) if reference in wide else []
     for method in methods:

@@ -30,6 +30,7 @@ from benchmark.data import (
     Corpus,
     MlmCollator,
     TaskSuite,
+    batches_checksum,
     fixed_mlm_batches,
     load_corpus,
     load_end_task,
@@ -39,8 +40,9 @@ from benchmark.data import (
     resolve_corpus_path,
 )
 from benchmark.errors import DapbenchError
+from benchmark.evaluation import heldout_features, heldout_losses, representation_drift
 from benchmark.finetune import EncodedTask, encode_task, finetune_and_evaluate, probe_and_evaluate
-from benchmark.io import atomic_directory, atomic_write_json, read_json
+from benchmark.io import atomic_directory, atomic_write_bytes, atomic_write_json, read_json
 from benchmark.method import (
     ContinualMethod,
     DomainContext,
@@ -50,7 +52,7 @@ from benchmark.method import (
     StepOutput,
     build_method,
 )
-from benchmark.metrics import summarize_matrix
+from benchmark.metrics import anisotropy, loss_metrics, summarize_matrix
 from benchmark.modeling import load_masked_lm, mlm_forward, mlm_loss, restore_checkpoint_weights
 from benchmark.registry import default_registry
 
@@ -69,6 +71,10 @@ class RunData:
     """Fixed-mask held-out MLM batches per domain corpus (and ``general`` when given)."""
     tasks: dict[str, EncodedTask]
     checksums: dict[str, str] = field(default_factory=dict)
+
+    def heldout_checksums(self) -> dict[str, str]:
+        """Per held-out set, a hash of its masked batches: equal hashes mean bit-identical evaluations."""
+        return {name: batches_checksum(batches) for name, batches in self.heldout_batches.items()}
 
 
 def prepare_data(config: RunConfig) -> RunData:
@@ -154,6 +160,7 @@ class ContinualRun:
         """Run (or resume) every domain and fine-tune, then return the complete record."""
         clock = _RunClock(self.root / "elapsed.json")
         base_losses = self._base_losses()
+        self._base_features()
         clock.save()
         for t in self._stages():
             if not self._done(t).exists():
@@ -173,8 +180,23 @@ class ContinualRun:
         path = self.root / "base-mlm-loss.json"
         if not path.exists():
             model, _ = load_masked_lm(self.config.model)
-            atomic_write_json(path, self._heldout_losses(model.to(self.accelerator.device)))
+            atomic_write_json(
+                path,
+                heldout_losses(model.to(self.accelerator.device), self.data.heldout_batches, self.accelerator.device),
+            )
         return read_json(path, "base MLM-loss file")
+
+    def _base_features(self) -> dict[str, np.ndarray]:
+        """The base model's held-out features (computed once per run directory)."""
+        path = self.root / "base-features.npz"
+        if not path.exists():
+            model, _ = load_masked_lm(self.config.model)
+            features = heldout_features(
+                model.to(self.accelerator.device), self.data.heldout_batches, self.accelerator.device
+            )
+            atomic_write_bytes(path, lambda tmp: np.savez(tmp, **features))
+        with np.load(path, allow_pickle=False) as saved:
+            return {name: saved[name] for name in saved.files}
 
     # -- one domain --------------------------------------------------------------------------------
     def _run_domain(self, t: int) -> None:
@@ -193,11 +215,19 @@ class ContinualRun:
             ctx.model = model
             self.method.after_domain(ctx)
             stats["method_report"] = self.method.domain_report()
-        stats["mlm_loss"] = self._heldout_losses(model)
+        device, view = self.accelerator.device, self._heldout_view(model)
+        stats["mlm_loss"] = heldout_losses(model, self.data.heldout_batches, device, view)
+        features = heldout_features(model, self.data.heldout_batches, device, view)
+        stats["representation"] = representation_drift(self._base_features(), features)
         stats["peak_memory_mb"] = _peak_memory_mb()
         self._save_checkpoint(t, model)
         atomic_write_json(self._done(t), stats)
         self.accelerator.free_memory()
+
+    def _heldout_view(self, model):
+        """Per held-out set name, the method's view of ``model`` for that set's domain (None: general text)."""
+        index = {name: k for k, name in enumerate(self.data.domains)}
+        return lambda name: self.method.heldout_view(self.accelerator.unwrap_model(model), index.get(name))
 
     def _model_for_domain(self, t: int):
         """Base model at the first domain and for independent methods, else checkpoint t-1."""
@@ -273,7 +303,7 @@ class ContinualRun:
     def _train_loop(self, model, optimizer, scheduler, batches: Iterator[dict], accum: int, t: int, steps: int) -> dict:
         dap, acc = self.config.dap, self.accelerator
         offset = 0 if self.caps.joint_training else t * dap.steps
-        ctx = StepContext(model, t, 0, steps, offset, acc)
+        ctx = StepContext(model, t, 0, steps, offset, acc, optimizer)
         sums: dict[str, torch.Tensor] = {}
         log: list[dict] = []
         last_logged = 0
@@ -328,22 +358,6 @@ class ContinualRun:
             )
         bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})
         return {"step": step, **{k: round(v, 5) for k, v in means.items()}}
-
-    @torch.no_grad()
-    def _heldout_losses(self, model) -> dict[str, float]:
-        """Mean MLM loss (per masked token) of ``model`` on every held-out set, with fixed masks."""
-        was_training = model.training
-        model.eval()
-        out = {}
-        for name, batches in self.data.heldout_batches.items():
-            total, count = 0.0, 0
-            for batch in _DeviceBatches(batches, self.accelerator.device):
-                n = int(batch["mlm_targets"].numel())
-                total += float(mlm_loss(model, batch)) * n
-                count += n
-            out[name] = round(total / count, 5)
-        model.train(was_training)
-        return out
 
     def _save_checkpoint(self, t: int, model) -> None:
         unwrapped = self.accelerator.unwrap_model(model)
@@ -406,7 +420,7 @@ class ContinualRun:
             on_pair_done()
 
     def _load_checkpoint_model(self, t: int):
-        model, _ = load_masked_lm(str(self._ckpt(t)))
+        model, _ = load_masked_lm(str(self._ckpt(t)), require_complete=False)
         model = self.method.setup(model.to(self.accelerator.device))
         restore_checkpoint_weights(model, self._ckpt(t))
         self.method.load_state_dict(torch.load(self._ckpt(t) / "method_state.pt", weights_only=False))
@@ -449,6 +463,24 @@ class ContinualRun:
                 "columns": list(self.data.heldout_batches),
                 "base": base_losses,
                 "after_domain": after_domain,
+                "batch_checksums": self.data.heldout_checksums(),
+                "metrics": loss_metrics(
+                    base_losses,
+                    after_domain,
+                    self.data.domains,
+                    independent_per_domain=caps.independent_per_domain,
+                    final_row_only=caps.joint_training,
+                ),
+            },
+            "representation": {
+                # Drift of the held-out features from the base model's after every stage (None: no model).
+                "base_anisotropy": {
+                    name: round(anisotropy(values), 5) for name, values in self._base_features().items()
+                },
+                "after_domain": [
+                    stats.get("representation") if stats is not None else None
+                    for stats in self._stats_by_stage(domain_stats)
+                ],
             },
             "timing": {
                 # Summed over invocations: a resumed run counts the kept work of its earlier ones.
@@ -474,6 +506,13 @@ class ContinualRun:
             },
             "data_checksums": self.data.checksums,
         }
+
+    def _stats_by_stage(self, domain_stats: list[dict]) -> list[dict | None]:
+        """Domain progress stats in sequence order, None for stages without a model (joint training)."""
+        by_stage: list[dict | None] = [None] * self.T
+        for t, stats in zip(self._stages(), domain_stats, strict=True):
+            by_stage[t] = stats
+        return by_stage
 
     def _matrices(self) -> dict[str, list[list[float | None]]]:
         out: dict[str, list[list[float | None]]] = {

@@ -18,16 +18,32 @@ switch                         paper (default)                     reference cod
 ``contrast_pairing``           ``same_input`` (two dropout views)  ``adjacent`` (tiled rows, mispaired)
 ``kl_proxy``                   ``dropout_vocab`` (train mode)      ``eval_hidden`` (eval mode; KL == 0)
 ``mlm_importance_input``       ``masked``                          ``unmasked``
-``importance_abs``             ``per_batch`` (|grad|, then mean)   ``after_tanh`` (signed mean)
+``importance_abs``             ``per_example`` (|grad| per input)  ``after_tanh`` (signed mean)
+``importance_norm``            ``positive_tanh`` (order kept)      ``abs_tanh`` (|tanh(z)|)
 ``importance_accumulation``    ``per_batch`` (grads zeroed)        ``cumulative`` (never zeroed)
 ``qkv_mask_axis``              ``output`` (per-head rows)          ``input`` (columns)
 ``mask_attn_out_bias``         False                               True (head vector on hidden dims)
 =============================  ==================================  ======================================
 
+``importance_abs=per_batch`` (|grad| of each batch's mean loss) sits between the two.
+``importance_norm=positive_tanh`` is tanh of the per-layer z-score with units below their layer's mean
+at 0: the paper's |tanh(z)| on the units that matter, without the abs that makes units far *below* the
+mean important too (which leaves almost no rank order between raw and normalised scores).
+
+Beyond the paper: ``mask_target=update`` soft-masks the optimizer's update (the step AdamW took, scaled
+by 1 - I) instead of the gradient. Under Adam a constant gradient scale c cancels in m / sqrt(v) unless
+c * sqrt(v) approaches eps, so gradient masking damps little; every DAS record carries the measured
+damping per importance bin (``domain_report``), the mean |update| relative to the unmasked update of
+the same units at the same optimizer state. ``other_params=freeze`` keeps the parameters that no unit
+owns (embeddings and the tied decoder, LayerNorms, the MLM head) out of DAP training; the paper and
+the reference train them freely (``train``).
+
 Not reproduced: the reference leaks the importance pass's parameter gradients into the first
 update (negligible, and zero with its KL proxy) and trains past its last step with LR 0 (same
 weights). Ablation presets (``ablation=``): ``no_init`` (no general-knowledge importance),
-``no_softmask`` (contrast only), ``random_importance``, ``no_contrast``, ``domain_contrast``
+``no_softmask`` (the paper's "w/o softmask" row: no mask and no o_prev negatives, so the contrast is
+between the two dropout views alone), ``random_importance`` (each source's normalised importance
+shuffled within its layers: the same mask strength, no unit information), ``no_contrast``, ``domain_contrast``
 (o_prev gated by the earlier domains' importance only, without the general one: our reading of the
 paper's "domain-specific" row), ``general_mlm`` / ``general_kl`` (general importance from the
 general corpus with the MLM loss or the KL proxy, the paper's Wiki+MLM / Wiki+KL rows).
@@ -46,14 +62,26 @@ from benchmark.method import ContinualMethod, DomainContext, MethodConfig, StepC
 from benchmark.modeling import encoder_of, layer_modules
 from methods._shared.contrast import gather_with_grad, info_nce, mean_pool, reference_pairing
 from methods._shared.importance import gate_importance, kl_proxy_loss, mlm_importance_loss, reference_kl_proxy_loss
-from methods._shared.softmask import accumulate_importance, normalize_importance, soft_mask_gradients
+from methods._shared.softmask import (
+    NORMALISATIONS,
+    MaskedTensor,
+    accumulate_importance,
+    damping_by_importance,
+    importance_histogram,
+    keep_factor,
+    masked_tensors,
+    normalize_importance,
+    shuffle_within_layers,
+    soft_mask_updates,
+)
 from methods._shared.units import UNIT_TYPES, gated, unit_shapes
 
 PAPER = {
     "contrast_pairing": "same_input",
     "kl_proxy": "dropout_vocab",
     "mlm_importance_input": "masked",
-    "importance_abs": "per_batch",
+    "importance_abs": "per_example",
+    "importance_norm": "positive_tanh",
     "importance_accumulation": "per_batch",
     "qkv_mask_axis": "output",
     "mask_attn_out_bias": False,
@@ -63,6 +91,7 @@ REFERENCE = {
     "kl_proxy": "eval_hidden",
     "mlm_importance_input": "unmasked",
     "importance_abs": "after_tanh",
+    "importance_norm": "abs_tanh",
     "importance_accumulation": "cumulative",
     "qkv_mask_axis": "input",
     "mask_attn_out_bias": True,
@@ -71,7 +100,8 @@ CHOICES = {
     "contrast_pairing": ("same_input", "adjacent"),
     "kl_proxy": ("dropout_vocab", "eval_hidden"),
     "mlm_importance_input": ("masked", "unmasked"),
-    "importance_abs": ("per_batch", "after_tanh"),
+    "importance_abs": ("per_example", "per_batch", "after_tanh"),
+    "importance_norm": NORMALISATIONS,
     "importance_accumulation": ("per_batch", "cumulative"),
     "qkv_mask_axis": ("output", "input"),
     "mask_attn_out_bias": (False, True),
@@ -102,9 +132,15 @@ class DASConfig(MethodConfig):
     kl_proxy: str | None = None
     mlm_importance_input: str | None = None
     importance_abs: str | None = None
+    importance_norm: str | None = None
     importance_accumulation: str | None = None
     qkv_mask_axis: str | None = None
     mask_attn_out_bias: bool | None = None
+    mask_target: str = "gradient"
+    """``gradient`` (the paper: grad *= 1 - I before the optimizer) or ``update`` (beyond the paper: the
+    optimizer's step is scaled by 1 - I after it is taken)."""
+    other_params: str = "train"
+    """Parameters no unit owns (embeddings, LayerNorms, MLM head): ``train`` them freely (paper) or ``freeze``."""
 
     def __post_init__(self):
         if self.fidelity not in ("paper", "reference"):
@@ -115,6 +151,14 @@ class DASConfig(MethodConfig):
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise DapbenchError(f"invalid {name}={value!r}", f"choose one of {allowed}")
+        for name, allowed in (("mask_target", ("gradient", "update")), ("other_params", ("train", "freeze"))):
+            if getattr(self, name) not in allowed:
+                raise DapbenchError(f"invalid {name}={getattr(self, name)!r}", f"choose one of {allowed}")
+        if self.switch("importance_abs") == "per_example" and self.switch("importance_accumulation") == "cumulative":
+            raise DapbenchError(
+                "importance_abs=per_example cannot accumulate cumulatively (that is the reference's per-batch defect)",
+                "use importance_accumulation=per_batch, or importance_abs=per_batch/after_tanh",
+            )
         unknown = set(self.units) - set(UNIT_TYPES)
         if unknown or not self.units:
             raise DapbenchError(f"invalid units {self.units}", f"choose among {UNIT_TYPES}")
@@ -140,13 +184,28 @@ class DAS(ContinualMethod):
         """Accumulated importance of the earlier domains only (kept for ``ablation=domain_contrast``)."""
         self._device_importance: dict[str, torch.Tensor] | None = None
         self._generator = torch.Generator().manual_seed(env.seed)
+        self._before_step: list[torch.Tensor] | None = None
+        self._mask_report: dict[str, Any] = {}
+
+    @property
+    def _masks(self) -> bool:
+        return self.config.ablation != "no_softmask"
+
+    def trainable_parameters(self, model) -> list[tuple[str, torch.nn.Parameter]]:
+        """Every trainable parameter, or with ``other_params=freeze`` only the units' linear layers."""
+        params = super().trainable_parameters(model)
+        if self.config.other_params == "train":
+            return params
+        owned = {id(p) for layer in layer_modules(model) for linear in _linears(layer) for p in linear.parameters()}
+        return [(n, p) for n, p in params if id(p) in owned]
 
     # -- importance ------------------------------------------------------------------------------
     def before_domain(self, ctx: DomainContext) -> None:
         """Before the first domain, compute the general-knowledge importance."""
-        if ctx.index == 0 and self.config.ablation != "no_init":
+        if ctx.index == 0 and self.config.ablation != "no_init" and self._masks:
             self.importance = self._normalised(self._general_importance(ctx), ctx)
         self._device_importance = None
+        self._mask_report = {}
 
     def _general_importance(self, ctx: DomainContext) -> dict[str, torch.Tensor]:
         ablation = self.config.ablation
@@ -161,6 +220,8 @@ class DAS(ContinualMethod):
 
     def after_domain(self, ctx: DomainContext) -> None:
         """Add this domain's MLM importance to the accumulated importance (element-wise max)."""
+        if not self._masks:  # the w/o-softmask ablation uses no importance at all
+            return
         new = self._normalised(self._gate_importance(ctx.model, ctx.probe_loader, self._mlm_loss()), ctx)
         self.importance = accumulate_importance(self.importance, new)
         self.domain_importance = accumulate_importance(self.domain_importance, new)
@@ -170,19 +231,22 @@ class DAS(ContinualMethod):
         return mlm_importance_loss(unmasked=self.config.switch("mlm_importance_input") == "unmasked")
 
     def _gate_importance(self, model, batches, loss_fn) -> dict[str, torch.Tensor]:
+        grain = self.config.switch("importance_abs")
         return gate_importance(
             model,
             batches,
             loss_fn,
             tuple(self.config.units),
-            absolute=self.config.switch("importance_abs") == "per_batch",
+            absolute=grain != "after_tanh",
             cumulative=self.config.switch("importance_accumulation") == "cumulative",
+            per_example=grain == "per_example",
         )
 
     def _normalised(self, raw: dict[str, torch.Tensor], ctx: DomainContext) -> dict[str, torch.Tensor]:
+        normalised = {u: normalize_importance(v, self.config.switch("importance_norm")) for u, v in raw.items()}
         if self.config.ablation == "random_importance":
-            return {u: torch.rand(v.shape, generator=self._generator) for u, v in raw.items()}
-        return {u: normalize_importance(v) for u, v in raw.items()}
+            return {u: shuffle_within_layers(v, self._generator) for u, v in normalised.items()}
+        return normalised
 
     # -- training --------------------------------------------------------------------------------
     def _on_device(self, device) -> dict[str, torch.Tensor] | None:
@@ -195,11 +259,12 @@ class DAS(ContinualMethod):
     def training_loss(
         self, batch: Mapping[str, torch.Tensor], outputs: StepOutput, ctx: StepContext
     ) -> dict[str, torch.Tensor]:
-        """The contrastive term on the unmasked batch (skipped before any importance exists)."""
+        """The contrastive term on the unmasked batch (skipped while o_prev needs an importance that
+        does not exist yet; without soft-masking there is no o_prev)."""
         if self.config.ablation == "no_contrast" or self.config.contrast_lambda == 0:
             return {}
-        prev_gates = self._contrast_gates(batch["original_ids"].device)
-        if prev_gates is None:
+        prev_gates = self._contrast_gates(batch["original_ids"].device) if self._masks else None
+        if prev_gates is None and self._masks:
             return {}
         return {"contrast": self.config.contrast_lambda * self._contrast(batch, prev_gates, ctx)}
 
@@ -218,8 +283,11 @@ class DAS(ContinualMethod):
         mask2 = None if mask is None else torch.cat([mask, mask])
         pooled = mean_pool(encoder(input_ids=torch.cat([ids, ids]), attention_mask=mask2).last_hidden_state, mask2)
         first, second = pooled.chunk(2)
-        with gated(module, prev_gates):
-            prev = mean_pool(encoder(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
+        if prev_gates is None:
+            prev = first[:0]  # no o_prev negatives
+        else:
+            with gated(module, prev_gates):
+                prev = mean_pool(encoder(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
         if self.config.switch("contrast_pairing") == "adjacent":
             first, second = reference_pairing(first, second)
         gather = ctx.accelerator
@@ -230,28 +298,54 @@ class DAS(ContinualMethod):
             self.config.temperature,
         )
 
-    def after_backward(self, ctx: StepContext) -> None:
-        """Soft-mask the gradients of the masked modules by (1 - accumulated importance)."""
-        if self.config.ablation == "no_softmask":
-            return
-        model = ctx.unwrapped_model()
-        importance = self._on_device(next(model.parameters()).device)
-        if importance is None:
-            return
-        soft_mask_gradients(
+    def _masked_tensors(self, model) -> list[MaskedTensor]:
+        return masked_tensors(
             layer_modules(model),
-            importance,
+            tuple(self.importance or ()),
             unit_shapes(model).head_dim,
             qkv_axis=self.config.switch("qkv_mask_axis"),
             mask_attn_out_bias=self.config.switch("mask_attn_out_bias"),
         )
 
+    def after_backward(self, ctx: StepContext) -> None:
+        """Soft-mask the gradients by (1 - accumulated importance), or remember the weights so that
+        ``after_optimizer_step`` can scale the step (``mask_target=update``)."""
+        model = ctx.unwrapped_model()
+        importance = self._on_device(next(model.parameters()).device)
+        if importance is None or not self._masks:
+            return
+        if self.config.mask_target == "update":
+            self._before_step = [t.param.detach().clone() for t in self._masked_tensors(model)]
+            return
+        for tensor in self._masked_tensors(model):
+            if tensor.param.grad is not None:
+                tensor.param.grad.mul_(keep_factor(tensor, importance).to(tensor.param.grad.dtype))
+
+    def after_optimizer_step(self, ctx: StepContext) -> None:
+        """Scale the step just taken (``mask_target=update``); at the domain's last step, measure the damping."""
+        model = ctx.unwrapped_model()
+        importance = self._on_device(next(model.parameters()).device)
+        if importance is None or not self._masks:
+            return
+        tensors = self._masked_tensors(model)
+        if self._before_step is not None:
+            soft_mask_updates(tensors, importance, self._before_step)
+            self._before_step = None
+        if ctx.domain_step == ctx.total_domain_steps - 1 and ctx.optimizer is not None:
+            self._mask_report = {
+                "target": self.config.mask_target,
+                "importance_histogram": importance_histogram(self.importance),
+                "damping_per_bin": damping_by_importance(tensors, importance, ctx.optimizer, self.config.mask_target),
+            }
+
     # -- state -----------------------------------------------------------------------------------
     def domain_report(self) -> dict[str, Any]:
-        """Per unit type and layer: mean accumulated importance and the share of units above 0.5."""
+        """Per unit type and layer: mean accumulated importance and the share of units above 0.5; the
+        mask in force during the domain (importance histogram per unit type, ten bins of [0, 1]) and its
+        measured damping per bin (mean |update| relative to the unmasked update of the same units)."""
         if self.importance is None:
             return {}
-        return {
+        report: dict[str, Any] = {
             "importance": {
                 unit: {
                     "mean_per_layer": [round(float(v), 5) for v in values.mean(dim=1)],
@@ -260,6 +354,9 @@ class DAS(ContinualMethod):
                 for unit, values in self.importance.items()
             }
         }
+        if self._mask_report:
+            report["mask"] = self._mask_report
+        return report
 
     def state_dict(self) -> dict[str, Any]:
         """The accumulated importance tensors (and the domain-only accumulation)."""
@@ -276,3 +373,7 @@ class DAS(ContinualMethod):
         if state.get("generator") is not None:
             self._generator.set_state(state["generator"])
         self._device_importance = None
+
+
+def _linears(layer) -> tuple[torch.nn.Linear, ...]:
+    return (layer.query, layer.key, layer.value, layer.attn_out, layer.intermediate, layer.output)

@@ -13,3 +13,4 @@ class NCL(ContinualMethod):
     """Sequential MLM training with nothing to prevent forgetting."""
 
     name: ClassVar[str] = "ncl"
+    comparison_role: ClassVar[str | None] = "naive_continual"

@@ -14,4 +14,5 @@ class NoDap(ContinualMethod):
     """The base model without domain-adaptive pre-training."""
 
     name: ClassVar[str] = "none"
+    comparison_role: ClassVar[str | None] = "no_dap"
     capabilities: ClassVar[Capabilities] = Capabilities(pretrains=False)

@@ -1,6 +1,7 @@
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -232,3 +233,37 @@ def test_paired_comparison_with_no_dap_separates_consistent_differences_from_noi
     (line,) = _against_no_dap(part)
     assert "consistently above it none; consistently below it `worse` (-5.03)" in line
     assert "do not separate the other 2 from no DAP" in line
+
+
+def test_report_refuses_a_group_measured_on_different_base_losses(tiny_config):
+    data = prepare_data(tiny_config)
+    records = [ContinualRun(tiny_config, data, m, 1, show_progress=False).execute() for m in ("none", "ncl")]
+    leaderboard_markdown(records)  # the same evaluation: fine
+    moved = json.loads(json.dumps(records[1]))
+    moved["mlm_loss"]["base"]["general"] += 0.04  # e.g. measured in another precision
+    with pytest.raises(DapbenchError, match="base-model held-out loss of 'general' differs"):
+        leaderboard_markdown([records[0], moved])
+
+
+def test_loss_verdicts_and_reading_name_what_beats_the_references():
+    import pandas as pd
+
+    from benchmark.report import _loss_reading, _verdicts
+
+    rows = []
+    for seed, jitter, other in ((1, 0.0, 0.004), (2, 0.01, -0.006), (3, -0.01, 0.003)):
+        rows.append(("none", seed, 0.0, 0.0, 0.0))
+        rows.append(("ncl", seed, 0.20 + jitter, 0.22 + jitter, 0.35 + jitter))
+        # forgets less and keeps general knowledge, with the same plasticity as ncl up to seed noise
+        rows.append(("good", seed, 0.05 + other, 0.10 - other, 0.35 + jitter + 2 * other))
+        rows.append(("noisy", seed, 0.20 + 10 * jitter, 0.22 - 10 * jitter, 0.35 + 10 * jitter))
+    part = pd.DataFrame(rows, columns=["method", "seed", "forgetting", "general rise", "plasticity"])
+    part["CKA to base"] = np.nan
+    references = {"naive_continual": "ncl", "no_dap": "none"}
+    verdicts = _verdicts(part, references)
+    assert verdicts["good"].startswith("F↓ `ncl` · F↑ `none`") and "G↓ `ncl`" in verdicts["good"]
+    assert "P" not in verdicts["good"].replace("P↑ `none`", "")  # plasticity equals ncl's within noise
+    assert "noisy" not in verdicts or "`ncl`" not in verdicts["noisy"]
+    reading = "\n".join(_loss_reading(part, references))
+    assert "Against `ncl`" in reading and "less forgetting: `good` (-0.150)" in reading
+    assert "Against `none`" in reading

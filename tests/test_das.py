@@ -11,7 +11,15 @@ from benchmark.modeling import layer_modules, mlm_loss
 from benchmark.runner import ContinualRun, prepare_data
 from methods._shared.contrast import info_nce, mean_pool, reference_pairing
 from methods._shared.importance import gate_importance, kl_proxy_loss, mlm_importance_loss, reference_kl_proxy_loss
-from methods._shared.softmask import accumulate_importance, normalize_importance, soft_mask_gradients
+from methods._shared.softmask import (
+    accumulate_importance,
+    adam_update_magnitudes,
+    masked_tensors,
+    normalize_importance,
+    shuffle_within_layers,
+    soft_mask_gradients,
+    soft_mask_updates,
+)
 from methods._shared.units import gated, ones_gates, unit_shapes
 from methods.das import ABLATIONS, DASConfig
 
@@ -147,13 +155,15 @@ def test_cumulative_signed_importance_matches_the_reference_weighting():
     assert torch.allclose(cumulative, expected, atol=1e-6)
 
 
-def test_normalisation_and_max_accumulation():
+@pytest.mark.parametrize("kind", ["positive_tanh", "abs_tanh"])
+def test_normalisation_and_max_accumulation(kind):
     raw = torch.tensor([[1.0, 2.0, 3.0, 10.0], [5.0, 5.0, 5.0, 5.0]])
-    norm = normalize_importance(raw)
+    norm = normalize_importance(raw, kind)
     assert torch.all(norm >= 0) and torch.all(norm < 1)
     assert torch.equal(norm[1], torch.zeros(4))  # a constant layer gives 0, not NaN
     z = (raw[0] - raw[0].mean()) / raw[0].std()
-    assert torch.allclose(norm[0], torch.tanh(z).abs(), atol=1e-6)
+    expected = torch.tanh(z).abs() if kind == "abs_tanh" else torch.tanh(z.clamp_min(0))
+    assert torch.allclose(norm[0], expected, atol=1e-6)
     a = {"head": torch.tensor([[0.1, 0.9], [0.5, 0.2]])}
     b = {"head": torch.tensor([[0.3, 0.4], [0.1, 0.8]])}
     assert torch.equal(accumulate_importance(a, b)["head"], torch.tensor([[0.3, 0.9], [0.5, 0.8]]))
@@ -189,7 +199,10 @@ def test_fidelity_presets_and_overrides():
         DASConfig(qkv_mask_axis="diagonal")
 
 
-@pytest.mark.parametrize("options", [{"fidelity": "reference"}] + [{"ablation": a} for a in ABLATIONS if a != "none"])
+@pytest.mark.parametrize(
+    "options",
+    [{"fidelity": "reference"}, {"mask_target": "update"}] + [{"ablation": a} for a in ABLATIONS if a != "none"],
+)
 def test_das_presets_run_end_to_end(options, tiny_config):
     config = dataclasses.replace(tiny_config, method_options={"das": options})
     record = ContinualRun(config, prepare_data(config), "das", 3, show_progress=False).execute()
@@ -211,3 +224,114 @@ def test_das_state_holds_only_accumulated_importance(tiny_config):
     assert set(state["importance"]) == {"head", "intermediate", "output"}
     assert state["importance"]["head"].shape == (2, 4)
     assert float(state["importance"]["intermediate"].max()) < 1.0
+
+
+def test_positive_tanh_keeps_the_order_that_abs_tanh_scrambles():
+    raw = torch.tensor([[0.1, 0.2, 0.3, 0.4, 5.0, 6.0]])
+    kept = normalize_importance(raw, "positive_tanh")[0]
+    assert torch.all(kept[1:] >= kept[:-1])  # non-decreasing with the raw score
+    scrambled = normalize_importance(raw, "abs_tanh")[0]
+    assert scrambled[0] > scrambled[3]  # the least important unit outranks a more important one
+
+
+def test_per_example_importance_is_the_mean_of_single_example_gradients():
+    model = tiny_mlm().eval()
+    batch = toy_batch(batch=3)
+
+    def pooled_loss(m, b):  # a mean of per-example terms, so example n's share x B is its own loss
+        logits = m(input_ids=b["input_ids"]).logits[:, 0]
+        return torch.nn.functional.cross_entropy(logits, b["original_ids"][:, 0])
+
+    units = ("head", "intermediate", "output")
+    together = gate_importance(model, [batch], pooled_loss, units, per_example=True)
+    single = [{k: v[i : i + 1] for k, v in batch.items() if k != "mlm_positions"} for i in range(3)]
+    separate = gate_importance(model, single, pooled_loss, units)
+    for unit in units:
+        assert float(together[unit].min()) > 1e-6  # real gradients, not float noise
+        assert torch.allclose(together[unit], separate[unit], rtol=1e-4, atol=1e-9)
+        # |mean gradient| of the batch is smaller: opposite-signed examples cancel
+        assert float(gate_importance(model, [batch], pooled_loss, units)[unit].sum()) <= float(together[unit].sum())
+
+
+def test_shuffled_importance_keeps_each_layers_values():
+    values = torch.rand(3, 7)
+    shuffled = shuffle_within_layers(values, torch.Generator().manual_seed(0))
+    assert torch.equal(shuffled.sort(dim=1).values, values.sort(dim=1).values)
+    assert not torch.equal(shuffled, values)
+
+
+@pytest.mark.parametrize("target", ["gradient", "update"])
+def test_adam_update_magnitudes_match_real_adamw_steps(target):
+    torch.manual_seed(0)
+    keep = torch.tensor([1.0, 0.5, 0.05, 1e-4], dtype=torch.float64)
+    start = torch.randn(4, dtype=torch.float64)  # float64: the smallest steps are below float32's resolution
+    masked, free = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    opt_masked = torch.optim.AdamW([masked], lr=1e-2, eps=1e-6, weight_decay=0.0)
+    opt_free = torch.optim.AdamW([free], lr=1e-2, eps=1e-6, weight_decay=0.0)
+    for _ in range(4):
+        grad = torch.randn(4, dtype=torch.float64) * 1e-5
+        before_masked, before_free = masked.detach().clone(), free.detach().clone()
+        masked.grad, free.grad = (keep * grad if target == "gradient" else grad.clone()), grad.clone()
+        opt_masked.step()
+        opt_free.step()
+        if target == "update":
+            with torch.no_grad():
+                masked.copy_(torch.lerp(before_masked, masked, keep))
+    state = (opt_masked if target == "gradient" else opt_free).state[masked if target == "gradient" else free]
+    taken, unmasked = adam_update_magnitudes(
+        state["exp_avg"], state["exp_avg_sq"], int(state["step"]), 0.999, 1e-6, keep, target
+    )
+    scale = 1e-2 / (1 - 0.9 ** int(state["step"]))
+    assert torch.allclose(scale * taken, (masked - before_masked).abs(), rtol=1e-6)
+    assert torch.allclose(scale * unmasked, (free - before_free).abs(), rtol=1e-6)
+
+
+def test_update_masking_scales_the_step_by_one_minus_importance():
+    model = tiny_mlm().train()
+    importance = {"intermediate": torch.zeros(2, 24)}
+    importance["intermediate"][0, 3] = 0.75
+    tensors = masked_tensors(layer_modules(model), ("intermediate",), unit_shapes(model).head_dim)
+    before = [t.param.detach().clone() for t in tensors]
+    mlm_loss(model, toy_batch()).backward()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    stepped = [t.param.detach().clone() for t in tensors]
+    soft_mask_updates(tensors, importance, before)
+    weight = 0  # layer 0's intermediate weight comes first
+    row = tensors[weight].param[3] - before[weight][3]
+    assert torch.allclose(row, 0.25 * (stepped[weight][3] - before[weight][3]), atol=1e-7)
+    assert torch.equal(tensors[weight].param[4], stepped[weight][4])
+
+
+def test_das_records_its_mask_damping_and_update_masking_damps_by_one_minus_importance(tiny_config):
+    reports = {}
+    for target in ("gradient", "update"):
+        config = dataclasses.replace(tiny_config, method_options={"das": {"mask_target": target}})
+        record = ContinualRun(config, prepare_data(config), "das", 3, show_progress=False).execute()
+        reports[target] = [d["method_report"]["mask"] for d in record["domains"]]
+    for target, per_domain in reports.items():
+        for mask in per_domain:
+            assert mask["target"] == target
+            assert sum(mask["importance_histogram"]["head"]) == 2 * 4  # layers x heads
+            bins = mask["damping_per_bin"]
+            assert len(bins) == 10 and any(v is not None for v in bins)
+            if target == "update":  # the step is exactly (1 - I) times Adam's: 1 - I within each bin
+                for i, value in enumerate(bins):
+                    assert value is None or 1 - (i + 1) / 10 - 1e-6 <= value <= 1 - i / 10 + 1e-6
+
+
+def test_no_softmask_ablation_uses_no_importance_and_contrasts_views_only(tiny_config):
+    config = dataclasses.replace(tiny_config, method_options={"das": {"ablation": "no_softmask"}})
+    run = ContinualRun(config, prepare_data(config), "das", 3, show_progress=False)
+    record = run.execute()
+    assert run.method.importance is None
+    assert all("contrast" in e for d in record["domains"] for e in d["loss_log"])
+    assert all(d["method_report"] == {} for d in record["domains"])
+
+
+def test_other_params_freeze_keeps_embeddings_and_head(tiny_config):
+    config = dataclasses.replace(tiny_config, method_options={"das": {"other_params": "freeze"}})
+    run = ContinualRun(config, prepare_data(config), "das", 3, show_progress=False)
+    model = run._model_for_domain(0)
+    names = {n for n, _ in run.method.trainable_parameters(model)}
+    assert not any("embeddings" in n or "LayerNorm" in n or n.startswith("cls.") for n in names)
+    assert any("intermediate.dense.weight" in n for n in names)

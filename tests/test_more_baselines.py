@@ -69,7 +69,7 @@ def test_hat_leaves_units_of_earlier_domains_unchanged(tiny_config):
     config = dataclasses.replace(tiny_config, keep_checkpoints=True)
     run = ContinualRun(config, prepare_data(config), "hat", 3, show_progress=False)
     run.execute()
-    first, second = (load_masked_lm(str(run._ckpt(t)))[0] for t in (0, 1))
+    first, second = (load_masked_lm(str(run._ckpt(t)), require_complete=False)[0] for t in (0, 1))
     run.method.load_state_dict(torch.load(run._ckpt(0) / "method_state.pt", weights_only=False))
     used = run.method.previous["head"] == 1.0  # exactly 1 in float32 at s = smax for most units
     assert used.any() and not used.all()
@@ -80,6 +80,28 @@ def test_hat_leaves_units_of_earlier_domains_unchanged(tiny_config):
         assert torch.equal(a.attn_out.weight[:, rows], b.attn_out.weight[:, rows])
         if (~rows).any():
             assert not torch.equal(a.query.weight[~rows], b.query.weight[~rows])
+
+
+def test_hat_measures_each_trained_domain_with_its_own_mask_and_the_rest_with_the_full_network(tiny_config):
+    from benchmark.evaluation import heldout_losses
+
+    data = prepare_data(tiny_config)
+    run = ContinualRun(tiny_config, data, "hat", 3, show_progress=False)
+    record = run.execute()
+    model, method = run._load_checkpoint_model(1), run.method
+    alpha = {"alpha": data.heldout_batches["alpha"]}
+    views = {}
+    for index in (0, 1, None):
+        with method.heldout_view(model, index):
+            views[index] = heldout_losses(model, alpha, "cpu")["alpha"]
+            gate = method._gate("head", 0)
+            assert (gate is None) == (index is None)  # the full network has no gate
+    assert record["mlm_loss"]["after_domain"][1]["alpha"] == views[0]  # alpha through alpha's own mask
+    assert views[0] != views[1]  # not through the newest domain's mask
+    assert method.domain == 1 and method.gating  # the view is restored after the block
+    general = {"general": data.heldout_batches["general"]}
+    with method.heldout_view(model, None):
+        assert record["mlm_loss"]["after_domain"][1]["general"] == heldout_losses(model, general, "cpu")["general"]
 
 
 def test_an_undeclared_domain_id_fails_at_fine_tuning(tiny_config):

@@ -40,3 +40,45 @@ def test_matrix_panels_average_seeds_and_leave_uncomputed_cells_blank(tmp_path):
     path = plot_matrices(records, tmp_path / "matrices.png")
     assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
     assert plot_matrices([], tmp_path / "empty.png") is None
+
+
+def _loss_record(method: str, seed: int, shift: float, caps: dict | None = None, mask: dict | None = None) -> dict:
+    base = {"a": 5.0, "b": 6.0, "general": 4.0}
+    after = [
+        {"a": 4.0 + shift, "b": 5.9, "general": 4.2 + shift},
+        {"a": 4.3 + shift, "b": 5.0 + shift, "general": 4.4 + shift},
+    ]
+    return {
+        "method": method,
+        "method_label": method,
+        "seed": seed,
+        "sequence": ["a", "b"],
+        "capabilities": caps or {},
+        "mlm_loss": {"base": base, "after_domain": after},
+        "domains": [{"method_report": {"mask": mask}} if mask else {"method_report": {}}] * 2,
+    }
+
+
+def test_stability_plasticity_plot_leaves_out_methods_without_forgetting(tmp_path):
+    from benchmark.plots import plot_stability_plasticity
+
+    records = [_loss_record("ncl", s, 0.01 * s) for s in (1, 2)] + [
+        _loss_record("one", 1, 0.0, {"independent_per_domain": True})
+    ]
+    path = plot_stability_plasticity(records, tmp_path / "sp.png")
+    assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
+    only_per_domain = [_loss_record("one", 1, 0.0, {"independent_per_domain": True})]
+    assert plot_stability_plasticity(only_per_domain, tmp_path / "none.png") is None
+
+
+def test_damping_plot_needs_a_mask_report(tmp_path):
+    from benchmark.plots import plot_mask_damping
+
+    mask = {
+        "target": "gradient",
+        "importance_histogram": {"head": [4, 0, 0, 0, 0, 0, 0, 1, 2, 1]},
+        "damping_per_bin": [1.0, None, None, None, None, None, None, 0.99, 0.98, 0.6],
+    }
+    path = plot_mask_damping([_loss_record("das", 1, 0.0, mask=mask)], tmp_path / "damping.png")
+    assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
+    assert plot_mask_damping([_loss_record("ncl", 1, 0.0)], tmp_path / "no.png") is None

@@ -124,9 +124,57 @@ def test_mlm_loss_matches_the_full_vocabulary_loss(tiny_model):
     model = AutoModelForMaskedLM.from_pretrained(tiny_model).eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     ids = tokenizer(["the cat was very happy today and we left"] * 4, return_special_tokens_mask=True)
-    batch = MlmCollator(tokenizer, 0.3, seed=0)([{k: torch.tensor(v[i]) for k, v in ids.items()} for i in range(4)])
+    batch = MlmCollator(tokenizer, 0.3, generator=torch.Generator().manual_seed(0))(
+        [{k: torch.tensor(v[i]) for k, v in ids.items()} for i in range(4)]
+    )
     labels = torch.full_like(batch["input_ids"], -100).view(-1)
     labels[batch["mlm_positions"]] = batch["mlm_targets"]
     with torch.no_grad():
         reference = model(input_ids=batch["input_ids"], labels=labels.view_as(batch["input_ids"])).loss
         assert mlm_loss(model, batch).item() == pytest.approx(reference.item(), rel=1e-5)
+
+
+def test_heldout_batches_are_bit_identical_whatever_the_global_rng_did(tiny_config):
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(0)
+    first = prepare_data(tiny_config)
+    torch.manual_seed(1)
+    torch.rand(1000)
+    random.random()
+    np.random.rand(7)
+    second = prepare_data(tiny_config)
+    assert first.heldout_batches.keys() == second.heldout_batches.keys()
+    for name, batches in first.heldout_batches.items():
+        for a, b in zip(batches, second.heldout_batches[name], strict=True):
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert first.heldout_checksums() == second.heldout_checksums()
+
+
+def test_base_losses_and_heldout_batches_are_identical_across_methods_of_a_group(tiny_config):
+    data = prepare_data(tiny_config)
+    records = []
+    for method in ("ncl", "das", "hat"):
+        torch.manual_seed(len(records))  # each method finds the global RNG in another state
+        records.append(ContinualRun(tiny_config, data, method, 3, show_progress=False).execute())
+    for record in records[1:]:
+        assert record["mlm_loss"]["base"] == records[0]["mlm_loss"]["base"]
+        assert record["mlm_loss"]["batch_checksums"] == records[0]["mlm_loss"]["batch_checksums"]
+        assert record["representation"]["base_anisotropy"] == records[0]["representation"]["base_anisotropy"]
+
+
+def test_record_carries_loss_metrics_and_representation_drift(tiny_config):
+    record = ContinualRun(tiny_config, prepare_data(tiny_config), "ncl", 3, show_progress=False).execute()
+    metrics = record["mlm_loss"]["metrics"]
+    base, after = record["mlm_loss"]["base"], record["mlm_loss"]["after_domain"]
+    assert metrics["plasticity"] == pytest.approx(
+        ((base["alpha"] - after[0]["alpha"]) + (base["beta"] - after[1]["beta"])) / 2
+    )
+    assert metrics["forgetting"] == pytest.approx(after[1]["alpha"] - after[0]["alpha"])
+    drift = record["representation"]["after_domain"]
+    assert len(drift) == 2 and set(drift[0]) == {"alpha", "beta", "general", "all"}
+    for stage in drift:
+        assert 0 < stage["all"]["cka_to_base"] <= 1 + 1e-9 and -1 <= stage["all"]["cosine_to_base"] <= 1
+        assert -1 <= stage["all"]["anisotropy"] <= 1

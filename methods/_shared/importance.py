@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmark.modeling import encoder_of, mlm_loss
-from methods._shared.units import gated, ones_gates
+from methods._shared.units import gated, ones_gates, unit_shapes
 
 LossFn = Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
 
@@ -22,29 +22,40 @@ def gate_importance(
     *,
     absolute: bool = True,
     cumulative: bool = False,
+    per_example: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Mean over batches of |dL/dg| for every gate g (layers x units per unit type).
 
+    ``per_example=True`` is the paper's formula, I = 1/N sum_n |dL_n/dg| over the N examples: every
+    example gets its own gates (one backward pass still), and L_n is example n's share of the batch loss
+    times the batch size (its own mean loss when examples carry equally many loss tokens).
     ``absolute=False`` sums signed gradients and ``cumulative=True`` adds the running total of the
     gradients at every batch, as the reference does by never zeroing the gates' ``.grad``
     (a linearly decaying weighting of batches). Gradients are taken with ``torch.autograd.grad``,
     so nothing leaks into the parameters' ``.grad``.
     """
-    gates = ones_gates(model, units)
-    totals = {u: torch.zeros_like(g) for u, g in gates.items()}
-    running = {u: torch.zeros_like(g) for u, g in gates.items()}
+    if per_example and (cumulative or not absolute):
+        raise ValueError("per-example importance is |gradient| per example: use absolute=True, cumulative=False")
+    shapes = unit_shapes(model)
+    totals = {u: torch.zeros(shapes.shape(u), device=next(model.parameters()).device) for u in units}
+    running = {u: torch.zeros_like(t) for u, t in totals.items()}
     count = 0
     for batch in batches:
+        size = int(batch["original_ids"].shape[0]) if per_example else None
+        gates = ones_gates(model, units, batch_size=size)
         with gated(model, gates):
-            loss = loss_fn(model, batch)
+            loss = loss_fn(model, batch) * (size or 1)
         grads = torch.autograd.grad(loss, [gates[u] for u in units], allow_unused=True)
         for unit, grad in zip(units, grads, strict=True):
-            grad = torch.zeros_like(gates[unit]) if grad is None else grad.detach()
+            grad = torch.zeros_like(gates[unit]) if grad is None else grad.detach().float()
+            if per_example:
+                totals[unit] += grad.abs().sum(dim=1)
+                continue
             if cumulative:
                 running[unit] += grad
                 grad = running[unit]
             totals[unit] += grad.abs() if absolute else grad
-        count += 1
+        count += size or 1
     if count == 0:
         raise ValueError("importance needs at least one batch")
     return {u: (t / count).cpu() for u, t in totals.items()}

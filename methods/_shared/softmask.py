@@ -1,29 +1,48 @@
-"""DAS importance arithmetic and gradient soft-masking (pure functions on tensors).
+"""DAS importance arithmetic, soft-masking of gradients or updates, and its measured damping (pure
+functions on tensors).
 
-Normalisation follows the reference (``softmask.py:35-42``): per layer, z-score, tanh, abs, so
-every score lies in [0, 1). We add an epsilon to the standard deviation, which the reference lacks
-(a constant layer would give NaN there). Note the order: units whose raw score is far *below*
-the layer mean also count as important after the abs.
+Normalisation (per layer): ``positive_tanh`` (the default) keeps the order of the raw scores:
+tanh of the z-score, with units below their layer's mean at 0. ``abs_tanh`` is the reference's
+(``softmask.py:35-42``): z-score, tanh, abs, so units far *below* the layer mean also count as
+important, which scrambles the ranking. Both add an epsilon to the standard deviation, which the
+reference lacks (a constant layer would give NaN there).
 
 AdamW and soft-masking: for a constant per-element scale c of the gradient, Adam's update equals
 the unscaled update with eps replaced by eps / c (m -> c m, sqrt(v) -> c sqrt(v)). With the
-reference's eps = 1e-6, soft-masking therefore damps only elements whose c * sqrt(v) approaches
-1e-6: units of importance very close to 1 or with tiny gradients. A different eps or optimizer
-changes how strong the soft-mask effectively is (``DAS_REFERENCE.md`` section 3.8).
+reference's eps = 1e-6, gradient soft-masking therefore damps only elements whose c * sqrt(v)
+approaches 1e-6: units of importance very close to 1 or with tiny gradients
+(``DAS_REFERENCE.md`` section 3.8). Masking the optimizer's *update* instead scales the step by
+exactly c. :func:`damping_by_importance` measures which of the two a run is in.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from benchmark.modeling import LayerModules
 
+NORMALISATIONS = ("positive_tanh", "abs_tanh")
+IMPORTANCE_BINS = 10
+"""Importance histograms and damping are reported in ten equal-width bins of [0, 1]."""
 
-def normalize_importance(raw: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
-    """Per-layer (row) z-score with unbiased std, then tanh, then abs: values in [0, 1)."""
+
+def normalize_importance(raw: torch.Tensor, kind: str = "positive_tanh", eps: float = 1e-12) -> torch.Tensor:
+    """Per-layer (row) z-score with unbiased std, then ``tanh`` of it clipped at 0 (``positive_tanh``:
+    order-preserving) or ``abs(tanh)`` (``abs_tanh``: the reference). Values in [0, 1)."""
+    if kind not in NORMALISATIONS:
+        raise ValueError(f"unknown importance normalisation {kind!r}; choose one of {NORMALISATIONS}")
     mean = raw.mean(dim=1, keepdim=True)
     std = raw.std(dim=1, keepdim=True) if raw.shape[1] > 1 else torch.zeros_like(mean)
-    return torch.tanh((raw - mean) / (std + eps)).abs()
+    z = (raw - mean) / (std + eps)
+    return torch.tanh(z).abs() if kind == "abs_tanh" else torch.tanh(z.clamp_min(0))
+
+
+def shuffle_within_layers(importance: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Each layer's (row's) values in a random order: the same mask strength, no information about units."""
+    order = torch.stack([torch.randperm(importance.shape[1], generator=generator) for _ in range(len(importance))])
+    return importance.gather(1, order)
 
 
 def accumulate_importance(
@@ -35,6 +54,71 @@ def accumulate_importance(
     return {unit: torch.maximum(previous[unit], new[unit]) for unit in new}
 
 
+@dataclass(frozen=True)
+class MaskedTensor:
+    """A parameter whose slices along ``axis`` belong to the units of one type in one layer,
+    ``group`` consecutive slices per unit (a head's ``head_dim`` rows or columns; 1 for neurons)."""
+
+    param: torch.nn.Parameter
+    unit: str
+    layer: int
+    axis: int
+    group: int = 1
+
+    def factor(self, per_unit: torch.Tensor) -> torch.Tensor:
+        """A per-unit vector expanded to broadcast against the parameter."""
+        values = per_unit.repeat_interleave(self.group) if self.group > 1 else per_unit
+        if self.param.dim() == 1:
+            return values
+        return values[:, None] if self.axis == 0 else values[None, :]
+
+    def per_unit_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum an element-wise tensor shaped like the parameter over each unit's elements."""
+        if values.dim() == 2:
+            values = values.sum(dim=1 - self.axis)
+        return values.view(-1, self.group).sum(dim=1)
+
+
+def masked_tensors(
+    layers: list[LayerModules],
+    units: tuple[str, ...],
+    head_dim: int,
+    qkv_axis: str = "output",
+    mask_attn_out_bias: bool = False,
+) -> list[MaskedTensor]:
+    """Every parameter soft-masking acts on, with the unit each slice belongs to.
+
+    Heads: the rows (``qkv_axis="output"``, the paper's intent) or, as the reference code does, the
+    input columns (``"input"``) of the query/key/value weights, their biases, and the input columns
+    of the attention output projection that read the head; ``mask_attn_out_bias`` reproduces the
+    reference's masking of that projection's bias by the head vector. Intermediate and output
+    neurons: the rows and bias of their dense layer. Embeddings, LayerNorms and the LM head are
+    not in the list.
+    """
+    out = []
+    for index, layer in enumerate(layers):
+        if "head" in units:
+            for linear in (layer.query, layer.key, layer.value):
+                out.append(MaskedTensor(linear.weight, "head", index, 0 if qkv_axis == "output" else 1, head_dim))
+                if linear.bias is not None:
+                    out.append(MaskedTensor(linear.bias, "head", index, 0, head_dim))
+            out.append(MaskedTensor(layer.attn_out.weight, "head", index, 1, head_dim))
+            if mask_attn_out_bias and layer.attn_out.bias is not None:
+                out.append(MaskedTensor(layer.attn_out.bias, "head", index, 0, head_dim))
+        for unit, linear in (("intermediate", layer.intermediate), ("output", layer.output)):
+            if unit in units:
+                out.append(MaskedTensor(linear.weight, unit, index, 0))
+                if linear.bias is not None:
+                    out.append(MaskedTensor(linear.bias, unit, index, 0))
+    return out
+
+
+def keep_factor(tensor: MaskedTensor, importance: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(1 - importance) of the tensor's units, broadcastable to it, in its dtype and on its device."""
+    keep = 1 - importance[tensor.unit][tensor.layer]
+    return tensor.factor(keep).to(device=tensor.param.device, dtype=tensor.param.dtype)
+
+
 def soft_mask_gradients(
     layers: list[LayerModules],
     importance: dict[str, torch.Tensor],
@@ -42,31 +126,88 @@ def soft_mask_gradients(
     qkv_axis: str = "output",
     mask_attn_out_bias: bool = False,
 ) -> None:
-    """Multiply gradients in place by (1 - importance) of the units they belong to.
+    """Multiply gradients in place by (1 - importance) of the units they belong to (see
+    :func:`masked_tensors` for which slices those are)."""
+    for tensor in masked_tensors(layers, tuple(importance), head_dim, qkv_axis, mask_attn_out_bias):
+        if tensor.param.grad is not None:
+            tensor.param.grad.mul_(keep_factor(tensor, importance).to(tensor.param.grad.dtype))
 
-    Heads: the rows (``qkv_axis="output"``, the paper's intent) or, as the reference code does, the
-    input columns (``"input"``) of the query/key/value weights, their biases, and the input columns
-    of the attention output projection that read the head; ``mask_attn_out_bias`` reproduces the
-    reference's masking of that projection's bias by the head vector. Intermediate and output
-    neurons: the rows and bias of their dense layer. Embeddings, LayerNorms and the LM head are
-    never masked.
+
+def soft_mask_updates(
+    tensors: list[MaskedTensor], importance: dict[str, torch.Tensor], before: list[torch.Tensor]
+) -> None:
+    """Scale the step the optimizer just took by (1 - importance): theta = before + keep * (theta - before)."""
+    with torch.no_grad():
+        for tensor, old in zip(tensors, before, strict=True):
+            tensor.param.copy_(torch.lerp(old, tensor.param, keep_factor(tensor, importance)))
+
+
+def adam_update_magnitudes(
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    step: int,
+    beta2: float,
+    eps: float,
+    keep: torch.Tensor,
+    target: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """|update taken| and |update without the mask| per element, from Adam(W)'s state after a step, up to
+    their common factor lr / (1 - beta1^step).
+
+    ``target="gradient"``: the moments were accumulated from gradients scaled by a constant ``keep`` = c
+    (constant within a domain), so m = c m_u and sqrt(v) = c sqrt(v_u) and the unmasked step is
+    m / (sqrt(v_hat) + c eps). ``target="update"``: the moments are unmasked and the step taken was
+    ``keep`` times Adam's. Elements with c = 0 carry no information about their unmasked step under
+    gradient masking and get 0 in both. AMSGrad and the decoupled weight decay (0 in every profile)
+    are not modelled.
     """
-    for index, layer in enumerate(layers):
-        if "head" in importance:
-            keep = (1 - importance["head"][index]).repeat_interleave(head_dim)
-            for linear in (layer.query, layer.key, layer.value):
-                _scale(linear.weight, keep[:, None] if qkv_axis == "output" else keep[None, :])
-                _scale(linear.bias, keep)
-            _scale(layer.attn_out.weight, keep[None, :])
-            if mask_attn_out_bias:
-                _scale(layer.attn_out.bias, keep)
-        for unit, linear in (("intermediate", layer.intermediate), ("output", layer.output)):
-            if unit in importance:
-                keep = 1 - importance[unit][index]
-                _scale(linear.weight, keep[:, None])
-                _scale(linear.bias, keep)
+    root = (exp_avg_sq / (1 - beta2**step)).sqrt()
+    momentum = exp_avg.abs()
+    keep = keep.expand_as(momentum)
+    if target == "update":
+        unmasked = momentum / (root + eps)
+        return keep * unmasked, unmasked
+    taken = momentum / (root + eps)
+    unmasked = torch.where(keep > 0, momentum / (root + keep * eps), torch.zeros_like(momentum))
+    return torch.where(keep > 0, taken, torch.zeros_like(taken)), unmasked
 
 
-def _scale(param: torch.nn.Parameter | None, factor: torch.Tensor) -> None:
-    if param is not None and param.grad is not None:
-        param.grad.mul_(factor.to(param.grad.dtype))
+def importance_histogram(importance: dict[str, torch.Tensor], bins: int = IMPORTANCE_BINS) -> dict[str, list[int]]:
+    """Unit counts per equal-width importance bin of [0, 1], per unit type."""
+    return {
+        unit: torch.histc(values.float(), bins=bins, min=0.0, max=1.0).long().tolist()
+        for unit, values in importance.items()
+    }
+
+
+def damping_by_importance(
+    tensors: list[MaskedTensor],
+    importance: dict[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    target: str,
+    bins: int = IMPORTANCE_BINS,
+) -> list[float | None]:
+    """Per equal-width importance bin: the summed |update| of the units in it divided by the summed |update|
+    the same units would have taken unmasked, at the optimizer's current state (1 = no damping,
+    0 = frozen; None for an empty bin). Units are weighted by their update size, as a mean over elements."""
+    settings = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+    taken_sum, unmasked_sum = torch.zeros(bins, dtype=torch.float64), torch.zeros(bins, dtype=torch.float64)
+    for tensor in tensors:
+        state = optimizer.state.get(tensor.param)
+        if not state or "exp_avg_sq" not in state:
+            continue
+        group = settings[id(tensor.param)]
+        taken, unmasked = adam_update_magnitudes(
+            state["exp_avg"].float(),
+            state["exp_avg_sq"].float(),
+            int(state["step"]),
+            group["betas"][1],
+            group["eps"],
+            keep_factor(tensor, importance).float(),
+            target,
+        )
+        unit_importance = importance[tensor.unit][tensor.layer]
+        index = (unit_importance * bins).long().clamp(0, bins - 1).cpu()
+        taken_sum.index_add_(0, index, tensor.per_unit_sum(taken).double().cpu())
+        unmasked_sum.index_add_(0, index, tensor.per_unit_sum(unmasked).double().cpu())
+    return [None if u == 0 else round(float(t / u), 5) for t, u in zip(taken_sum, unmasked_sum, strict=True)]

@@ -49,13 +49,21 @@ def unit_shapes(model: nn.Module) -> UnitShapes:
     )
 
 
-def ones_gates(model: nn.Module, units: tuple[str, ...], requires_grad: bool = True) -> dict[str, torch.Tensor]:
-    """Leaf gate tensors of ones (layers x units) for the given unit types, on the model's device."""
+def ones_gates(
+    model: nn.Module, units: tuple[str, ...], requires_grad: bool = True, batch_size: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Leaf gate tensors of ones (layers x units) for the given unit types, on the model's device.
+
+    With ``batch_size`` B every example gets its own gates (layers x B x units): one backward pass then
+    gives each example's gradient with respect to its gates, since example b's loss reaches only gate b.
+    """
     shapes, param = unit_shapes(model), next(model.parameters())
-    return {
-        u: torch.ones(shapes.shape(u), device=param.device, dtype=param.dtype, requires_grad=requires_grad)
-        for u in units
-    }
+
+    def shape(unit: str) -> tuple[int, ...]:
+        layers, count = shapes.shape(unit)
+        return (layers, count) if batch_size is None else (layers, batch_size, count)
+
+    return {u: torch.ones(shape(u), device=param.device, dtype=param.dtype, requires_grad=requires_grad) for u in units}
 
 
 GateOf = Callable[[str, int], "torch.Tensor | None"]
@@ -94,7 +102,10 @@ def _register_layer_gates(layer: LayerModules, index: int, units: tuple[str, ...
                 return None
             (context,) = args
             split = context.view(*context.shape[:-1], shapes.heads, shapes.head_dim)
-            return ((split * head_gate.to(context.dtype)[:, None]).reshape(context.shape),)
+            gate = head_gate.to(context.dtype)
+            # (heads,) for the whole batch, or (batch, heads): one gate per example.
+            gate = gate[:, None] if gate.dim() == 1 else gate[:, None, :, None]
+            return ((split * gate).reshape(context.shape),)
 
         handles.append(layer.attn_out.register_forward_pre_hook(scale_heads))
     for unit, module in (("intermediate", layer.intermediate), ("output", layer.output)):
@@ -102,7 +113,9 @@ def _register_layer_gates(layer: LayerModules, index: int, units: tuple[str, ...
 
             def scale_units(module, args, out, unit=unit):
                 gate = gate_of(unit, index)
-                return out if gate is None else out * gate.to(out.dtype)
+                if gate is None:
+                    return out
+                return out * (gate if gate.dim() == 1 else gate[:, None, :]).to(out.dtype)
 
             handles.append(module.register_forward_hook(scale_units))
     return handles

@@ -1,0 +1,94 @@
+"""Held-out evaluation of a DAP model: MLM loss per held-out set and representation drift from the base model.
+
+Both run in eval mode (no dropout) on the fixed held-out batches of :class:`benchmark.runner.RunData`,
+whose masks come from a generator the project owns, so every method and device sees the same batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
+
+import numpy as np
+import torch
+
+from benchmark.metrics import anisotropy, linear_cka, mean_cosine
+from benchmark.modeling import encoder_of, mlm_loss
+
+Batches = Mapping[str, list[dict[str, torch.Tensor]]]
+View = Callable[[str], contextlib.AbstractContextManager]
+"""Maps a held-out set's name to the context the model is evaluated in on it (a method's ``heldout_view``)."""
+
+
+def _as_is(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+def on_device(batches: Iterable[dict[str, torch.Tensor]], device) -> Iterable[dict[str, torch.Tensor]]:
+    """Each host batch moved to ``device`` as it is read."""
+    for batch in batches:
+        yield {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+@torch.no_grad()
+def heldout_losses(model, heldout: Batches, device, view: View = _as_is) -> dict[str, float]:
+    """Mean MLM loss per masked token of ``model`` on every held-out set (5 decimals)."""
+    with _eval_mode(model):
+        out = {}
+        for name, batches in heldout.items():
+            total, count = 0.0, 0
+            with view(name):
+                for batch in on_device(batches, device):
+                    n = int(batch["mlm_targets"].numel())
+                    total += float(mlm_loss(model, batch)) * n
+                    count += n
+            out[name] = round(total / count, 5)
+    return out
+
+
+@torch.no_grad()
+def heldout_features(model, heldout: Batches, device, view: View = _as_is) -> dict[str, np.ndarray]:
+    """Per held-out set: the mean over tokens of the last hidden state of every unmasked input (inputs x hidden)."""
+    encoder = encoder_of(model)
+    with _eval_mode(model):
+        out = {}
+        for name, batches in heldout.items():
+            rows = []
+            with view(name):
+                for batch in on_device(batches, device):
+                    mask = batch["attention_mask"]
+                    hidden = encoder(input_ids=batch["original_ids"], attention_mask=mask).last_hidden_state.float()
+                    weights = mask.to(hidden.dtype).unsqueeze(-1)
+                    rows.append(((hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)).cpu().numpy())
+            out[name] = np.concatenate(rows)
+    return out
+
+
+def representation_drift(base: Mapping[str, np.ndarray], current: Mapping[str, np.ndarray]) -> dict[str, dict]:
+    """How far the current model's held-out features moved from the base model's: per held-out set and
+    over all sets together, the mean cosine between an input's two features, their linear CKA, and the
+    current features' anisotropy (5 decimals)."""
+    names = list(current)
+    views = {name: (base[name], current[name]) for name in names}
+    views["all"] = (np.concatenate([base[n] for n in names]), np.concatenate([current[n] for n in names]))
+    return {
+        name: {
+            "cosine_to_base": round(mean_cosine(before, after), 5),
+            "cka_to_base": round(linear_cka(before, after), 5),
+            "anisotropy": round(anisotropy(after), 5),
+        }
+        for name, (before, after) in views.items()
+    }
+
+
+class _eval_mode:
+    """Eval mode inside the block, the model's previous mode after it."""
+
+    def __init__(self, model):
+        self.model, self.was_training = model, model.training
+
+    def __enter__(self):
+        self.model.eval()
+
+    def __exit__(self, *exc):
+        self.model.train(self.was_training)
