@@ -81,3 +81,52 @@ def importance_similarity(config: RunConfig, seed: int = 0) -> dict:
         }
     result["model"] = str(Path(config.model))
     return result
+
+
+def importance_stability(config: RunConfig, sizes: tuple[int, ...] = (64, 256), seed: int = 0) -> dict:
+    """How stable DAS's MLM importance ranking is for a probe of ``n`` chunks: the Spearman correlation,
+    within each layer (mean over layers), between the raw importance of two disjoint samples of n chunks of
+    the first domain's corpus, per unit type, for per-example and per-batch |gradient|; and the rank
+    correlation between the raw scores and each normalisation. Base model, one process."""
+    from scipy.stats import spearmanr
+    from torch.utils.data import Subset
+    from transformers import set_seed
+
+    from benchmark.data import fixed_mlm_batches
+    from benchmark.modeling import load_masked_lm
+    from methods._shared.importance import gate_importance, mlm_importance_loss
+    from methods._shared.softmask import NORMALISATIONS, normalize_importance
+    from methods._shared.units import UNIT_TYPES
+
+    data: RunData = prepare_data(config)
+    model, _ = load_masked_lm(config.model)
+    corpus, dap = data.corpora[data.domains[0]].train, config.dap
+
+    def within_layers(a: torch.Tensor, b: torch.Tensor) -> float:
+        return round(float(sum(spearmanr(x, y).statistic for x, y in zip(a, b, strict=True)) / len(a)), 3)
+
+    def importance(start: int, n: int, per_example: bool) -> dict[str, torch.Tensor]:
+        if start + n > len(corpus):
+            raise ValueError(f"the corpus has {len(corpus)} chunks, fewer than two samples of {n}")
+        batches = fixed_mlm_batches(
+            Subset(corpus, range(start, start + n)),
+            data.tokenizer,
+            n,
+            dap.probe_batch_size,
+            dap.mlm_probability,
+            seed=start,
+        )
+        set_seed(seed)
+        return gate_importance(model, batches, mlm_importance_loss(), UNIT_TYPES, per_example=per_example)
+
+    result: dict = {"domain": data.domains[0], "model": Path(config.model).name, "split_half": {}, "normalised": {}}
+    for n in sizes:
+        for grain, per_example in (("per_example", True), ("per_batch", False)):
+            first, second = importance(0, n, per_example), importance(n, n, per_example)
+            result["split_half"][f"{grain}/{n}"] = {u: within_layers(first[u], second[u]) for u in UNIT_TYPES}
+            if per_example:
+                result["normalised"][str(n)] = {
+                    kind: {u: within_layers(first[u], normalize_importance(first[u], kind)) for u in UNIT_TYPES}
+                    for kind in NORMALISATIONS
+                }
+    return result

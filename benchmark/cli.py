@@ -43,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
     _add_run_arguments(similarity)
     similarity.set_defaults(func=cmd_importance_similarity)
 
+    stability = sub.add_parser(
+        "importance-stability", help="split-half rank stability of DAS's importance per probe size"
+    )
+    _add_run_arguments(stability)
+    stability.add_argument("--chunks", default="64,256", help="probe sizes (chunks) to compare, comma-separated")
+    stability.set_defaults(func=cmd_importance_stability)
+
     reproduce = sub.add_parser("reproduce", help="re-run a committed record from scratch and compare its numbers")
     reproduce.add_argument("record", help="a run record JSON, e.g. results/mini/ncl-seq0-seed2021-<hash>.json")
     reproduce.add_argument("--output-dir", help="where the new record goes (default: reproduce/<run id>)")
@@ -256,6 +263,22 @@ def cmd_importance_similarity(args: argparse.Namespace) -> int:
     from benchmark.bench import importance_similarity
 
     print(json.dumps(importance_similarity(_prepared(args)), indent=2))
+    return 0
+
+
+def cmd_importance_stability(args: argparse.Namespace) -> int:
+    """``dapbench importance-stability``."""
+    import json
+
+    from benchmark.bench import importance_stability
+
+    try:
+        sizes = tuple(int(n) for n in args.chunks.split(","))
+    except ValueError as exc:
+        raise DapbenchError(
+            f"--chunks {args.chunks!r} is not a list of integers", "write e.g. --chunks 64,256"
+        ) from exc
+    print(json.dumps(importance_stability(_prepared(args), sizes), indent=2))
     return 0
 
 

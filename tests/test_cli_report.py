@@ -202,6 +202,17 @@ def test_bench_and_importance_similarity(tiny_config):
     assert -1.0 <= similarity["raw"]["mean"] <= 1.0
 
 
+def test_importance_stability_reports_split_half_rank_correlations(tiny_config):
+    from benchmark.bench import importance_stability
+
+    result = importance_stability(tiny_config, sizes=(8,))
+    assert set(result["split_half"]) == {"per_example/8", "per_batch/8"}
+    for per_unit in result["split_half"].values():
+        assert set(per_unit) == {"head", "intermediate", "output"}
+        assert all(-1 <= v <= 1 for v in per_unit.values())
+    assert set(result["normalised"]["8"]) == {"positive_tanh", "abs_tanh"}
+
+
 def test_reading_names_methods_whose_scores_equal_no_dap():
     from benchmark.report import _same_scores_as_no_dap
 
