@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from benchmark.config import FINETUNE_PROTOCOLS, RunConfig, apply_overrides, profile_config
+from benchmark.config import RunConfig, apply_overrides, profile_config
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_json
 
@@ -134,7 +134,7 @@ def resolve_run_config(args: argparse.Namespace) -> RunConfig:
         "device": args.device,
         "work_dir": args.work_dir or str(Path(args.output_dir) / ".dapbench"),
         "methods": tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods else None,
-        "seeds": tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None,
+        "seeds": _parse_seeds(args.seeds) if args.seeds else None,
     }
     config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
     config = apply_overrides(config, args.set)
@@ -142,19 +142,24 @@ def resolve_run_config(args: argparse.Namespace) -> RunConfig:
     return config
 
 
+def _parse_seeds(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in text.split(","))
+    except ValueError as exc:
+        raise DapbenchError(f"--seeds {text!r} is not a list of integers", "write e.g. --seeds 2021,111,222") from exc
+
+
 def _validate(config: RunConfig) -> None:
+    """Every check that needs no data: methods, their options, the matrix mode, the DAP budget, seeds."""
     from benchmark.registry import default_registry
 
     registry = default_registry()
     for name in config.methods:
         registry.get(name)  # unknown names fail here, before any work
+    for name, options in config.method_options.items():
+        _validate_method_options(registry, name, options)
     if config.matrix not in ("full", "final"):
         raise DapbenchError(f"invalid matrix mode {config.matrix!r}", "use full or final")
-    if config.finetune.protocol not in FINETUNE_PROTOCOLS:
-        raise DapbenchError(
-            f"invalid end-task protocol {config.finetune.protocol!r}",
-            f"set finetune.protocol to one of: {', '.join(FINETUNE_PROTOCOLS)}",
-        )
     dap = config.dap
     if dap.steps < 1 or dap.per_device_batch_size < 1 or dap.batch_size % dap.per_device_batch_size:
         raise DapbenchError(
@@ -164,6 +169,24 @@ def _validate(config: RunConfig) -> None:
         )
     if not config.seeds:
         raise DapbenchError("no seeds given", "pass --seeds 2021 (comma-separated)")
+
+
+def _validate_method_options(registry, name: str, options) -> None:
+    """``--set <method>.<option>=value``: the section must be a registered method and every option one of its
+    config class's fields with a value of the field's type."""
+    import difflib
+
+    if name not in registry.names():
+        sections = ["dap", "finetune", *registry.names()]
+        close = difflib.get_close_matches(name, sections, n=2)
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        raise DapbenchError(
+            f"unknown config section {name!r} in --set {name}.…{hint}",
+            f"a --set key starts with a top-level field, dap., finetune. or a method name: {', '.join(sections)}",
+        )
+    if not isinstance(options, dict):
+        raise DapbenchError(f"--set {name}=… sets no option", f"write --set {name}.<option>=<value>")
+    registry.get(name).config_cls.from_options(options)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -56,6 +56,33 @@ class DapConfig:
     probe_batch_size: int = 100
     log_every: int = 50
 
+    def __post_init__(self):
+        _check_ranges(
+            "dap",
+            self,
+            positive=(
+                "steps",
+                "batch_size",
+                "per_device_batch_size",
+                "seq_len",
+                "heldout_chunks",
+                "probe_chunks",
+                "probe_batch_size",
+                "log_every",
+                "lr",
+                "adam_eps",
+            ),
+            non_negative=("warmup_ratio", "weight_decay"),
+            open_unit=("mlm_probability", "heldout_fraction"),
+        )
+        _check_choice("dap.mixed_precision", self.mixed_precision, ("no", "fp16", "bf16"))
+        if self.warmup_ratio >= 1:
+            raise DapbenchError(
+                f"dap.warmup_ratio={self.warmup_ratio} leaves no update after warm-up", "use 0 <= warmup_ratio < 1"
+            )
+        if self.max_corpus_lines is not None and self.max_corpus_lines < 1:
+            raise DapbenchError(f"dap.max_corpus_lines={self.max_corpus_lines} must be >= 1", "or null for all lines")
+
 
 FINETUNE_PROTOCOLS = ("finetune", "linear_probe")
 
@@ -93,6 +120,34 @@ class FinetuneConfig:
     padding about 40% on these end tasks, which reduced budgets use."""
     seed_offset: int = 0
     """Fine-tune seed = run seed + offset (the paper fine-tunes with seed 2021)."""
+
+    def __post_init__(self):
+        _check_ranges(
+            "finetune",
+            self,
+            positive=(
+                "probe_c",
+                "lr",
+                "batch_size",
+                "max_length",
+                "adam_eps",
+                "default_epochs",
+                "epoch_scale",
+                "eval_batch_size",
+            ),
+            non_negative=("weight_decay",),
+            open_unit=(),
+        )
+        _check_choice("finetune.protocol", self.protocol, FINETUNE_PROTOCOLS)
+        for task, epochs in self.epochs.items():
+            if isinstance(epochs, bool) or not isinstance(epochs, int | float) or epochs <= 0:
+                raise DapbenchError(
+                    f"finetune.epochs.{task}={epochs!r} is not a positive number", f"write finetune.epochs.{task}=3"
+                )
+        for name in ("max_train_examples", "max_test_examples"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise DapbenchError(f"finetune.{name}={value!r} must be a positive integer", "or null for all examples")
 
 
 @dataclass(frozen=True)
@@ -136,6 +191,31 @@ class RunConfig:
         for key in ("output_dir", "work_dir", "keep_checkpoints", "methods", "seeds", "device"):
             data.pop(key)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _check_ranges(section: str, config: Any, positive: tuple, non_negative: tuple, open_unit: tuple) -> None:
+    """Raise a named error for the first field of ``config`` outside its range (or of the wrong kind)."""
+    checks = [(name, "> 0", lambda v: v > 0) for name in positive]
+    checks += [(name, ">= 0", lambda v: v >= 0) for name in non_negative]
+    checks += [(name, "strictly between 0 and 1", lambda v: 0 < v < 1) for name in open_unit]
+    for name, wanted, ok in checks:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+            raise DapbenchError(
+                f"{section}.{name}={value!r} is invalid: it must be a number {wanted}",
+                f"set {section}.{name} to a number {wanted}",
+            )
+
+
+def _check_choice(key: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise DapbenchError(f"invalid {key}={value!r}", f"choose one of: {', '.join(map(str, allowed))}")
+
+
+def coerce_field(owner: type, name: str, value: Any) -> Any:
+    """Check ``value`` against the annotated type of ``owner.name`` (a dataclass field) and convert lists to
+    tuples; a value of the wrong type is a named error."""
+    return _coerce(owner, name, value)
 
 
 def _mini() -> RunConfig:

@@ -178,7 +178,7 @@ def _read_examples(path: Path, spec: EndTaskSpec, label_ids: dict[str, int], dig
             rows = [(r["text"], r["label"], None) for r in map(json.loads, raw.decode().splitlines()) if r]
         else:
             raise DapbenchError(f"end task {spec.name}: unknown format {spec.format!r}", "use asc_json or jsonl")
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as exc:
         raise DapbenchError(
             f"end task {spec.name}: corrupt file {path} ({type(exc).__name__}: {exc})",
             "restore the file from the data release",
@@ -278,6 +278,11 @@ def load_corpus(
 ) -> Corpus:
     """Split lines (first ``heldout_fraction`` held out), tokenise and pack; cached on disk by content."""
     lines = read_corpus_lines(source)
+    if len(lines) < 2:
+        raise DapbenchError(
+            f"corpus {name} ({source}) has {len(lines)} non-empty line: one is held out, none is left to train on",
+            "use a corpus with many passages, one per line",
+        )
     n_heldout = max(1, int(len(lines) * heldout_fraction))
     heldout_lines, train_lines = lines[:n_heldout], lines[n_heldout:]
     if max_lines is not None:
@@ -320,6 +325,8 @@ def _packed_dataset(lines: list[str], tokenizer, seq_len: int, cache_path: Path)
         encoded = tokenizer(batch["text"], return_special_tokens_mask=True, verbose=False)
         return {key: _pack(encoded[key], seq_len) for key in ("input_ids", "special_tokens_mask")}
 
+    if not lines:  # datasets cannot map an empty table; an empty split has no chunk
+        return Dataset.from_dict({"input_ids": [], "special_tokens_mask": []}).with_format("torch")
     packed = Dataset.from_dict({"text": lines}).map(
         tokenize_and_pack,
         batched=True,

@@ -27,14 +27,20 @@ class MethodConfig:
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> MethodConfig:
         """Build the config from user options, rejecting unknown keys with the list of valid ones."""
+        import difflib
+
+        from benchmark.config import coerce_field
+
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - names)
         if unknown:
+            close = difflib.get_close_matches(unknown[0], names, n=2)
+            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
             raise DapbenchError(
-                f"unknown option(s) {unknown} for {cls.__name__}",
+                f"unknown option(s) {unknown} for {cls.__name__}{hint}",
                 f"valid options: {', '.join(sorted(names)) or '(none)'}",
             )
-        return cls(**options)
+        return cls(**{name: coerce_field(cls, name, value) for name, value in options.items()})
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def test_cli_rejects_an_unknown_end_task_protocol(capsys, tmp_path):
     args = ["run", "--methods", "ncl", "--set", "finetune.protocol=probe", "--output-dir", str(tmp_path)]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "invalid end-task protocol 'probe'" in err and "linear_probe" in err
+    assert "invalid finetune.protocol='probe'" in err and "linear_probe" in err
     assert not (tmp_path / "results").exists()
 
 

@@ -1,0 +1,55 @@
+"""Bad input is a named error with exit code 2 before any training, and nothing is written to results/."""
+
+import shutil
+
+import pytest
+
+from benchmark.cli import main
+
+CONFIG_CASES = [
+    (["--set", "nosuch.x=1"], "unknown config section 'nosuch'"),
+    (["--set", "l2xp.strength=1"], "unknown config section 'l2xp'"),
+    (["--set", "das.contrast_lambda=abc"], "'contrast_lambda' expects float, got 'abc'"),
+    (["--set", "das.contrast_lamda=1"], "did you mean 'contrast_lambda'"),
+    (["--set", "finetune.epochs.restaurant_sup=abc"], "finetune.epochs.restaurant_sup='abc' is not a positive number"),
+    (["--seeds", "abc"], "--seeds 'abc' is not a list of integers"),
+    (["--set", "dap.mlm_probability=1.5"], "dap.mlm_probability=1.5 is invalid"),
+    (["--set", "dap.log_every=0"], "dap.log_every=0 is invalid"),
+    (["--set", "finetune.batch_size=0"], "finetune.batch_size=0 is invalid"),
+    (["--set", "dap.heldout_fraction=1.0"], "dap.heldout_fraction=1.0 is invalid"),
+    (["--set", "finetune.protocol=probe"], "invalid finetune.protocol='probe'"),
+]
+
+
+@pytest.mark.parametrize(("extra", "message"), CONFIG_CASES, ids=[" ".join(c[0]) for c in CONFIG_CASES])
+def test_bad_configuration_is_refused_before_any_work(extra, message, capsys, tmp_path):
+    assert main(["run", "--methods", "ncl", "--output-dir", str(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "fix:" in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())  # not even the synthetic world was built
+
+
+def _world_copy(world_root, tmp_path):
+    copy = tmp_path / "data"
+    shutil.copytree(world_root, copy)
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (lambda root: (root / "alpha.txt").write_text("one single passage\n"), "corpus alpha"),
+        (lambda root: (root / "alpha_train.jsonl").write_text("42\n"), "end task alpha_sup: corrupt file"),
+    ],
+    ids=["one-line corpus", "jsonl line 42"],
+)
+def test_bad_data_is_a_named_error_before_training(corrupt, message, world_root, tiny_model, tmp_path, capsys):
+    root = _world_copy(world_root, tmp_path)
+    corrupt(root)
+    args = ["run", "--profile", "synthetic", "--model", str(tiny_model), "--data-root", str(root)]
+    args += ["--general-heldout", str(root / "general_heldout.txt"), "--sequence", "alpha,beta", "--methods", "ncl"]
+    args += ["--seeds", "1", "--output-dir", str(tmp_path / "out"), "--quiet"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "fix:" in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "results").exists()
