@@ -185,11 +185,14 @@ class RunConfig:
         """A JSON-ready dictionary of every field."""
         return dataclasses.asdict(self)
 
-    def fingerprint(self) -> str:
-        """A short hash of everything that changes results (not output locations)."""
+    def fingerprint(self, method: str | None = None) -> str:
+        """A short hash of everything that changes results (not output locations). With ``method``, only that
+        method's own options count, so ``--set das.fidelity=reference`` does not change NCL's run id."""
         data = self.to_dict()
         for key in ("output_dir", "work_dir", "keep_checkpoints", "methods", "seeds", "device"):
             data.pop(key)
+        if method is not None:
+            data["method_options"] = {k: v for k, v in self.method_options.items() if k == method}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:10]
 
 

@@ -319,7 +319,7 @@ def leaderboard_markdown(records: list[dict], plots: dict[str, dict[str, Path]] 
         lines += ["", "### End tasks", "", *_table(part, END_TASK_COLUMNS, "final macro-F1"), ""]
         lines += _plot_links((plots or {}).get(group, {}))
         lines += ["", "**Reading** (generated from the numbers above):", ""]
-        lines += [*_loss_reading(part, references), *_reading(part, members), ""]
+        lines += [*_loss_reading(part, references), *_reading(part, members, references.get("no_dap")), ""]
     return "\n".join(lines)
 
 
@@ -462,8 +462,9 @@ def _plot_links(plots: dict[str, Path]) -> list[str]:
     return [f"Plots: {' · '.join(links)}; per-run A[t][k] heatmaps in `results/plots/`."] if links else []
 
 
-def _reading(part: pd.DataFrame, records: list[dict]) -> list[str]:
-    """Facts a reader should weigh, computed from the group's numbers (not hand-written)."""
+def _reading(part: pd.DataFrame, records: list[dict], no_dap: str | None = None) -> list[str]:
+    """Facts a reader should weigh about the end tasks, computed from the group's numbers (not hand-written);
+    ``no_dap`` is the label of the group's no-DAP reference, if it has one."""
     means = part.groupby("method")["final macro-F1"].mean() * 100
     counts = part.groupby("method").size()
     lines = []
@@ -481,28 +482,28 @@ def _reading(part: pd.DataFrame, records: list[dict]) -> list[str]:
             f"- One seed per method: seed-to-seed spread is not measured, so differences between methods (their "
             f"final macro-F1 spans {span:.2f} points) are not established."
         )
-    if "none" in means:
-        dap = means.drop("none")
+    if no_dap in means:
+        dap = means.drop(no_dap)
         if not dap.empty:
             best = dap.idxmax()
             lines.append(
-                f"- DAP vs no DAP: the best DAP method (`{best}`) is {dap.max() - means['none']:+.2f} points of final "
-                f"macro-F1 from `none`; {int((dap > means['none']).sum())} of {len(dap)} DAP methods are above it."
+                f"- DAP vs no DAP: the best DAP method (`{best}`) is {dap.max() - means[no_dap]:+.2f} points of final "
+                f"macro-F1 from `{no_dap}`; {int((dap > means[no_dap]).sum())} of {len(dap)} DAP methods are above it."
             )
-    lines += _against_no_dap(part)
+        lines += _against_no_dap(part, no_dap)
     general = part.groupby("method")["general rise"].mean().dropna()
-    trained = general.drop("none", errors="ignore")
+    trained = general.drop(no_dap, errors="ignore") if no_dap else general
     if not trained.empty:
         lines.append(
             f"- General knowledge: after the last domain the general held-out MLM loss rose by {trained.min():.3f} "
             f"(`{trained.idxmin()}`) to {trained.max():.3f} (`{trained.idxmax()}`) nats over the base model."
         )
-    same = _same_scores_as_no_dap(records)
+    same = _same_scores_as_no_dap(records, no_dap) if no_dap else []
     if same:
         lines.append(
-            f"- {len(same)} of {len({_label(r) for r in records}) - 1} DAP methods score exactly what `none` scores on "
-            f"every end task ({', '.join(f'`{m}`' for m in same)}): their end-task models make the same predictions, "
-            "so at this budget the end tasks do not separate them."
+            f"- {len(same)} of {len({_label(r) for r in records}) - 1} DAP methods score exactly what `{no_dap}` scores"
+            f" on every end task ({', '.join(f'`{m}`' for m in same)}): their end-task models make the same"
+            " predictions, so at this budget the end tasks do not separate them."
         )
     majority = records[0].get("majority_class")
     if majority:
@@ -570,9 +571,10 @@ def paired_against_reference(
     return table.sort_values("mean", ascending=False)
 
 
-def _against_no_dap(part: pd.DataFrame, alpha: float = 0.05) -> list[str]:
-    """A reading line: which methods differ from no DAP beyond seed-to-seed noise."""
-    table = paired_against_reference(part)
+def _against_no_dap(part: pd.DataFrame, no_dap: str = "none", alpha: float = 0.05) -> list[str]:
+    """A reading line: which methods differ from the no-DAP reference ``no_dap`` beyond seed-to-seed noise
+    (final macro-F1)."""
+    table = paired_against_reference(part, no_dap)
     if table.empty:
         return []
 
@@ -582,9 +584,9 @@ def _against_no_dap(part: pd.DataFrame, alpha: float = 0.05) -> list[str]:
     significant = table[table["q"] < alpha]
     seeds = "/".join(str(n) for n in sorted(set(table["n"].astype(int))))
     return [
-        f"- Against `none`, paired by seed (t-test over {seeds} seeds, Benjamini-Hochberg over {len(table)} "
-        f"methods, q < {alpha}): consistently above it {names(significant[significant['mean'] > 0])}; consistently "
-        f"below it {names(significant[significant['mean'] < 0])}. The seeds do not separate the other "
+        f"- End tasks against `{no_dap}`, paired by seed (t-test over {seeds} seeds, Benjamini-Hochberg over"
+        f" {len(table)} methods, q < {alpha}): consistently above it {names(significant[significant['mean'] > 0])};"
+        f" consistently below it {names(significant[significant['mean'] < 0])}. The seeds do not separate the other "
         f"{len(table) - len(significant)} from no DAP (with so few seeds only large or very steady differences pass, "
         "and a steady difference can still be too small to matter: read the sizes)."
     ]
@@ -594,12 +596,13 @@ def _label(record: dict) -> str:
     return record.get("method_label", record["method"])
 
 
-def _same_scores_as_no_dap(records: list[dict]) -> list[str]:
-    """DAP methods whose scored entries (final row or diagonal) equal the no-DAP baseline's, every seed."""
-    reference = {r["seed"]: r["matrices"]["acc"] for r in records if r["method"] == "none"}
+def _same_scores_as_no_dap(records: list[dict], no_dap: str = "none") -> list[str]:
+    """DAP methods whose scored entries (final row or diagonal) equal the no-DAP baseline's (label ``no_dap``),
+    every seed."""
+    reference = {r["seed"]: r["matrices"]["acc"] for r in records if _label(r) == no_dap}
     by_label: dict[str, list[dict]] = {}
     for record in records:
-        if record["method"] != "none":
+        if _label(record) != no_dap:
             by_label.setdefault(_label(record), []).append(record)
 
     same = []

@@ -128,7 +128,7 @@ class ContinualRun:
         self.config, self.data, self.seed = config, data, seed
         self.method_cls = default_registry().get(method_name)
         self.caps = self.method_cls.capabilities
-        self.run_id = f"{method_name}-{_sequence_tag(config.sequence)}-seed{seed}-{config.fingerprint()}"
+        self.run_id = f"{method_name}-{_sequence_tag(config.sequence)}-seed{seed}-{config.fingerprint(method_name)}"
         self.root = Path(config.work_dir) / "runs" / self.run_id
         self.show_progress = show_progress
         self.accelerator = _make_accelerator(config)
@@ -455,7 +455,7 @@ class ContinualRun:
             "sequence": list(self.data.domains),
             "end_tasks": [self.data.tasks[d].name for d in self.data.domains],
             "config": self.config.to_dict(),
-            "config_fingerprint": self.config.fingerprint(),
+            "config_fingerprint": self.config.fingerprint(self.method_cls.name),
             "matrices": matrices,
             "summary": summary,
             "majority_class": _majority_class([self.data.tasks[d] for d in self.data.domains]),

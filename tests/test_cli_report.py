@@ -40,6 +40,11 @@ def test_fingerprint_ignores_locations_but_not_budgets():
     config = profile_config("mini")
     assert config.fingerprint() == dataclasses.replace(config, output_dir="/elsewhere").fingerprint()
     assert config.fingerprint() != apply_overrides(config, ["dap.steps=1"]).fingerprint()
+    # a method's id depends on its own options only
+    das_variant = apply_overrides(config, ["das.fidelity=reference"])
+    assert das_variant.fingerprint("ncl") == config.fingerprint("ncl")
+    assert das_variant.fingerprint("das") != config.fingerprint("das")
+    assert config.fingerprint("ncl") == config.fingerprint()  # no method options: the ids committed so far
 
 
 def test_registry_lists_builtins_and_rejects_clashes():
