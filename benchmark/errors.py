@@ -1,5 +1,10 @@
 """The one exception type users see: it names the problem and how to fix it."""
 
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
 
 class DapbenchError(Exception):
     """A user-facing error: bad input, missing data, invalid configuration.
@@ -12,3 +17,17 @@ class DapbenchError(Exception):
         self.problem = problem
         self.fix = fix
         super().__init__(problem if fix is None else f"{problem}\n  fix: {fix}")
+
+
+class NonFiniteError(DapbenchError):
+    """A loss, score, feature or importance became NaN or infinite: nothing is recorded from it."""
+
+
+@contextlib.contextmanager
+def error_context(where: str) -> Iterator[None]:
+    """Prefix every :class:`DapbenchError` raised inside the block with ``where`` (e.g. the method and domain),
+    keeping its type and its fix."""
+    try:
+        yield
+    except DapbenchError as exc:
+        raise type(exc)(f"{where}: {exc.problem}", exc.fix) from exc

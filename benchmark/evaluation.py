@@ -7,11 +7,13 @@ whose masks come from a generator the project owns, so every method and device s
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 import torch
 
+from benchmark.errors import NonFiniteError
 from benchmark.metrics import anisotropy, linear_cka, mean_cosine
 from benchmark.modeling import encoder_of, mlm_loss
 
@@ -42,6 +44,11 @@ def heldout_losses(model, heldout: Batches, device, view: View = _as_is) -> dict
                     n = int(batch["mlm_targets"].numel())
                     total += float(mlm_loss(model, batch)) * n
                     count += n
+            if not math.isfinite(total):
+                raise NonFiniteError(
+                    f"the held-out MLM loss on {name!r} is not finite",
+                    "the model holds NaN or infinite weights: lower dap.lr or check the method",
+                )
             out[name] = round(total / count, 5)
     return out
 
@@ -61,6 +68,10 @@ def heldout_features(model, heldout: Batches, device, view: View = _as_is) -> di
                     weights = mask.to(hidden.dtype).unsqueeze(-1)
                     rows.append(((hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)).cpu().numpy())
             out[name] = np.concatenate(rows)
+            if not np.isfinite(out[name]).all():
+                raise NonFiniteError(
+                    f"the held-out features of {name!r} are not finite", "the model holds NaN or infinite weights"
+                )
     return out
 
 

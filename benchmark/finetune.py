@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from benchmark.config import FinetuneConfig
 from benchmark.data import EndTaskData, Example, fixed_subset, format_example
+from benchmark.errors import NonFiniteError
 from benchmark.metrics import classification_scores
 
 
@@ -71,9 +72,12 @@ def finetune_and_evaluate(
     start = time.perf_counter()
     model.train()
     step = 0
+    # First step whose loss was not finite (-1: none), kept on the device: checked once per epoch, no sync per step.
+    first_bad = torch.full((), -1, dtype=torch.long, device=accelerator.device)
     while step < total_steps:
         for batch in loader:
             loss = model(**batch).loss
+            first_bad = torch.where((first_bad < 0) & ~torch.isfinite(loss.detach()), step + 1, first_bad)
             accelerator.backward(loss)
             optimizer.step()
             scheduler.step()
@@ -81,6 +85,7 @@ def finetune_and_evaluate(
             step += 1
             if step >= total_steps:
                 break
+        _check_finite_steps(first_bad, task.name, cfg)
     train_seconds = time.perf_counter() - start
     predictions = predict(model, task.test, collator, cfg.eval_batch_size, accelerator)
     scores = classification_scores(task.test_labels, predictions, task.num_labels)
@@ -94,6 +99,15 @@ def finetune_and_evaluate(
         "train_seconds": round(train_seconds, 3),
         "eval_seconds": round(time.perf_counter() - start - train_seconds, 3),
     }
+
+
+def _check_finite_steps(first_bad: torch.Tensor, task: str, cfg: FinetuneConfig) -> None:
+    bad = int(first_bad)
+    if bad >= 0:
+        raise NonFiniteError(
+            f"fine-tuning on {task}: the loss became non-finite at step {bad} (lr {cfg.lr})",
+            "lower finetune.lr (the paper's is 3e-5) or check the checkpoint for NaN weights",
+        )
 
 
 def _train_loader(features: list[dict], cfg: FinetuneConfig, collator) -> DataLoader:
@@ -123,9 +137,16 @@ def predict(model: nn.Module, features: list[dict], collator, batch_size: int, a
     """Argmax predictions in the original order; batches are length-sorted to minimise padding."""
     model.eval()
     predictions = [0] * len(features)
+    finite = torch.ones((), dtype=torch.bool, device=accelerator.device)
     for chunk, batch in _length_sorted_batches(features, collator, batch_size, accelerator.device):
-        for i, pred in zip(chunk, model(**batch).logits.argmax(-1).tolist(), strict=True):
+        logits = model(**batch).logits
+        finite &= torch.isfinite(logits).all()
+        for i, pred in zip(chunk, logits.argmax(-1).tolist(), strict=True):
             predictions[i] = pred
+    if not bool(finite):  # an argmax over NaN logits is class 0: a silent majority-class "score"
+        raise NonFiniteError(
+            "the classifier's test logits are not finite", "lower finetune.lr or check the checkpoint for NaN weights"
+        )
     return predictions
 
 
@@ -144,6 +165,11 @@ def probe_and_evaluate(model: nn.Module, task: EncodedTask, tokenizer, cfg: Fine
     train_x = encoder_features(model, task.train, collator, cfg.eval_batch_size, accelerator.device)
     test_x = encoder_features(model, task.test, collator, cfg.eval_batch_size, accelerator.device)
     feature_seconds = time.perf_counter() - start
+    if not (np.isfinite(train_x).all() and np.isfinite(test_x).all()):
+        raise NonFiniteError(
+            f"linear probe on {task.name}: the frozen model's features are not finite",
+            "the DAP checkpoint holds NaN or infinite weights: lower dap.lr or check the method",
+        )
     # lbfgs on standardised features is deterministic: the probe adds no seed noise of its own.
     probe = make_pipeline(StandardScaler(), LogisticRegression(C=cfg.probe_c, max_iter=2000))
     probe.fit(train_x, [f["labels"] for f in task.train])

@@ -39,7 +39,7 @@ from benchmark.data import (
     package_versions,
     resolve_corpus_path,
 )
-from benchmark.errors import DapbenchError
+from benchmark.errors import DapbenchError, NonFiniteError, error_context
 from benchmark.evaluation import heldout_features, heldout_losses, representation_drift
 from benchmark.finetune import EncodedTask, encode_task, finetune_and_evaluate, probe_and_evaluate
 from benchmark.io import atomic_directory, atomic_write_bytes, atomic_write_json, read_json
@@ -164,7 +164,8 @@ class ContinualRun:
         clock.save()
         for t in self._stages():
             if not self._done(t).exists():
-                self._run_domain(t)
+                with error_context(f"{self.method_cls.name} seed {self.seed}, domain {t} ({self.data.domains[t]})"):
+                    self._run_domain(t)
                 clock.save()
             self._finetune_row(t, on_pair_done=clock.save)
             if t > 0 and not self.config.keep_checkpoints and self._ckpt(t - 1).exists():
@@ -352,8 +353,8 @@ class ContinualRun:
         sums.clear()
         bad = [k for k, v in means.items() if not math.isfinite(v)]
         if bad:
-            raise DapbenchError(
-                f"{self.method_cls.name}: loss term(s) {bad} became non-finite at step {step}",
+            raise NonFiniteError(
+                f"{self.method_cls.name}: DAP loss term(s) {bad} became non-finite by step {step}",
                 "lower the learning rate or check the method's loss terms",
             )
         bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})
@@ -410,14 +411,16 @@ class ContinualRun:
             # (a resumed run skips work and would otherwise draw a different head).
             set_seed(seed)
             model = self.method.finetune_model(ctx).to(self.accelerator.device)
-            if self.config.finetune.protocol == "linear_probe":
-                result = probe_and_evaluate(model, task, self.data.tokenizer, self.config.finetune, self.accelerator)
-            else:
-                result = finetune_and_evaluate(
-                    model, task, self.data.tokenizer, self.config.finetune, seed, self.accelerator
-                )
+            where = f"{self.method_cls.name} seed {self.seed}, checkpoint after domain {t}, end task {task.name}"
+            with error_context(where):
+                result = self._evaluate_end_task(model, task, seed)
             atomic_write_json(self._pair(self._row_key(t), k), {"row": t, "task": task.name, **result})
             on_pair_done()
+
+    def _evaluate_end_task(self, model, task: EncodedTask, seed: int) -> dict:
+        if self.config.finetune.protocol == "linear_probe":
+            return probe_and_evaluate(model, task, self.data.tokenizer, self.config.finetune, self.accelerator)
+        return finetune_and_evaluate(model, task, self.data.tokenizer, self.config.finetune, seed, self.accelerator)
 
     def _load_checkpoint_model(self, t: int):
         model, _ = load_masked_lm(str(self._ckpt(t)), require_complete=False)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmark.errors import NonFiniteError
 from benchmark.modeling import encoder_of, mlm_loss
 from methods._shared.units import gated, ones_gates, unit_shapes
 
@@ -58,6 +59,11 @@ def gate_importance(
         count += size or 1
     if count == 0:
         raise ValueError("importance needs at least one batch")
+    if not all(bool(torch.isfinite(t).all()) for t in totals.values()):
+        raise NonFiniteError(
+            "unit importance is not finite (a gate gradient overflowed or the model holds NaN weights)",
+            "lower dap.lr, or compute importance in float32",
+        )
     return {u: (t / count).cpu() for u, t in totals.items()}
 
 

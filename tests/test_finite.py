@@ -1,0 +1,71 @@
+"""A non-finite loss, score, feature or importance stops the run with a named error; nothing is recorded."""
+
+import dataclasses
+
+import pytest
+import torch
+from model_helpers import tiny_mlm, toy_batch
+
+from benchmark.errors import NonFiniteError
+from benchmark.evaluation import heldout_features, heldout_losses
+from benchmark.runner import ContinualRun, prepare_data
+from methods._shared.importance import gate_importance, mlm_importance_loss
+
+
+def test_a_diverging_fine_tune_is_an_error_not_a_majority_class_score(tiny_config):
+    finetune = dataclasses.replace(tiny_config.finetune, lr=1e30)
+    config = dataclasses.replace(tiny_config, finetune=finetune, sequence="alpha")
+    run = ContinualRun(config, prepare_data(config), "none", 3, show_progress=False)
+    with pytest.raises(NonFiniteError, match=r"none seed 3, checkpoint after domain 0, end task alpha_sup: .* step \d"):
+        run.execute()
+    assert not list(run.root.glob("finetune/*.json"))  # no score was recorded
+
+
+def test_a_diverging_dap_domain_names_method_domain_and_step(tiny_config):
+    config = dataclasses.replace(tiny_config, dap=dataclasses.replace(tiny_config.dap, lr=1e30), sequence="alpha")
+    run = ContinualRun(config, prepare_data(config), "ncl", 3, show_progress=False)
+    with pytest.raises(NonFiniteError, match=r"ncl seed 3, domain 0 \(alpha\): .*non-finite by step"):
+        run.execute()
+    assert not (run.root / "domain-0.json").exists()
+
+
+def test_probe_on_non_finite_features_is_an_error(tiny_config):
+    from transformers import AutoTokenizer
+
+    from benchmark.finetune import probe_and_evaluate
+
+    data = prepare_data(tiny_config)
+    model = _nan_model()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_config.model)
+    task = data.tasks["alpha"]
+    task = dataclasses.replace(
+        task,
+        train=[dict(f, input_ids=[min(t, 49) for t in f["input_ids"]]) for f in task.train],
+        test=[dict(f, input_ids=[min(t, 49) for t in f["input_ids"]]) for f in task.test],
+    )
+    with pytest.raises(NonFiniteError, match="linear probe on alpha_sup"):
+        probe_and_evaluate(model, task, tokenizer, tiny_config.finetune, _CpuAccelerator())
+
+
+class _CpuAccelerator:
+    device = "cpu"
+
+
+def _nan_model():
+    model = tiny_mlm().eval()
+    with torch.no_grad():
+        model.bert.encoder.layer[0].intermediate.dense.weight[0, 0] = float("nan")
+    return model
+
+
+def test_heldout_loss_and_features_of_a_nan_model_are_errors():
+    batches = {"a": [toy_batch()]}
+    with pytest.raises(NonFiniteError, match="held-out MLM loss on 'a'"):
+        heldout_losses(_nan_model(), batches, "cpu")
+    with pytest.raises(NonFiniteError, match="held-out features of 'a'"):
+        heldout_features(_nan_model(), batches, "cpu")
+
+
+def test_importance_of_a_nan_model_is_an_error():
+    with pytest.raises(NonFiniteError, match="unit importance is not finite"):
+        gate_importance(_nan_model(), [toy_batch()], mlm_importance_loss(), ("head",), per_example=True)
