@@ -200,15 +200,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     for method in config.methods:
         for seed in config.seeds:
             run = ContinualRun(config, data, method, seed, show_progress=not args.quiet)
-            record = run.execute()
             path = Path(config.output_dir) / "results" / config.profile / f"{run.run_id}.json"
-            atomic_write_json(path, record)
+            record = _finished_record(path)
+            if record is not None:  # a finished run is not redone, rewritten or counted again
+                print(f"{method} seed {seed}: complete, kept {path} (delete it to run again)")
+            else:
+                record = run.execute()
+                atomic_write_json(path, record)
+                print(f"{method} seed {seed}: {_one_line(record)} -> {path}")
             records.append(record)
-            print(f"{method} seed {seed}: {_one_line(record)} -> {path}")
     write_report(config.output_dir)
     print(_synthetic_reading(records) if config.profile == "synthetic" else "")
     print(f"leaderboard: {Path(config.output_dir) / 'leaderboard.md'}")
     return 0
+
+
+def _finished_record(path: Path) -> dict | None:
+    """The complete record already at ``path`` (same run id, so the same configuration), else None."""
+    from benchmark.io import read_json
+
+    if not path.is_file():
+        return None
+    record = read_json(path, "run record")
+    return record if isinstance(record, dict) and record.get("status") == "complete" else None
 
 
 def _one_line(record: dict) -> str:

@@ -239,7 +239,7 @@ class ContinualRun:
         model, _ = load_masked_lm(self.config.model)
         model = self.method.setup(model.to(self.accelerator.device))
         if t > 0 and not caps.joint_training:
-            state = torch.load(self._ckpt(t - 1) / "method_state.pt", weights_only=False)
+            state = load_plain(self._ckpt(t - 1) / "method_state.pt", "method state")
             self.method.load_state_dict(state)
         return model
 
@@ -426,7 +426,7 @@ class ContinualRun:
         model, _ = load_masked_lm(str(self._ckpt(t)), require_complete=False)
         model = self.method.setup(model.to(self.accelerator.device))
         restore_checkpoint_weights(model, self._ckpt(t))
-        self.method.load_state_dict(torch.load(self._ckpt(t) / "method_state.pt", weights_only=False))
+        self.method.load_state_dict(load_plain(self._ckpt(t) / "method_state.pt", "method state"))
         return model
 
     # -- record ------------------------------------------------------------------------------------
@@ -597,7 +597,8 @@ def _make_accelerator(config: RunConfig):
 def _rng_state() -> dict:
     return {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        # numpy's key array as a tensor: a checkpoint holds tensors and plain values only (no pickled objects).
+        "numpy": _numpy_state_to_plain(np.random.get_state()),
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }
@@ -610,12 +611,32 @@ def _restore_rng(path: Path | None, fallback_seed: int) -> None:
     if path is None or not path.exists():
         set_seed(fallback_seed)
         return
-    state = torch.load(path, weights_only=False)
+    state = load_plain(path, "RNG state")
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _numpy_state_to_plain(state: tuple) -> tuple:
+    name, keys, position, has_gauss, cached = state
+    return name, torch.from_numpy(keys.astype(np.int64)), int(position), int(has_gauss), float(cached)
+
+
+def load_plain(path: Path, what: str) -> Any:
+    """``torch.load`` restricted to tensors and plain Python values (``weights_only``): a checkpoint from
+    someone else cannot run code when a run resumes from it."""
+    import pickle
+
+    try:
+        return torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError) as exc:
+        raise DapbenchError(
+            f"{what} file {path} is corrupt or holds objects other than tensors and plain values: refused ({exc})",
+            f"delete the run directory {path.parent.parent} and run again (finished domains are recomputed)",
+        ) from exc
 
 
 def _reset_peak_memory() -> None:

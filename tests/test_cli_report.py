@@ -142,6 +142,11 @@ def test_cli_run_and_report_end_to_end(tiny_config, capsys):
     assert "- seeds: 1; commit(s):" in board and "**Reading**" in board and "One seed per method" in board
     assert "-forgetting.png)" in board and "-mlm-loss.png)" in board
     assert list((root / "results" / "plots").glob("synthetic-*-mlm-loss.png"))
+    # the same command again keeps the finished records byte for byte (no rewrite, no extra invocation)
+    finished = {p: p.read_bytes() for p in (root / "results" / "synthetic").glob("*.json")}
+    assert main(args) == 0
+    assert "ncl seed 1: complete, kept" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in finished} == finished
 
     # the committed record is re-derived from scratch, number for number
     record_path = next((root / "results" / "synthetic").glob("ncl-*.json"))

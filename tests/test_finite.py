@@ -69,3 +69,41 @@ def test_heldout_loss_and_features_of_a_nan_model_are_errors():
 def test_importance_of_a_nan_model_is_an_error():
     with pytest.raises(NonFiniteError, match="unit importance is not finite"):
         gate_importance(_nan_model(), [toy_batch()], mlm_importance_loss(), ("head",), per_example=True)
+
+
+class _Payload:
+    """Pickles to a call that would create a file if a loader executed it."""
+
+    def __init__(self, target):
+        self.target = str(target)
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def test_a_checkpoint_holding_a_pickled_object_is_refused_and_runs_nothing(tiny_config, tmp_path):
+    from benchmark.errors import DapbenchError
+
+    data = prepare_data(tiny_config)
+    run = ContinualRun(tiny_config, data, "das", 3, show_progress=False)
+    run.execute()
+    checkpoint = run.root / "checkpoint-1"
+    marker = tmp_path / "executed"
+    torch.save({"importance": _Payload(marker)}, checkpoint / "method_state.pt")
+    (run.root / "finetune" / "row1-task1.json").unlink()  # force a resume that loads the checkpoint
+    with pytest.raises(DapbenchError, match="holds objects other than tensors and plain values"):
+        ContinualRun(tiny_config, data, "das", 3, show_progress=False).execute()
+    assert not marker.exists()
+
+
+def test_written_files_get_ordinary_permissions(tmp_path):
+    import os
+
+    from benchmark.io import atomic_write_json
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_json(tmp_path / "r.json", {"a": 1})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
