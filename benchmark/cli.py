@@ -11,7 +11,7 @@ from pathlib import Path
 
 from benchmark.config import RunConfig, apply_overrides, profile_config
 from benchmark.errors import DapbenchError
-from benchmark.io import atomic_write_json
+from benchmark.io import atomic_write_json, path_inside, safe_name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,6 +169,8 @@ def _validate(config: RunConfig) -> None:
         )
     if not config.seeds:
         raise DapbenchError("no seeds given", "pass --seeds 2021 (comma-separated)")
+    safe_name(config.profile, "profile")  # it names the results folder
+    safe_name(config.sequence.replace(",", "-").replace(" ", ""), "sequence")  # it is part of every run id
 
 
 def _validate_method_options(registry, name: str, options) -> None:
@@ -200,7 +202,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for method in config.methods:
         for seed in config.seeds:
             run = ContinualRun(config, data, method, seed, show_progress=not args.quiet)
-            path = Path(config.output_dir) / "results" / config.profile / f"{run.run_id}.json"
+            path = path_inside(config.output_dir, "results", config.profile, f"{run.run_id}.json")
             record = _finished_record(path)
             if record is not None:  # a finished run is not redone, rewritten or counted again
                 print(f"{method} seed {seed}: complete, kept {path} (delete it to run again)")
@@ -348,7 +350,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     threads = args.threads if args.threads is not None else recorded_cpu_threads(record)
     if threads is not None and threads < 1:
         raise DapbenchError(f"--threads must be >= 1, got {threads}", "pass a positive thread count")
-    out = args.output_dir or str(Path("reproduce") / record["run_id"])
+    out = args.output_dir or str(Path("reproduce") / safe_name(record["run_id"], "record run id"))
     paths = {name: getattr(args, name) for name in ("model", "data_root", "general_heldout", "general_corpus")}
     config = apply_overrides(reproduction_config(record, out, paths), args.set)
     if config.profile == "synthetic" and not Path(config.model).exists():

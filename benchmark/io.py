@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -28,6 +29,30 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=-]{0,199}")
+"""What a name that becomes part of a file path may look like: no separators, no leading dot (so no ``..``)."""
+
+
+def safe_name(value: object, what: str) -> str:
+    """``value`` if it is a safe path component (``SAFE_NAME``), else a named error before anything is written."""
+    text = str(value)
+    if not SAFE_NAME.fullmatch(text) or ".." in text:
+        raise DapbenchError(
+            f"{what} {text!r} cannot name a file: use letters, digits, '_', '-', '.', '=' only, no path separators",
+            f"rename the {what} (a record read from disk with such a name is not from dapbench: remove it)",
+        )
+    return text
+
+
+def path_inside(root: str | Path, *parts: str) -> Path:
+    """``root/parts...`` after checking each part with :func:`safe_name` and that the result stays inside ``root``."""
+    base = Path(root).resolve()
+    path = base.joinpath(*(safe_name(p, "path component") for p in parts)).resolve()
+    if base != path and base not in path.parents:
+        raise DapbenchError(f"{path} is outside {base}", "use plain names for profiles, methods and sequences")
+    return path
 
 
 def _file_mode() -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from benchmark.errors import DapbenchError
-from benchmark.io import atomic_write_bytes, atomic_write_text, read_json
+from benchmark.io import atomic_write_bytes, atomic_write_text, read_json, safe_name
 from benchmark.metrics import record_loss_metrics
 
 # (column title, getter, higher is better (None: neither), format)
@@ -103,7 +104,7 @@ def matrix_frame(record: dict, metric: str) -> pd.DataFrame:
 def write_run_tables(record: dict, out_dir: Path) -> list[Path]:
     """CSV + Markdown tables of every matrix and the MLM-loss matrix, and a heatmap PNG per metric."""
     written = []
-    stem = record["run_id"]
+    stem = safe_name(record["run_id"], "record run id")
     for metric in ("acc", "macro_f1"):
         frame = matrix_frame(record, metric)
         for suffix, text in ((".csv", frame.to_csv()), (".md", frame.to_markdown(floatfmt=".4f"))):
@@ -626,6 +627,9 @@ def write_report(output_dir: str | Path) -> dict[str, int]:
     out = Path(output_dir)
     records = [r for r in load_records(out / "results") if r["profile"] not in FIXTURE_PROFILES]
     groups = _records_by_group(records)  # checked before anything is written
+    for record in records:  # names that become file names, from files anyone could have put there
+        safe_name(record["run_id"], "record run id")
+        safe_name(record["profile"], "record profile")
     files = [path for record in records for path in write_run_tables(record, out / "results")]
     plots = _group_plots(groups, out)
     files += [path for group in plots.values() for path in group.values()]
@@ -640,7 +644,8 @@ def _group_plots(groups: dict[str, list[dict]], out: Path) -> dict[str, dict[str
     plots: dict[str, dict[str, Path]] = {}
     for group, members in groups.items():
         slug = hashlib.sha256(group.encode()).hexdigest()[:8]
-        stem = f"{members[0]['profile']}-{Path(members[0]['config']['model']).name}-{slug}"
+        model = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(members[0]["config"]["model"]).name).lstrip(".") or "model"
+        stem = f"{safe_name(members[0]['profile'], 'record profile')}-{model}-{slug}"
         for kind, plot in GROUP_PLOTS.items():
             relative = Path("results") / "plots" / f"{stem}-{kind}.png"
             if plot(members, out / relative) is not None:

@@ -1,6 +1,7 @@
 """Bad input is a named error with exit code 2 before any training, and nothing is written to results/."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ CONFIG_CASES = [
     (["--set", "finetune.batch_size=0"], "finetune.batch_size=0 is invalid"),
     (["--set", "dap.heldout_fraction=1.0"], "dap.heldout_fraction=1.0 is invalid"),
     (["--set", "finetune.protocol=probe"], "invalid finetune.protocol='probe'"),
+    (["--set", "profile=../../ESCAPED"], "profile '../../ESCAPED' cannot name a file"),
 ]
 
 
@@ -53,3 +55,19 @@ def test_bad_data_is_a_named_error_before_training(corrupt, message, world_root,
     err = capsys.readouterr().err
     assert message in err and "fix:" in err and "Traceback" not in err
     assert not (tmp_path / "out" / "results").exists()
+
+
+def test_report_refuses_a_record_whose_run_id_would_escape_the_output_folder(tmp_path):
+    import json
+
+    from benchmark.errors import DapbenchError
+    from benchmark.report import write_report
+
+    committed = Path(__file__).resolve().parents[1] / "results" / "mini"
+    record = json.loads((committed / "ncl-seq0-seed2021-344485cbc2.json").read_text())
+    record["run_id"] = "../../../../x"
+    (tmp_path / "results" / "mini").mkdir(parents=True)
+    (tmp_path / "results" / "mini" / "evil.json").write_text(json.dumps(record))
+    with pytest.raises(DapbenchError, match="record run id '../../../../x' cannot name a file"):
+        write_report(tmp_path)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["evil.json", "mini", "results"]
