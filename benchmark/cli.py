@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,11 +20,38 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     _quiet_libraries()
+    previous = signal.signal(signal.SIGTERM, _terminated) if _main_thread() else None
     try:
         return args.func(args)
     except DapbenchError as exc:
         print(f"dapbench: error: {exc}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, _Terminated) as exc:
+        # Every finished domain and fine-tune is already on disk (atomic writes); the unfinished unit is redone.
+        code = 143 if isinstance(exc, _Terminated) else 130
+        print(
+            f"dapbench: {'terminated' if code == 143 else 'interrupted'}; finished domains and fine-tunes are kept:"
+            " run the same command again to resume",
+            file=sys.stderr,
+        )
+        return code
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(Exception):
+    """SIGTERM, turned into an exception so that the run stops like on Ctrl-C (cluster schedulers send it)."""
+
+
+def _terminated(signum, frame) -> None:
+    raise _Terminated
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -71,3 +71,32 @@ def test_report_refuses_a_record_whose_run_id_would_escape_the_output_folder(tmp
     with pytest.raises(DapbenchError, match="record run id '../../../../x' cannot name a file"):
         write_report(tmp_path)
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["evil.json", "mini", "results"]
+
+
+@pytest.mark.parametrize(("signame", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_interrupt_is_one_line_with_resume_advice_and_keeps_finished_work(
+    signame, code, world_root, tiny_model, tmp_path
+):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "benchmark.cli", "run", "--profile", "synthetic", "--model", str(tiny_model)]
+    args += ["--data-root", str(world_root), "--general-heldout", str(world_root / "general_heldout.txt")]
+    args += ["--sequence", "alpha,beta", "--methods", "ncl", "--seeds", "1"]
+    args += ["--output-dir", str(out), "--quiet", "--set", "dap.steps=100000", "--set", "dap.log_every=100000"]
+    process = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    ledger, deadline = None, time.time() + 120
+    while time.time() < deadline and ledger is None and process.poll() is None:  # until training has started
+        ledger = next(out.glob(".dapbench/runs/*/base-mlm-loss.json"), None)
+        time.sleep(0.5)
+    assert ledger is not None, (
+        f"the run did not start: {process.poll()} {process.stderr.read() if process.poll() else ''}"
+    )
+    process.send_signal(getattr(signal, signame))
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == code
+    assert "Traceback" not in err and "run the same command again to resume" in err
+    assert ledger.exists()  # finished work is kept
