@@ -231,18 +231,43 @@ def cmd_run(args: argparse.Namespace) -> int:
         for seed in config.seeds:
             run = ContinualRun(config, data, method, seed, show_progress=not args.quiet)
             path = path_inside(config.output_dir, "results", config.profile, f"{run.run_id}.json")
-            record = _finished_record(path)
-            if record is not None:  # a finished run is not redone, rewritten or counted again
-                print(f"{method} seed {seed}: complete, kept {path} (delete it to run again)")
-            else:
-                record = run.execute()
-                atomic_write_json(path, record)
-                print(f"{method} seed {seed}: {_one_line(record)} -> {path}")
+            with _run_lock(run.root) as locked:
+                if not locked:
+                    print(f"{method} seed {seed}: in progress in another process, skipped (its record lands in {path})")
+                    continue
+                record = _finished_record(path)
+                if record is not None:  # a finished run is not redone, rewritten or counted again
+                    print(f"{method} seed {seed}: complete, kept {path} (delete it to run again)")
+                else:
+                    record = run.execute()
+                    atomic_write_json(path, record)
+                    print(f"{method} seed {seed}: {_one_line(record)} -> {path}")
             records.append(record)
+    if not records:  # every run was in progress elsewhere: that process writes records and leaderboard
+        return 0
     write_report(config.output_dir)
     print(_synthetic_reading(records) if config.profile == "synthetic" else "")
     print(f"leaderboard: {Path(config.output_dir) / 'leaderboard.md'}")
     return 0
+
+
+@contextlib.contextmanager
+def _run_lock(run_root: Path):
+    """Yield True while this process holds the run directory's lock, False (at once) if another one does:
+    two commands over overlapping grids in one folder never train the same run twice at the same time."""
+    from filelock import FileLock, Timeout
+
+    run_root.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(run_root) + ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
 
 
 def _finished_record(path: Path) -> dict | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -316,28 +317,36 @@ def _tokenizer_id(tokenizer) -> str:
 
 def _packed_dataset(lines: list[str], tokenizer, seq_len: int, cache_path: Path):
     """Tokenise every line with special tokens, concatenate, cut into ``seq_len`` chunks (datasets, cached)."""
-    from datasets import Dataset, load_from_disk
+    from datasets import load_from_disk
+    from filelock import FileLock
 
-    if cache_path.is_dir():
-        return load_from_disk(str(cache_path)).with_format("torch")
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    # One writer per cache entry: concurrent runs sharing a work dir wait for it instead of racing on its files.
+    with FileLock(str(cache_path) + ".lock"):
+        if not cache_path.is_dir():
+            _build_packed(lines, tokenizer, seq_len, cache_path)
+    return load_from_disk(str(cache_path)).with_format("torch")
+
+
+def _build_packed(lines: list[str], tokenizer, seq_len: int, cache_path: Path) -> None:
+    """Write the packed chunks of ``lines`` to ``cache_path`` through a temporary folder (the caller holds the lock)."""
+    from datasets import Dataset
 
     def tokenize_and_pack(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
         encoded = tokenizer(batch["text"], return_special_tokens_mask=True, verbose=False)
         return {key: _pack(encoded[key], seq_len) for key in ("input_ids", "special_tokens_mask")}
 
-    if not lines:  # datasets cannot map an empty table; an empty split has no chunk
-        return Dataset.from_dict({"input_ids": [], "special_tokens_mask": []}).with_format("torch")
-    packed = Dataset.from_dict({"text": lines}).map(
-        tokenize_and_pack,
-        batched=True,
-        batch_size=1000,
-        remove_columns=["text"],
-        desc=f"packing {cache_path.name}",
-    )
+    if lines:
+        packed = Dataset.from_dict({"text": lines}).map(
+            tokenize_and_pack, batched=True, batch_size=1000, remove_columns=["text"], desc=f"packing {cache_path.name}"
+        )
+    else:  # datasets cannot map an empty table; an empty split has no chunk
+        packed = Dataset.from_dict({"input_ids": [], "special_tokens_mask": []})
     tmp = cache_path.with_name(cache_path.name + ".tmp")
+    if tmp.exists():  # left by a process killed while writing; under the lock nobody else is writing it
+        shutil.rmtree(tmp)
     packed.save_to_disk(str(tmp))
     tmp.replace(cache_path)
-    return load_from_disk(str(cache_path)).with_format("torch")
 
 
 def _pack(sequences: list[list[int]], seq_len: int) -> list[list[int]]:

@@ -128,7 +128,7 @@ class ContinualRun:
         self.config, self.data, self.seed = config, data, seed
         self.method_cls = default_registry().get(method_name)
         self.caps = self.method_cls.capabilities
-        self.run_id = f"{method_name}-{_sequence_tag(config.sequence)}-seed{seed}-{config.fingerprint(method_name)}"
+        self.run_id = run_id(config, method_name, seed)
         self.root = Path(config.work_dir) / "runs" / self.run_id
         self.show_progress = show_progress
         self.accelerator = _make_accelerator(config)
@@ -681,6 +681,11 @@ def _asdict(obj) -> dict:
     import dataclasses
 
     return dataclasses.asdict(obj)
+
+
+def run_id(config: RunConfig, method: str, seed: int) -> str:
+    """The id of one method x seed run of ``config``: its record's file name and its work directory's name."""
+    return f"{method}-{_sequence_tag(config.sequence)}-seed{seed}-{config.fingerprint(method)}"
 
 
 def _sequence_tag(sequence: str) -> str:

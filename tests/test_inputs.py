@@ -100,3 +100,56 @@ def test_interrupt_is_one_line_with_resume_advice_and_keeps_finished_work(
     assert process.returncode == code
     assert "Traceback" not in err and "run the same command again to resume" in err
     assert ledger.exists()  # finished work is kept
+
+
+def test_two_identical_commands_in_one_folder_neither_crash_nor_duplicate(world_root, tiny_model, tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "benchmark.cli", "run", "--profile", "synthetic", "--model", str(tiny_model)]
+    args += ["--data-root", str(world_root), "--general-heldout", str(world_root / "general_heldout.txt")]
+    args += ["--sequence", "alpha", "--methods", "ncl", "--seeds", "1", "--output-dir", str(out), "--quiet"]
+    args += ["--set", "dap.steps=2", "--set", "finetune.default_epochs=1", "--set", "finetune.max_train_examples=16"]
+    root = Path(__file__).resolve().parents[1]
+    processes = [
+        subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root) for _ in "ab"
+    ]
+    results = [p.communicate(timeout=300) for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], results
+    assert len(list((out / "results" / "synthetic").glob("*.json"))) == 1
+    said = " ".join(stdout for stdout, _ in results)
+    assert said.count("ncl seed 1: final acc") == 1  # trained once; the other skipped or kept it
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_a_run_locked_by_another_process_is_skipped_with_a_message(world_root, tiny_model, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from benchmark.cli import _parser, resolve_run_config
+    from benchmark.runner import run_id
+
+    args = ["run", "--profile", "synthetic", "--model", str(tiny_model), "--data-root", str(world_root)]
+    args += ["--general-heldout", str(world_root / "general_heldout.txt"), "--sequence", "alpha", "--methods", "ncl"]
+    args += ["--seeds", "1", "--output-dir", str(tmp_path), "--quiet"]
+    config = resolve_run_config(_parser().parse_args(args))
+    run_root = Path(config.work_dir) / "runs" / run_id(config, "ncl", 1)
+    run_root.parent.mkdir(parents=True)
+    holder = subprocess.Popen(  # another process holds the run's lock
+        [
+            sys.executable,
+            "-c",
+            f"from filelock import FileLock; lock = FileLock({str(run_root) + '.lock'!r}); lock.acquire();"
+            " print('held', flush=True); import time; time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(args) == 0
+    finally:
+        holder.kill()
+    assert "ncl seed 1: in progress in another process, skipped" in capsys.readouterr().out
+    assert not list(tmp_path.glob("results/synthetic/*.json"))
