@@ -225,6 +225,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from benchmark.runner import ContinualRun, prepare_data
 
     config = _prepared(args)
+    _preflight(config)
     data = prepare_data(config)
     records = []
     for method in config.methods:
@@ -249,6 +250,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(_synthetic_reading(records) if config.profile == "synthetic" else "")
     print(f"leaderboard: {Path(config.output_dir) / 'leaderboard.md'}")
     return 0
+
+
+def _preflight(config: RunConfig) -> None:
+    """What would otherwise fail after training: an unwritable output folder, a corrupt record already under
+    ``results/`` (the leaderboard is rebuilt from all of them), a model directory that is missing or truncated."""
+    import tempfile
+
+    from benchmark.data import require_data_root
+    from benchmark.modeling import check_model_files
+    from benchmark.report import load_records
+
+    results = path_inside(config.output_dir, "results", config.profile)
+    existing = next(p for p in (results, *results.parents) if p.exists())  # nothing is created here
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as exc:
+        raise DapbenchError(
+            f"cannot write results under {results}: {exc.strerror}", "pass a writable --output-dir"
+        ) from exc
+    if results.parent.is_dir():
+        load_records(results.parent)  # a corrupt record is named now, not after hours of training
+    if config.data_root:
+        require_data_root(config.data_root)
+    check_model_files(config.model)
 
 
 @contextlib.contextmanager

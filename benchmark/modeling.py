@@ -119,6 +119,30 @@ def load_masked_lm(name_or_path: str, require_complete: bool = True):
     return model, tokenizer
 
 
+def check_model_files(name_or_path: str) -> None:
+    """A local model directory must exist, hold a config, and its safetensors weights must be readable to their
+    end (a truncated download fails here with a named error, not in the middle of a run). Hub ids pass."""
+    local = Path(name_or_path)
+    looks_local = local.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+    if not looks_local:
+        return
+    if not local.is_dir() or not (local / "config.json").is_file():
+        raise DapbenchError(
+            f"model directory not found (or without config.json): {name_or_path}",
+            "pass --model with a local model directory or a hub id (e.g. roberta-base)",
+        )
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    for weights in sorted(local.glob("*.safetensors")):
+        try:
+            load_file(str(weights))
+        except (SafetensorError, OSError) as exc:
+            raise DapbenchError(
+                f"model weights {weights} are unreadable ({exc})", "the file is truncated or corrupt: copy it again"
+            ) from exc
+
+
 def restore_checkpoint_weights(model: nn.Module, checkpoint_dir: str | Path) -> None:
     """Load every tensor of a checkpoint into a model after the method's ``setup``.
 

@@ -153,3 +153,24 @@ def test_a_run_locked_by_another_process_is_skipped_with_a_message(world_root, t
         holder.kill()
     assert "ncl seed 1: in progress in another process, skipped" in capsys.readouterr().out
     assert not list(tmp_path.glob("results/synthetic/*.json"))
+
+
+def test_preflight_names_a_corrupt_record_a_missing_or_truncated_model_before_training(
+    world_root, tiny_model, tmp_path, capsys
+):
+    base = ["run", "--profile", "synthetic", "--data-root", str(world_root), "--sequence", "alpha", "--methods", "ncl"]
+    base += ["--general-heldout", str(world_root / "general_heldout.txt"), "--quiet"]
+    (tmp_path / "a" / "results" / "x").mkdir(parents=True)
+    (tmp_path / "a" / "results" / "x" / "old.json").write_text("{ broken")
+    assert main([*base, "--model", str(tiny_model), "--output-dir", str(tmp_path / "a")]) == 2
+    assert "old.json is corrupt" in capsys.readouterr().err
+    assert main([*base, "--model", "models/nothing/here", "--output-dir", str(tmp_path / "b")]) == 2
+    assert "model directory not found" in capsys.readouterr().err
+    truncated = tmp_path / "model"
+    shutil.copytree(tiny_model, truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert main([*base, "--model", str(truncated), "--output-dir", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert "unreadable" in err and "Traceback" not in err
+    assert not list(tmp_path.glob("*/.dapbench/runs/*"))  # no run started
