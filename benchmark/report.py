@@ -522,7 +522,34 @@ def _reading(part: pd.DataFrame, records: list[dict], no_dap: str | None = None)
             " to base) can cost probe accuracy even where the held-out losses show domain knowledge gained: read"
             " the end-task table with the continual table, not instead of it."
         )
+    lines += _mask_reading(records)
     lines += _method_notes(records)
+    return lines
+
+
+def _mask_reading(records: list[dict]) -> list[str]:
+    """For methods that record their soft-mask's measured damping: how much of their update units keep, by
+    importance, as a mean over domains and seeds."""
+    by_label: dict[str, list[list[float | None]]] = {}
+    for record in records:
+        for domain in record.get("domains", []):
+            mask = (domain.get("method_report") or {}).get("mask")
+            if mask:
+                by_label.setdefault(f"{_label(record)}", []).append(mask["damping_per_bin"])
+    lines = []
+    for label, per_domain in sorted(by_label.items()):
+        bins = np.array([[np.nan if v is None else v for v in row] for row in per_domain], dtype=float)
+        with np.errstate(all="ignore"):
+            kept = {
+                "0.0-0.5": np.nanmean(bins[:, :5]),
+                "0.5-0.9": np.nanmean(bins[:, 5:9]),
+                "0.9-1.0": np.nanmean(bins[:, 9]),
+            }
+        shown = ", ".join(f"{span} keep {100 * v:.1f}%" for span, v in kept.items() if not np.isnan(v))
+        lines.append(
+            f"- `{label}` soft-mask, measured at each domain's last step ({len(per_domain)} domain-runs): units of"
+            f" importance {shown} of the update they would take unmasked."
+        )
     return lines
 
 

@@ -288,3 +288,15 @@ def test_loss_verdicts_and_reading_name_what_beats_the_references():
     reading = "\n".join(_loss_reading(part, references))
     assert "Against `ncl`" in reading and "less forgetting: `good` (-0.150)" in reading
     assert "Against `none`" in reading
+
+
+def test_mask_reading_summarises_the_measured_damping_per_importance_range():
+    from benchmark.report import _mask_reading
+
+    def record(seed, top):
+        mask = {"damping_per_bin": [1.0, 1.0, None, 1.0, 1.0, 0.99, 0.99, 0.99, 0.99, top]}
+        return {"method": "das", "method_label": "das", "seed": seed, "domains": [{"method_report": {"mask": mask}}]}
+
+    (line,) = _mask_reading([record(1, 0.8), record(2, 0.9), {"method": "ncl", "seed": 1, "domains": [{}]}])
+    assert "`das` soft-mask" in line and "2 domain-runs" in line
+    assert "0.0-0.5 keep 100.0%, 0.5-0.9 keep 99.0%, 0.9-1.0 keep 85.0%" in line
