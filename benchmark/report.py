@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -167,7 +168,7 @@ def leaderboard_frame(records: list[dict]) -> pd.DataFrame:
             value = getter(record)
             row[title] = np.nan if value is None else float(value)
         row["trainable params"] = record["trainable_parameters"]
-        row["flags"] = _flags(record["capabilities"])
+        row["flags"] = _flags(record["capabilities"]) + (", older code" if _options_added_since(record) else "")
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -248,6 +249,30 @@ def _end_task_protocol(ft: dict) -> str:
             f" regression C={ft.get('probe_c', 1.0)}), {sizes}"
         )
     return f"fine-tuning: lr {ft['lr']}, {sizes}"
+
+
+def _options_added_since(record: dict) -> list[str]:
+    """Options the method has now that its record's ``method_config`` lacks: the record was made by older code,
+    whose behaviour for them this version cannot tell (its numbers may differ from a run of today's default)."""
+    from benchmark.registry import default_registry
+
+    try:
+        cls = default_registry().get(record["method"])
+    except DapbenchError:  # a plugin not installed here
+        return []
+    return sorted({f.name for f in dataclasses.fields(cls.config_cls)} - set(record.get("method_config") or {}))
+
+
+def _older_code_reading(records: list[dict]) -> list[str]:
+    older: dict[str, set[str]] = {}
+    for record in records:
+        older.setdefault(_label(record), set()).update(_options_added_since(record))
+    return [
+        f"- `{label}` (flag `older code`): its records predate the option(s) {', '.join(sorted(options))}; they were"
+        " made with what older code did there, so re-run them before comparing with today's defaults."
+        for label, options in sorted(older.items())
+        if options
+    ]
 
 
 def _flags(caps: dict) -> str:
@@ -524,6 +549,7 @@ def _reading(part: pd.DataFrame, records: list[dict], no_dap: str | None = None)
         )
     lines += _mask_reading(records)
     lines += _method_notes(records)
+    lines += _older_code_reading(records)
     return lines
 
 

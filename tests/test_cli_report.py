@@ -300,3 +300,17 @@ def test_mask_reading_summarises_the_measured_damping_per_importance_range():
     (line,) = _mask_reading([record(1, 0.8), record(2, 0.9), {"method": "ncl", "seed": 1, "domains": [{}]}])
     assert "`das` soft-mask" in line and "2 domain-runs" in line
     assert "0.0-0.5 keep 100.0%, 0.5-0.9 keep 99.0%, 0.9-1.0 keep 85.0%" in line
+
+
+def test_records_made_before_a_method_option_existed_are_flagged_as_older_code():
+    from benchmark.report import _older_code_reading, _options_added_since
+    from methods.das import DASConfig
+
+    current = dataclasses.asdict(DASConfig())
+    older = {k: v for k, v in current.items() if k not in ("mask_target", "other_params")}
+    fresh = {"method": "das", "method_label": "das", "method_config": current}
+    stale = {"method": "dga", "method_label": "dga", "method_config": older}
+    assert _options_added_since(fresh) == []
+    assert _options_added_since(stale) == ["mask_target", "other_params"]
+    (line,) = _older_code_reading([fresh, stale])
+    assert line.startswith("- `dga` (flag `older code`): its records predate the option(s) mask_target")
