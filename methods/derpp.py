@@ -93,10 +93,10 @@ class DERPP(ContinualMethod):
 
     def state_dict(self) -> dict[str, Any]:
         """The reservoirs (stored chunks) and the sampling RNG."""
-        return {"reservoirs": self.reservoirs, "rng": self._rng.getstate()}
+        return {"reservoirs": [r.to_plain() for r in self.reservoirs], "rng": self._rng.getstate()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the reservoirs."""
-        self.reservoirs = list(state.get("reservoirs", []))
+        self.reservoirs = [Reservoir.from_plain(r) for r in state.get("reservoirs", [])]
         if "rng" in state:
             self._rng.setstate(state["rng"])

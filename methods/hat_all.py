@@ -22,6 +22,7 @@ class HATAll(HAT):
     name: ClassVar[str] = "hat_all"
     capabilities: ClassVar[Capabilities] = Capabilities()
     full_network_after_domain: ClassVar[bool] = True
+    leaderboard_note: ClassVar[str] = "held-out losses of every column use the full network, as it fine-tunes."
 
     def finetune_model(self, ctx: FinetuneContext) -> nn.Module:
         """A fresh-head classifier on the checkpoint, without gates."""

@@ -39,6 +39,15 @@ class Reservoir:
     seen: int = 0
     items: list[ReplayItem] = field(default_factory=list)
 
+    def to_plain(self) -> dict:
+        """Tensors and plain values only (a checkpoint is loaded with ``weights_only``)."""
+        return {"capacity": self.capacity, "seen": self.seen, "items": [vars(item).copy() for item in self.items]}
+
+    @classmethod
+    def from_plain(cls, state: dict) -> Reservoir:
+        """The reservoir :meth:`to_plain` describes."""
+        return cls(state["capacity"], state["seen"], [ReplayItem(**item) for item in state["items"]])
+
     def offer(self, make_item, rng: random.Random) -> None:
         """Offer the next stream item; ``make_item()`` is only called if it is kept."""
         slot = reservoir_slot(self.seen, self.capacity, rng)
