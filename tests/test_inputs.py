@@ -95,8 +95,15 @@ def test_interrupt_is_one_line_with_resume_advice_and_keeps_finished_work(
     assert ledger is not None, (
         f"the run did not start: {process.poll()} {process.stderr.read() if process.poll() else ''}"
     )
-    process.send_signal(getattr(signal, signame))
-    _, err = process.communicate(timeout=60)
+    err = None
+    for _ in range(8):  # a loaded machine can delay delivery: ask again until the process has ended
+        process.send_signal(getattr(signal, signame))
+        try:
+            _, err = process.communicate(timeout=30)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    assert err is not None, "the run did not stop"
     assert process.returncode == code
     assert "Traceback" not in err and "run the same command again to resume" in err
     assert ledger.exists()  # finished work is kept
