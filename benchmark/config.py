@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -185,16 +185,6 @@ class RunConfig:
         """A JSON-ready dictionary of every field."""
         return dataclasses.asdict(self)
 
-    def fingerprint(self, method: str | None = None) -> str:
-        """A short hash of everything that changes results (not output locations). With ``method``, only that
-        method's own options count, so ``--set das.fidelity=reference`` does not change NCL's run id."""
-        data = self.to_dict()
-        for key in ("output_dir", "work_dir", "keep_checkpoints", "methods", "seeds", "device"):
-            data.pop(key)
-        if method is not None:
-            data["method_options"] = {k: v for k, v in self.method_options.items() if k == method}
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:10]
-
 
 def _check_ranges(section: str, config: Any, positive: tuple, non_negative: tuple, open_unit: tuple) -> None:
     """Raise a named error for the first field of ``config`` outside its range (or of the wrong kind)."""
@@ -341,21 +331,43 @@ def _synthetic() -> RunConfig:
     )
 
 
-PROFILES = {"synthetic": _synthetic, "mini": _mini, "ci": _ci, "paper": _paper}
+@dataclass(frozen=True)
+class Profile:
+    """A named starting configuration."""
+
+    build: Callable[[], RunConfig]
+    fixture: bool = False
+    """Its records are test fixtures (the CI key numbers), not leaderboard entries: ``report`` leaves them out."""
+
+
+PROFILES = {
+    "synthetic": Profile(_synthetic),
+    "mini": Profile(_mini),
+    "ci": Profile(_ci, fixture=True),
+    "paper": Profile(_paper),
+}
+
+
+def is_fixture_profile(name: str) -> bool:
+    """Whether records of profile ``name`` are test fixtures rather than leaderboard entries."""
+    return name in PROFILES and PROFILES[name].fixture
+
+
+def shared_root() -> Path:
+    """The shared offline assets folder (models, data): ``DAPBENCH_SHARED``, else ``../shared`` beside the checkout."""
+    root = os.environ.get("DAPBENCH_SHARED")
+    return Path(root) if root else Path(__file__).resolve().parents[2] / "shared"
 
 
 def _shared_path(relative: str) -> Path:
-    """Locate the shared offline assets: ``DAPBENCH_SHARED`` or ``../shared`` beside the checkout."""
-    root = os.environ.get("DAPBENCH_SHARED")
-    base = Path(root) if root else Path(__file__).resolve().parents[2] / "shared"
-    return base / relative
+    return shared_root() / relative
 
 
 def profile_config(name: str) -> RunConfig:
     """The default configuration of a named profile."""
     if name not in PROFILES:
         raise DapbenchError(f"unknown profile {name!r}", f"choose one of: {', '.join(PROFILES)}")
-    return PROFILES[name]()
+    return PROFILES[name].build()
 
 
 def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -26,10 +26,19 @@ def _as_is(name: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def on_device(batches: Iterable[dict[str, torch.Tensor]], device) -> Iterable[dict[str, torch.Tensor]]:
-    """Each host batch moved to ``device`` as it is read."""
-    for batch in batches:
-        yield {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+class DeviceBatches:
+    """A re-iterable view of host batches that moves each batch to ``device`` as it is read (the probe
+    loaders methods iterate several times, and the held-out sets)."""
+
+    def __init__(self, batches: list[dict[str, torch.Tensor]], device):
+        self.batches, self.device = batches, device
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for batch in self.batches:
+            yield {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def __len__(self) -> int:
+        return len(self.batches)
 
 
 @torch.no_grad()
@@ -40,7 +49,7 @@ def heldout_losses(model, heldout: Batches, device, view: View = _as_is) -> dict
         for name, batches in heldout.items():
             total, count = 0.0, 0
             with view(name):
-                for batch in on_device(batches, device):
+                for batch in DeviceBatches(batches, device):
                     n = int(batch["mlm_targets"].numel())
                     total += float(mlm_loss(model, batch)) * n
                     count += n
@@ -62,7 +71,7 @@ def heldout_features(model, heldout: Batches, device, view: View = _as_is) -> di
         for name, batches in heldout.items():
             rows = []
             with view(name):
-                for batch in on_device(batches, device):
+                for batch in DeviceBatches(batches, device):
                     mask = batch["attention_mask"]
                     hidden = encoder(input_ids=batch["original_ids"], attention_mask=mask).last_hidden_state.float()
                     weights = mask.to(hidden.dtype).unsqueeze(-1)

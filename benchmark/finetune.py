@@ -150,6 +150,16 @@ def predict(model: nn.Module, features: list[dict], collator, batch_size: int, a
     return predictions
 
 
+def evaluate_end_task(
+    model: nn.Module, task: EncodedTask, tokenizer, cfg: FinetuneConfig, seed: int, accelerator
+) -> dict:
+    """Score ``model`` on one end task by the configured protocol: a linear probe of frozen features, or
+    fine-tuning (the paper's protocol)."""
+    if cfg.protocol == "linear_probe":
+        return probe_and_evaluate(model, task, tokenizer, cfg, accelerator)
+    return finetune_and_evaluate(model, task, tokenizer, cfg, seed, accelerator)
+
+
 def probe_and_evaluate(model: nn.Module, task: EncodedTask, tokenizer, cfg: FinetuneConfig, accelerator) -> dict:
     """Linear probe: freeze ``model`` (the method's fine-tuning model), take the mean of its encoder's last
     hidden states over non-padding tokens, fit a logistic regression on the training split and score the

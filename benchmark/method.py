@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -66,8 +66,9 @@ class RunEnv:
     num_domains: int
     domains: tuple[str, ...]
     seed: int
-    scratch_dir: Path
-    log: Callable[[str, float], None] = lambda name, value: None
+    base_model: str = ""
+    """The base model's hub id or directory: a method anchored to the base weights (L2-SP, EWC towards the
+    base) loads them from here instead of copying them into every checkpoint's method state."""
 
 
 @dataclass
@@ -130,13 +131,13 @@ class FinetuneContext:
     num_labels: int
     task_domain_index: int | None = None
     """The end task's domain index; None unless the method declares ``needs_domain_id_at_finetune``."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
-class ContinualMethod:
-    """Base class of every method. Every hook has a no-op default, so NCL is the empty subclass."""
+class MethodDeclaration:
+    """What a method declares about itself (class attributes) and how its records are labelled."""
 
     name: ClassVar[str] = ""
+    """The registry name; it must equal the entry-point name the method is registered under."""
     config_cls: ClassVar[type[MethodConfig]] = MethodConfig
     capabilities: ClassVar[Capabilities] = Capabilities()
     comparison_role: ClassVar[str | None] = None
@@ -144,63 +145,16 @@ class ContinualMethod:
     leaderboard (paired by seed); None for every other method."""
     leaderboard_note: ClassVar[str] = ""
     """One sentence the leaderboard's reading prints about what this method's numbers mean, if needed."""
+    studies: ClassVar[Mapping[str, Callable[[Any, Mapping[str, str]], dict]]] = {}
+    """Named measurements the method offers beside runs (``dapbench study <method> <name>``): each takes the
+    resolved ``RunConfig`` and the ``--option key=value`` strings and returns a JSON-ready dict."""
+    version: ClassVar[int] = 1
+    """Bumped when a change of the method changes its numbers for unchanged options: it is part of the run id
+    (``benchmark.identity``), so records of the old code are never taken for the new code's."""
 
     def __init__(self, config: MethodConfig, *, env: RunEnv):
         self.config = config
         self.env = env
-
-    # -- model surgery -------------------------------------------------------------------------
-    def setup(self, model: nn.Module) -> nn.Module:
-        """Modify the freshly loaded model once (gates, adapters, prompts) and return the model to train."""
-        return model
-
-    def trainable_parameters(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-        """The parameters the DAP optimizer updates (default: every parameter that requires grad)."""
-        return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-    # -- per-domain hooks ----------------------------------------------------------------------
-    def before_domain(self, ctx: DomainContext) -> None:
-        """Called before training on a domain (e.g. importance at initialisation, teacher snapshot)."""
-
-    def after_domain(self, ctx: DomainContext) -> None:
-        """Called after training on a domain (e.g. importance, Fisher, replay buffer)."""
-
-    # -- per-step hooks ------------------------------------------------------------------------
-    def training_loss(
-        self, batch: Mapping[str, torch.Tensor], outputs: StepOutput, ctx: StepContext
-    ) -> dict[str, torch.Tensor]:
-        """Extra named loss terms added to the MLM loss; may run extra forward passes."""
-        return {}
-
-    def after_backward(self, ctx: StepContext) -> None:
-        """Gradient hook: after backward, before clipping and the optimizer step."""
-
-    def after_optimizer_step(self, ctx: StepContext) -> None:
-        """Called after every optimizer step (e.g. clamping, running statistics)."""
-
-    # -- evaluation ----------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def heldout_view(self, model: nn.Module, domain_index: int | None) -> Iterator[None]:
-        """Inside the block ``model`` is as it is evaluated on held-out text of domain ``domain_index``
-        (None: general text) after the current domain; the default leaves it as it is. A method whose
-        model depends on the domain (task masks) selects what it would use for that domain."""
-        yield
-
-    # -- fine-tune handoff ---------------------------------------------------------------------
-    def finetune_model(self, ctx: FinetuneContext) -> nn.Module:
-        """The classification model for end-task fine-tuning (default: a fresh head on checkpoint t)."""
-        from transformers import AutoModelForSequenceClassification
-
-        from benchmark.modeling import quiet_transformers
-
-        with quiet_transformers():
-            return AutoModelForSequenceClassification.from_pretrained(ctx.checkpoint_dir, num_labels=ctx.num_labels)
-
-    # -- state ---------------------------------------------------------------------------------
-    def domain_report(self) -> dict[str, Any]:
-        """JSON-ready facts about the method's state after a domain (kept small: summaries, not tensors);
-        stored per domain in the run record and plotted by ``dapbench report``."""
-        return {}
 
     def variant(self) -> str:
         """The options that differ from the defaults (``fidelity=reference``), to label records."""
@@ -214,6 +168,58 @@ class ContinualMethod:
         """Name plus non-default options, e.g. ``das[fidelity=reference]``: one leaderboard row each."""
         variant = self.variant()
         return f"{self.name}[{variant}]" if variant else self.name
+
+
+class ContinualMethod(MethodDeclaration):
+    """Base class of every method: the hooks the runner calls. Every hook has a no-op default, so NCL is the
+    empty subclass. Per stage: ``setup`` (on every model load: fresh, checkpoint, fine-tune) ->
+    ``load_state_dict`` -> ``before_domain`` -> per update [``training_loss`` -> ``after_backward`` ->
+    ``after_optimizer_step``] -> ``after_domain`` -> ``domain_report`` -> ``heldout_view`` -> ``state_dict``;
+    then per end task ``finetune_model``."""
+
+    def setup(self, model: nn.Module) -> nn.Module:
+        """Modify the freshly loaded model once (gates, adapters, prompts) and return the model to train."""
+        return model
+
+    def trainable_parameters(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+        """The parameters the DAP optimizer updates (default: every parameter that requires grad)."""
+        return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+    def before_domain(self, ctx: DomainContext) -> None:
+        """Called before training on a domain (e.g. importance at initialisation, teacher snapshot)."""
+
+    def after_domain(self, ctx: DomainContext) -> None:
+        """Called after training on a domain (e.g. importance, Fisher, replay buffer)."""
+
+    def training_loss(
+        self, batch: Mapping[str, torch.Tensor], outputs: StepOutput, ctx: StepContext
+    ) -> dict[str, torch.Tensor]:
+        """Extra named loss terms added to the MLM loss; may run extra forward passes."""
+        return {}
+
+    def after_backward(self, ctx: StepContext) -> None:
+        """Gradient hook: after backward, before clipping and the optimizer step."""
+
+    def after_optimizer_step(self, ctx: StepContext) -> None:
+        """Called after every optimizer step (e.g. clamping, running statistics)."""
+
+    @contextlib.contextmanager
+    def heldout_view(self, model: nn.Module, domain_index: int | None) -> Iterator[None]:
+        """Inside the block ``model`` is as it is evaluated on held-out text of domain ``domain_index``
+        (None: general text) after the current domain; the default leaves it as it is. A method whose
+        model depends on the domain (task masks) selects what it would use for that domain."""
+        yield
+
+    def finetune_model(self, ctx: FinetuneContext) -> nn.Module:
+        """The classification model for end-task fine-tuning (default: a fresh head on checkpoint t)."""
+        from benchmark.modeling import classifier_from_checkpoint
+
+        return classifier_from_checkpoint(ctx.checkpoint_dir, ctx.num_labels)
+
+    def domain_report(self) -> dict[str, Any]:
+        """JSON-ready facts about the method's state after a domain (kept small: summaries, not tensors);
+        stored per domain in the run record and plotted by ``dapbench report``."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         """The method's own state (tensors on CPU); the model is saved separately."""

@@ -191,3 +191,11 @@ def mlm_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[to
 def mlm_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Mean MLM cross-entropy at the masked positions (see :func:`mlm_forward`)."""
     return mlm_forward(model, batch)[0]
+
+
+def classifier_from_checkpoint(checkpoint_dir: str | Path, num_labels: int) -> nn.Module:
+    """A sequence classifier with a fresh ``num_labels`` head on the encoder saved in ``checkpoint_dir``."""
+    from transformers import AutoModelForSequenceClassification
+
+    with quiet_transformers():
+        return AutoModelForSequenceClassification.from_pretrained(checkpoint_dir, num_labels=num_labels)

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.io import atomic_write_bytes
-from benchmark.metrics import record_loss_metrics
 
 
 def _pyplot():
@@ -33,7 +32,7 @@ def _save(fig, path: Path) -> Path:
 def _by_label(records: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for record in records:
-        out.setdefault(record.get("method_label", record["method"]), []).append(record)
+        out.setdefault(record["method_label"], []).append(record)
     return dict(sorted(out.items()))
 
 
@@ -168,7 +167,7 @@ def plot_stability_plasticity(records: list[dict], path: Path) -> Path | None:
     marker's area grows with the general-loss rise. Methods without forgetting (per-domain, joint) are left out."""
     points = {}
     for label, runs in _by_label(records).items():
-        metrics = [record_loss_metrics(r) for r in runs]
+        metrics = [r["mlm_loss"]["metrics"] for r in runs]
         if any(m["plasticity"] is None or m["forgetting"] is None for m in metrics):
             continue
         values = {key: np.array([m[key] for m in metrics], dtype=float) for key in metrics[0]}

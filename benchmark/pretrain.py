@@ -76,8 +76,7 @@ def pretrain_base(
     ``vocab_corpora`` (default: the corpus itself) only shape the tokenizer's vocabulary; the model
     sees nothing but ``corpus``.
     """
-    from tqdm.auto import tqdm
-    from transformers import BertConfig, BertForMaskedLM, get_cosine_schedule_with_warmup, set_seed
+    from transformers import BertConfig, BertForMaskedLM, set_seed
 
     if not Path(corpus).is_file():
         raise DapbenchError(f"corpus not found: {corpus}", "pass a text file with one passage per line")
@@ -102,22 +101,9 @@ def pretrain_base(
         collate_fn=MlmCollator(tokenizer),
         drop_last=len(data.train) >= spec.batch_size,
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, spec.steps // 20, spec.steps)
     heldout = fixed_mlm_batches(data.heldout, tokenizer, 128, 64, 0.15)
-    start, step = time.perf_counter(), 0
-    model.train()
-    with tqdm(total=spec.steps, desc="pretrain-base", disable=not show_progress, leave=False) as bar:
-        while step < spec.steps:
-            for batch in loader:
-                mlm_loss(model, batch).backward()
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-                bar.update()
-                if step >= spec.steps:
-                    break
+    start = time.perf_counter()
+    _train_mlm(model, loader, spec, show_progress)
     reinitialised = _reinitialise_unseen_tokens(model, tokenizer, read_corpus_lines(corpus))
     report = {
         "reinitialised_unseen_tokens": reinitialised,
@@ -134,6 +120,28 @@ def pretrain_base(
         atomic_write_json(tmp / "pretraining.json", report)
 
     return atomic_directory(out_dir, fill)
+
+
+def _train_mlm(model, loader: DataLoader, spec: BaseModelSpec, show_progress: bool) -> None:
+    """``spec.steps`` AdamW updates of plain MLM with a cosine schedule, cycling through ``loader``."""
+    from tqdm.auto import tqdm
+    from transformers import get_cosine_schedule_with_warmup
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, spec.steps // 20, spec.steps)
+    step = 0
+    model.train()
+    with tqdm(total=spec.steps, desc="pretrain-base", disable=not show_progress, leave=False) as bar:
+        while step < spec.steps:
+            for batch in loader:
+                mlm_loss(model, batch).backward()
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                bar.update()
+                if step >= spec.steps:
+                    break
 
 
 @torch.no_grad()

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from benchmark.config import is_fixture_profile
 from benchmark.errors import DapbenchError
-from benchmark.io import atomic_write_bytes, atomic_write_text, read_json, safe_name
-from benchmark.metrics import record_loss_metrics
+from benchmark.io import atomic_write_bytes, atomic_write_text, safe_name
+from benchmark.records import load_records
 
 # (column title, getter, higher is better (None: neither), format)
 Column = tuple[str, Callable[[dict], "float | None"], "bool | None", str]
@@ -58,32 +59,19 @@ The same held-out batches and weights give bit-identical losses on one device; a
 the records were not measured on the same evaluation (another device or precision, changed data or masks)."""
 
 
-def load_records(results_dir: str | Path) -> list[dict]:
-    """Every run record (JSON with a ``schema`` key) under ``results_dir``; corrupt files are errors."""
-    root = Path(results_dir)
-    if not root.is_dir():
-        raise DapbenchError(f"no results directory at {root}", "run `dapbench run` first or pass --output-dir")
-    records = []
-    for path in sorted(root.rglob("*.json")):
-        data = read_json(path, "run record")
-        if isinstance(data, dict) and "schema" in data and data.get("status") == "complete":
-            records.append(data)
-    return records
-
-
 def _summary(record: dict, metric: str, key: str) -> float | None:
     block = record["summary"].get(metric)
     return None if block is None else block.get(key)
 
 
 def _loss_metric(record: dict, name: str) -> float | None:
-    """A loss-based continual metric, computed from the record's raw held-out losses (older records too)."""
-    return record_loss_metrics(record)[name]
+    """A loss-based continual metric of the record (``mlm_loss.metrics``)."""
+    return record["mlm_loss"]["metrics"][name]
 
 
 def _final_drift(record: dict, key: str) -> float | None:
     """Representation drift of all held-out inputs after the last stage (None for records without it)."""
-    stages = (record.get("representation") or {}).get("after_domain") or [None]
+    stages = (record["representation"] or {"after_domain": [None]})["after_domain"]
     return None if stages[-1] is None else stages[-1]["all"][key]
 
 
@@ -153,10 +141,6 @@ def _heatmap(frame: pd.DataFrame, title: str, path: Path) -> Path:
     atomic_write_bytes(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     plt.close(fig)
     return path
-
-
-FIXTURE_PROFILES = ("ci",)
-"""Profiles whose records are test fixtures (CI key numbers), not leaderboard entries."""
 
 
 def leaderboard_frame(records: list[dict]) -> pd.DataFrame:
@@ -236,8 +220,8 @@ def _budget(record: dict) -> str:
 
 
 def _is_probe(ft: dict) -> bool:
-    """Whether end tasks were scored by linear probe (records from before the probe existed fine-tuned)."""
-    return ft.get("protocol", "finetune") == "linear_probe"
+    """Whether end tasks were scored by linear probe (else fine-tuned)."""
+    return ft["protocol"] == "linear_probe"
 
 
 def _end_task_protocol(ft: dict) -> str:
@@ -303,7 +287,9 @@ def _fmt(values: pd.Series, kind: str) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def leaderboard_markdown(records: list[dict], plots: dict[str, dict[str, Path]] | None = None) -> str:
+def leaderboard_markdown(
+    records: list[dict], plots: dict[str, dict[str, Path]] | None = None, superseded: list[str] = ()
+) -> str:
     """The generated leaderboard: per group a header, the continual (held-out loss) table with paired
     verdicts, the end-task table, its plots and a reading generated from its numbers."""
     lines = [
@@ -328,6 +314,12 @@ def leaderboard_markdown(records: list[dict], plots: dict[str, dict[str, Path]] 
         "per-domain = one model per domain from the base model; joint = one model on the union of domains.",
         "",
     ]
+    if superseded:
+        lines += [
+            f"Left out: {len(superseded)} schema-1 record(s) re-run since with the current code: "
+            + ", ".join(f"`{run}`" for run in superseded),
+            "",
+        ]
     if not records:
         return "\n".join([*lines, "No complete run records yet.", ""])
     frame = leaderboard_frame(records)
@@ -345,7 +337,8 @@ def leaderboard_markdown(records: list[dict], plots: dict[str, dict[str, Path]] 
         lines += ["", "### End tasks", "", *_table(part, END_TASK_COLUMNS, "final macro-F1"), ""]
         lines += _plot_links((plots or {}).get(group, {}))
         lines += ["", "**Reading** (generated from the numbers above):", ""]
-        lines += [*_loss_reading(part, references), *_reading(part, members, references.get("no_dap")), ""]
+        lines += [*_loss_reading(part, references), *_variant_reading(part)]
+        lines += [*_reading(part, members, references.get("no_dap")), ""]
     return "\n".join(lines)
 
 
@@ -357,7 +350,7 @@ def _group_header(records: list[dict]) -> list[str]:
     devices = sorted(
         {f"{r['environment']['device_name']}, {r['environment']['torch_threads']} torch thread(s)" for r in records}
     )
-    data = hashlib.sha256(json.dumps(first.get("data_checksums", {}), sort_keys=True).encode()).hexdigest()[:10]
+    data = hashlib.sha256(json.dumps(first["data_checksums"], sort_keys=True).encode()).hexdigest()[:10]
     dap, ft = config["dap"], config["finetune"]
     wall = sum(r["timing"]["wall_seconds"] for r in records)
     return [
@@ -475,6 +468,27 @@ def _loss_reading(part: pd.DataFrame, references: dict[str, str], alpha: float =
     return lines
 
 
+def _variant_reading(part: pd.DataFrame) -> list[str]:
+    """Reading lines: each option variant (``das[ablation=no_contrast]``) against its method with default options
+    (``das``) on the held-out-loss metrics, paired by seed: what each option changes."""
+    lines = []
+    for base in sorted({m for m in part["method"] if "[" not in m}):
+        variants = sorted(m for m in part["method"].unique() if m.startswith(f"{base}["))
+        if not variants:
+            continue
+        subset = part[part["method"].isin([base, *variants])]
+        cells = []
+        for column, _ in VERDICT_METRICS:
+            table = paired_against_reference(subset, base, column, scale=1.0)
+            for variant, row in table.iterrows():
+                cells.append((variant, column, row["mean"], row["p"]))
+        for variant in variants:
+            parts = [f"{c} {d:+.3f} (p={p_value:.2g})" for v, c, d, p_value in cells if v == variant]
+            if parts:
+                lines.append(f"- `{variant}` against `{base}` (paired by seed, nats): " + ", ".join(parts) + ".")
+    return lines
+
+
 def _plot_links(plots: dict[str, Path]) -> list[str]:
     titles = {
         "stability-plasticity": "stability vs plasticity (held-out loss)",
@@ -488,26 +502,28 @@ def _plot_links(plots: dict[str, Path]) -> list[str]:
     return [f"Plots: {' · '.join(links)}; per-run A[t][k] heatmaps in `results/plots/`."] if links else []
 
 
+def _spread_reading(part: pd.DataFrame, means: pd.Series) -> list[str]:
+    """Whether the seed spread of final macro-F1 resolves the differences between method means."""
+    span = means.max() - means.min()
+    if part.groupby("method").size().max() > 1:
+        std = (part.groupby("method")["final macro-F1"].std(ddof=1) * 100).max()
+        verdict = "exceeds" if std >= span / 2 else "is below half of"
+        return [
+            f"- Seed spread: the largest std of final macro-F1 over seeds is {std:.2f} points and the method means "
+            f"span {span:.2f} points; the spread {verdict} the span, so only differences well above {std:.2f} points "
+            f"are resolved."
+        ]
+    return [
+        f"- One seed per method: seed-to-seed spread is not measured, so differences between methods (their "
+        f"final macro-F1 spans {span:.2f} points) are not established."
+    ]
+
+
 def _reading(part: pd.DataFrame, records: list[dict], no_dap: str | None = None) -> list[str]:
     """Facts a reader should weigh about the end tasks, computed from the group's numbers (not hand-written);
     ``no_dap`` is the label of the group's no-DAP reference, if it has one."""
     means = part.groupby("method")["final macro-F1"].mean() * 100
-    counts = part.groupby("method").size()
-    lines = []
-    span = means.max() - means.min()
-    if counts.max() > 1:
-        std = (part.groupby("method")["final macro-F1"].std(ddof=1) * 100).max()
-        verdict = "exceeds" if std >= span / 2 else "is below half of"
-        lines.append(
-            f"- Seed spread: the largest std of final macro-F1 over seeds is {std:.2f} points and the method means "
-            f"span {span:.2f} points; the spread {verdict} the span, so only differences well above {std:.2f} points "
-            f"are resolved."
-        )
-    else:
-        lines.append(
-            f"- One seed per method: seed-to-seed spread is not measured, so differences between methods (their "
-            f"final macro-F1 spans {span:.2f} points) are not established."
-        )
+    lines = _spread_reading(part, means)
     if no_dap in means:
         dap = means.drop(no_dap)
         if not dap.empty:
@@ -531,7 +547,7 @@ def _reading(part: pd.DataFrame, records: list[dict], no_dap: str | None = None)
             f" on every end task ({', '.join(f'`{m}`' for m in same)}): their end-task models make the same"
             " predictions, so at this budget the end tasks do not separate them."
         )
-    majority = records[0].get("majority_class")
+    majority = records[0]["majority_class"]
     if majority:
         best = part.groupby("method")["final acc"].mean().max() * 100
         lines.append(
@@ -595,7 +611,7 @@ def _method_notes(records: list[dict]) -> list[str]:
 
 
 def paired_against_reference(
-    part: pd.DataFrame, reference: str = "none", column: str = "final macro-F1", scale: float = 100.0
+    part: pd.DataFrame, reference: str, column: str = "final macro-F1", scale: float = 100.0
 ) -> pd.DataFrame:
     """Each method's per-seed difference from ``reference`` on the seeds both ran, with a paired test.
 
@@ -625,7 +641,7 @@ def paired_against_reference(
     return table.sort_values("mean", ascending=False)
 
 
-def _against_no_dap(part: pd.DataFrame, no_dap: str = "none", alpha: float = 0.05) -> list[str]:
+def _against_no_dap(part: pd.DataFrame, no_dap: str, alpha: float = 0.05) -> list[str]:
     """A reading line: which methods differ from the no-DAP reference ``no_dap`` beyond seed-to-seed noise
     (final macro-F1)."""
     table = paired_against_reference(part, no_dap)
@@ -647,10 +663,10 @@ def _against_no_dap(part: pd.DataFrame, no_dap: str = "none", alpha: float = 0.0
 
 
 def _label(record: dict) -> str:
-    return record.get("method_label", record["method"])
+    return record["method_label"]
 
 
-def _same_scores_as_no_dap(records: list[dict], no_dap: str = "none") -> list[str]:
+def _same_scores_as_no_dap(records: list[dict], no_dap: str) -> list[str]:
     """DAP methods whose scored entries (final row or diagonal) equal the no-DAP baseline's (label ``no_dap``),
     every seed."""
     reference = {r["seed"]: r["matrices"]["acc"] for r in records if _label(r) == no_dap}
@@ -678,7 +694,8 @@ def _entries(matrix: list[list[float | None]], like: list[list[float | None]] | 
 def write_report(output_dir: str | Path) -> dict[str, int]:
     """Regenerate every table, plot and ``leaderboard.md`` from the records under ``output_dir/results``."""
     out = Path(output_dir)
-    records = [r for r in load_records(out / "results") if r["profile"] not in FIXTURE_PROFILES]
+    loaded = [r for r in load_records(out / "results") if not is_fixture_profile(r["profile"])]
+    records, superseded = drop_superseded(loaded)
     groups = _records_by_group(records)  # checked before anything is written
     for record in records:  # names that become file names, from files anyone could have put there
         safe_name(record["run_id"], "record run id")
@@ -686,8 +703,18 @@ def write_report(output_dir: str | Path) -> dict[str, int]:
     files = [path for record in records for path in write_run_tables(record, out / "results")]
     plots = _group_plots(groups, out)
     files += [path for group in plots.values() for path in group.values()]
-    atomic_write_text(out / "leaderboard.md", leaderboard_markdown(records, plots))
+    atomic_write_text(out / "leaderboard.md", leaderboard_markdown(records, plots, superseded))
     return {"records": len(records), "files": len(files) + 1}
+
+
+def drop_superseded(records: list[dict]) -> tuple[list[dict], list[str]]:
+    """Records without the migrated schema-1 records that a re-run of the same method label and seed in the same
+    leaderboard group replaces (schema-1 ids hashed paths, so a re-run gets a new id and both files exist); and
+    the run ids of the dropped ones, which the leaderboard names."""
+    current = {(_group(r), _label(r), r["seed"]) for r in records if r["identity"] is not None}
+    dropped = [r for r in records if r["identity"] is None and (_group(r), _label(r), r["seed"]) in current]
+    ids = {id(r) for r in dropped}
+    return [r for r in records if id(r) not in ids], sorted(r["run_id"] for r in dropped)
 
 
 def _group_plots(groups: dict[str, list[dict]], out: Path) -> dict[str, dict[str, Path]]:

@@ -66,7 +66,7 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
     try:
         return RunConfig(
             **{
-                **data,
+                **{k: v for k, v in data.items() if k not in ("output_dir", "work_dir")},
                 "dap": DapConfig(**data["dap"]),
                 "finetune": FinetuneConfig(**data["finetune"]),
                 "methods": tuple(data["methods"]),
@@ -165,19 +165,25 @@ def cpu_threads(count: int) -> Iterator[None]:
 def reproduction_config(record: dict, output_dir: str | Path, paths: dict[str, str | None]) -> RunConfig:
     """The record's configuration for one fresh run of its method and seed under ``output_dir``.
 
-    Paths given in ``paths`` replace the recorded ones; a recorded path that does not exist here
-    falls back to the profile's default (the shared assets), and the data checksums decide later
-    whether that is the same data.
+    Paths given in ``paths`` replace the recorded ones; ``shared:`` locations resolve under this machine's
+    shared assets folder; a recorded location that does not exist here (a ``local:`` name from another
+    machine) falls back to the profile's default, and the input checksums decide later whether that is
+    the same input.
     """
+    from benchmark.config import PROFILES
+    from benchmark.records import resolve_portable
+
     config = config_from_dict(record["config"])
-    defaults = profile_config(config.profile) if config.profile in ("mini", "ci") else None
+    defaults = profile_config(config.profile) if config.profile in PROFILES else None
     replaced = {}
     for name in PATH_FIELDS:
-        given, recorded = paths.get(name), getattr(config, name)
+        given, recorded = paths.get(name), resolve_portable(getattr(config, name))
         if given:
             replaced[name] = given
-        elif recorded and not Path(recorded).exists() and defaults is not None:
+        elif recorded and _missing_here(recorded) and defaults is not None:
             replaced[name] = getattr(defaults, name)
+        else:
+            replaced[name] = recorded
     out = Path(output_dir)
     return dataclasses.replace(
         config,
@@ -189,6 +195,11 @@ def reproduction_config(record: dict, output_dir: str | Path, paths: dict[str, s
     )
 
 
+def _missing_here(location: str) -> bool:
+    """Whether a recorded input location names nothing on this machine (hub ids are taken as present)."""
+    return location.startswith("local:") or (Path(location).is_absolute() and not Path(location).exists())
+
+
 def check_data(record: dict, checksums: dict[str, str]) -> None:
     """Fail with the list of differing inputs if this machine's data is not the record's."""
     recorded = record.get("data_checksums", {})
@@ -196,5 +207,6 @@ def check_data(record: dict, checksums: dict[str, str]) -> None:
     if differing:
         raise DapbenchError(
             f"the data here differs from the data of the record: {', '.join(differing)}",
-            "point --data-root (and --general-heldout) at the data release the record was made from",
+            "pass the record's inputs: --model, --data-root, --general-heldout, --general-corpus (a record names"
+            " inputs outside the shared assets only as local:<name>)",
         )

@@ -60,6 +60,7 @@ import torch
 from benchmark.errors import DapbenchError
 from benchmark.method import ContinualMethod, DomainContext, MethodConfig, StepContext, StepOutput
 from benchmark.modeling import encoder_of, layer_modules
+from methods._shared import importance_study
 from methods._shared.contrast import gather_with_grad, info_nce, mean_pool, reference_pairing
 from methods._shared.importance import gate_importance, kl_proxy_loss, mlm_importance_loss, reference_kl_proxy_loss
 from methods._shared.softmask import (
@@ -174,6 +175,10 @@ class DAS(ContinualMethod):
 
     name: ClassVar[str] = "das"
     config_cls: ClassVar[type[MethodConfig]] = DASConfig
+    studies: ClassVar[dict] = {
+        "importance-similarity": importance_study.similarity_study,
+        "importance-stability": importance_study.stability_study,
+    }
     config: DASConfig
 
     def __init__(self, config: DASConfig, *, env):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmark.cli import _quiet_libraries
+from benchmark.api import quiet_libraries as _quiet_libraries
 from benchmark.config import RunConfig, profile_config
 from benchmark.pretrain import BaseModelSpec
 from benchmark.synthetic import build_world, pretrain_synthetic_base, write_world

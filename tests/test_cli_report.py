@@ -8,10 +8,12 @@ import torch
 from benchmark.cli import main
 from benchmark.config import apply_overrides, profile_config
 from benchmark.errors import DapbenchError
+from benchmark.inputs import prepare_data
 from benchmark.io import atomic_write_json
+from benchmark.records import load_records
 from benchmark.registry import Registry, default_registry
-from benchmark.report import leaderboard_markdown, load_records, write_report
-from benchmark.runner import ContinualRun, prepare_data
+from benchmark.report import leaderboard_markdown, write_report
+from benchmark.runner import ContinualRun
 
 
 def test_overrides_are_typed_and_validated():
@@ -34,17 +36,6 @@ def test_overrides_are_typed_and_validated():
         apply_overrides(config, ["dap.steps=many"])
     with pytest.raises(DapbenchError, match="unknown profile"):
         profile_config("huge")
-
-
-def test_fingerprint_ignores_locations_but_not_budgets():
-    config = profile_config("mini")
-    assert config.fingerprint() == dataclasses.replace(config, output_dir="/elsewhere").fingerprint()
-    assert config.fingerprint() != apply_overrides(config, ["dap.steps=1"]).fingerprint()
-    # a method's id depends on its own options only
-    das_variant = apply_overrides(config, ["das.fidelity=reference"])
-    assert das_variant.fingerprint("ncl") == config.fingerprint("ncl")
-    assert das_variant.fingerprint("das") != config.fingerprint("das")
-    assert config.fingerprint("ncl") == config.fingerprint()  # no method options: the ids committed so far
 
 
 def test_registry_lists_builtins_and_rejects_clashes():
@@ -129,7 +120,7 @@ def test_cli_run_and_report_end_to_end(tiny_config, capsys):
     ]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "ncl seed 1: final acc" in out and "NCL forgetting rate" in out
+    assert "ncl seed 1: final acc" in out and "naive continual DAP forgetting rate" in out
     from pathlib import Path
 
     root = Path(tiny_config.output_dir)
@@ -152,7 +143,13 @@ def test_cli_run_and_report_end_to_end(tiny_config, capsys):
     record_path = next((root / "results" / "synthetic").glob("ncl-*.json"))
     again = root / "again"
     threads_before = torch.get_num_threads()
-    assert main(["reproduce", str(record_path), "--output-dir", str(again), "--quiet"]) == 0
+    # the record names its inputs portably (``local:<name>``, no absolute paths): this machine's are passed
+    record = json.loads(record_path.read_text())
+    assert record["config"]["model"] == f"local:{Path(tiny_config.model).name}"
+    assert tiny_config.data_root not in record_path.read_text() and str(root) not in record_path.read_text()
+    inputs = ["--model", tiny_config.model, "--data-root", tiny_config.data_root]
+    inputs += ["--general-heldout", tiny_config.general_heldout]
+    assert main(["reproduce", str(record_path), "--output-dir", str(again), "--quiet", *inputs]) == 0
     out = capsys.readouterr().out
     assert "0 outside tolerance" in out and "largest score difference: 0.00000" in out
     recorded = json.loads(record_path.read_text())["environment"]["torch_threads"]
@@ -203,7 +200,8 @@ def test_atomic_json_write_keeps_the_old_file_on_failure(tmp_path):
 
 
 def test_bench_and_importance_similarity(tiny_config):
-    from benchmark.bench import importance_similarity, step_times
+    from benchmark.bench import step_times
+    from methods._shared.importance_study import importance_similarity
 
     times = step_times(tiny_config, ["ncl", "das"], steps=2)
     assert times["ncl"]["ratio"] == 1.0 and times["das"]["step_seconds"] > 0
@@ -213,7 +211,7 @@ def test_bench_and_importance_similarity(tiny_config):
 
 
 def test_importance_stability_reports_split_half_rank_correlations(tiny_config):
-    from benchmark.bench import importance_stability
+    from methods._shared.importance_study import importance_stability
 
     result = importance_stability(tiny_config, sizes=(8,))
     assert set(result["split_half"]) == {"per_example/8", "per_batch/8"}
@@ -233,7 +231,7 @@ def test_reading_names_methods_whose_scores_equal_no_dap():
     same = record("ncl", [[0.5, None], [0.5, 0.6]])
     other = record("das", [[0.5, None], [0.5, 0.7]])
     pool = record("pool", [[None, None], [0.5, 0.6]])
-    assert _same_scores_as_no_dap([none, same, other, pool]) == ["ncl", "pool"]
+    assert _same_scores_as_no_dap([none, same, other, pool], "none") == ["ncl", "pool"]
 
 
 def test_paired_comparison_with_no_dap_separates_consistent_differences_from_noise():
@@ -247,11 +245,11 @@ def test_paired_comparison_with_no_dap_separates_consistent_differences_from_noi
     rows += [("same", s, v) for s, v in ((1, 0.50), (2, 0.52), (3, 0.51))]
     rows += [("one_seed", 1, 0.9)]
     part = pd.DataFrame(rows, columns=["method", "seed", "final macro-F1"])
-    table = paired_against_reference(part)
+    table = paired_against_reference(part, "none")
     assert set(table.index) == {"worse", "noisy", "same"}  # one shared seed is not testable
     assert table.loc["worse", "mean"] == pytest.approx(-5.03, abs=0.01) and table.loc["worse", "q"] < 0.05
     assert table.loc["noisy", "q"] > 0.05 and table.loc["same", "p"] == 1.0
-    (line,) = _against_no_dap(part)
+    (line,) = _against_no_dap(part, "none")
     assert "consistently above it none; consistently below it `worse` (-5.03)" in line
     assert "do not separate the other 2 from no DAP" in line
 
@@ -314,3 +312,23 @@ def test_records_made_before_a_method_option_existed_are_flagged_as_older_code()
     assert _options_added_since(stale) == ["mask_target", "other_params"]
     (line,) = _older_code_reading([fresh, stale])
     assert line.startswith("- `dga` (flag `older code`): its records predate the option(s) mask_target")
+
+
+def test_variant_reading_compares_each_option_variant_with_its_method():
+    import pandas as pd
+
+    from benchmark.report import _variant_reading
+
+    rows = []
+    for seed, noise in ((1, 0.0), (2, 0.01), (3, -0.01)):
+        rows.append({"method": "das", "seed": seed, "forgetting": 0.2 + noise, "general rise": 0.2, "plasticity": 0.3})
+        rows.append(
+            {"method": "das[x=1]", "seed": seed, "forgetting": 0.1 + noise, "general rise": 0.2, "plasticity": 0.3}
+        )
+        rows.append({"method": "ncl", "seed": seed, "forgetting": 0.3, "general rise": 0.2, "plasticity": 0.3})
+    (line,) = _variant_reading(pd.DataFrame(rows))
+    assert (
+        line.startswith("- `das[x=1]` against `das`")
+        and "forgetting -0.100 (p=" in line
+        and "general rise +0.000 (p=1)" in line
+    )

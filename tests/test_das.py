@@ -7,8 +7,9 @@ import torch
 from model_helpers import tiny_mlm, toy_batch
 
 from benchmark.errors import DapbenchError
+from benchmark.inputs import prepare_data
 from benchmark.modeling import layer_modules, mlm_loss
-from benchmark.runner import ContinualRun, prepare_data
+from benchmark.runner import ContinualRun
 from methods._shared.contrast import info_nce, mean_pool, reference_pairing
 from methods._shared.importance import gate_importance, kl_proxy_loss, mlm_importance_loss, reference_kl_proxy_loss
 from methods._shared.softmask import (
@@ -331,7 +332,7 @@ def test_no_softmask_ablation_uses_no_importance_and_contrasts_views_only(tiny_c
 def test_other_params_freeze_keeps_embeddings_and_head(tiny_config):
     config = dataclasses.replace(tiny_config, method_options={"das": {"other_params": "freeze"}})
     run = ContinualRun(config, prepare_data(config), "das", 3, show_progress=False)
-    model = run._model_for_domain(0)
+    model = run.models.for_stage(0)
     names = {n for n, _ in run.method.trainable_parameters(model)}
     assert not any("embeddings" in n or "LayerNorm" in n or n.startswith("cls.") for n in names)
     assert any("intermediate.dense.weight" in n for n in names)

@@ -8,7 +8,8 @@ from model_helpers import tiny_mlm, toy_batch
 
 from benchmark.errors import NonFiniteError
 from benchmark.evaluation import heldout_features, heldout_losses
-from benchmark.runner import ContinualRun, prepare_data
+from benchmark.inputs import prepare_data
+from benchmark.runner import ContinualRun
 from methods._shared.importance import gate_importance, mlm_importance_loss
 
 
@@ -18,7 +19,7 @@ def test_a_diverging_fine_tune_is_an_error_not_a_majority_class_score(tiny_confi
     run = ContinualRun(config, prepare_data(config), "none", 3, show_progress=False)
     with pytest.raises(NonFiniteError, match=r"none seed 3, checkpoint after domain 0, end task alpha_sup: .* step \d"):
         run.execute()
-    assert not list(run.root.glob("finetune/*.json"))  # no score was recorded
+    assert not list(run.layout.root.glob("finetune/*.json"))  # no score was recorded
 
 
 def test_a_diverging_dap_domain_names_method_domain_and_step(tiny_config):
@@ -26,7 +27,7 @@ def test_a_diverging_dap_domain_names_method_domain_and_step(tiny_config):
     run = ContinualRun(config, prepare_data(config), "ncl", 3, show_progress=False)
     with pytest.raises(NonFiniteError, match=r"ncl seed 3, domain 0 \(alpha\): .*non-finite by step"):
         run.execute()
-    assert not (run.root / "domain-0.json").exists()
+    assert not (run.layout.root / "domain-0.json").exists()
 
 
 def test_probe_on_non_finite_features_is_an_error(tiny_config):
@@ -87,10 +88,10 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_and_runs_nothing(tiny_
     data = prepare_data(tiny_config)
     run = ContinualRun(tiny_config, data, "das", 3, show_progress=False)
     run.execute()
-    checkpoint = run.root / "checkpoint-1"
+    checkpoint = run.layout.root / "checkpoint-1"
     marker = tmp_path / "executed"
     torch.save({"importance": _Payload(marker)}, checkpoint / "method_state.pt")
-    (run.root / "finetune" / "row1-task1.json").unlink()  # force a resume that loads the checkpoint
+    (run.layout.root / "finetune" / "row1-task1.json").unlink()  # force a resume that loads the checkpoint
     with pytest.raises(DapbenchError, match="holds objects other than tensors and plain values"):
         ContinualRun(tiny_config, data, "das", 3, show_progress=False).execute()
     assert not marker.exists()

@@ -134,14 +134,16 @@ def test_a_run_locked_by_another_process_is_skipped_with_a_message(world_root, t
     import subprocess
     import sys
 
-    from benchmark.cli import _parser, resolve_run_config
-    from benchmark.runner import run_id
+    from benchmark.api import planned_run_ids, resolve_config
 
     args = ["run", "--profile", "synthetic", "--model", str(tiny_model), "--data-root", str(world_root)]
     args += ["--general-heldout", str(world_root / "general_heldout.txt"), "--sequence", "alpha", "--methods", "ncl"]
     args += ["--seeds", "1", "--output-dir", str(tmp_path), "--quiet"]
-    config = resolve_run_config(_parser().parse_args(args))
-    run_root = Path(config.work_dir) / "runs" / run_id(config, "ncl", 1)
+    config = resolve_config(
+        "synthetic", model=str(tiny_model), data_root=str(world_root), sequence="alpha", methods=["ncl"], seeds=[1],
+        general_heldout=str(world_root / "general_heldout.txt"), output_dir=str(tmp_path),
+    )  # fmt: skip
+    run_root = Path(config.work_dir) / "runs" / planned_run_ids(config)[("ncl", 1)]
     run_root.parent.mkdir(parents=True)
     holder = subprocess.Popen(  # another process holds the run's lock
         [

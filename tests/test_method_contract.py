@@ -9,10 +9,11 @@ import torch
 from transformers import DataCollatorWithPadding
 
 from benchmark.finetune import encoder_features
+from benchmark.inputs import prepare_data
 from benchmark.method import ContinualMethod, FinetuneContext
 from benchmark.modeling import load_masked_lm
 from benchmark.registry import default_registry
-from benchmark.runner import ContinualRun, prepare_data
+from benchmark.runner import ContinualRun
 
 METHODS = default_registry().names()
 # The synthetic test model has 64 positions: 100 prompt vectors + 32 tokens would not fit.
@@ -21,6 +22,11 @@ OPTIONS = {"prompt_one": {"num_tokens": 8}}
 
 @pytest.mark.parametrize("name", METHODS)
 def test_method_contract(name, tiny_config):
+    check_method_contract(name, tiny_config)
+
+
+def check_method_contract(name: str, tiny_config) -> None:
+    """Run method ``name`` through two domains and check the interface contract (also used for plugins)."""
     config = dataclasses.replace(tiny_config, keep_checkpoints=True, method_options={name: OPTIONS.get(name, {})})
     data = prepare_data(config)
     run = ContinualRun(config, data, name, 3, show_progress=False)
@@ -41,7 +47,7 @@ def test_method_contract(name, tiny_config):
     assert _state_equal(fresh.state_dict(), state)
     # fine-tune handoff: a classifier with logits of the task's size
     domain_id = 0 if cls.capabilities.needs_domain_id_at_finetune else None
-    ctx = FinetuneContext(run._ckpt(1), run._load_checkpoint_model(1), num_labels=3, task_domain_index=domain_id)
+    ctx = FinetuneContext(run.layout.checkpoint(1), run.models.load(1), num_labels=3, task_domain_index=domain_id)
     clf = run.method.finetune_model(ctx)
     batch = data.tokenizer(["the thing"], return_tensors="pt")
     assert clf(**batch).logits.shape == (1, 3)
@@ -58,7 +64,7 @@ def _only_declared_parameters_change(run, base_path):
     initialised, so only the base model's own parameters are compared (peft's injection renames a
     wrapped layer's weight to ``base_layer.weight``).
     """
-    trained = run._load_checkpoint_model(run._stages()[0])  # also restores the method state of domain 0
+    trained = run.models.load(run.schedule.stages()[0])  # also restores the method state of domain 0
     declared = {n.replace(".base_layer", "") for n, _ in run.method.trainable_parameters(trained)}
     trained_params = {n.replace(".base_layer", ""): p for n, p in trained.named_parameters()}
     base, _ = load_masked_lm(base_path)

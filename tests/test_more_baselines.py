@@ -8,9 +8,10 @@ import torch
 from model_helpers import tiny_mlm, toy_batch
 
 from benchmark.errors import DapbenchError
+from benchmark.inputs import prepare_data
 from benchmark.method import Capabilities, FinetuneContext
 from benchmark.modeling import encoder_of, layer_modules, load_masked_lm, mlm_loss
-from benchmark.runner import ContinualRun, prepare_data
+from benchmark.runner import ContinualRun
 from methods._shared.adapters import activate_adapter, adapter_parameters, inject_ffn_adapters
 from methods._shared.hat import anneal_s, attention_regularizer, compensate_embedding_gradient, mask_hat_gradients
 from methods._shared.prompts import attach_prompt, prompt_parameters
@@ -69,8 +70,8 @@ def test_hat_leaves_units_of_earlier_domains_unchanged(tiny_config):
     config = dataclasses.replace(tiny_config, keep_checkpoints=True)
     run = ContinualRun(config, prepare_data(config), "hat", 3, show_progress=False)
     run.execute()
-    first, second = (load_masked_lm(str(run._ckpt(t)), require_complete=False)[0] for t in (0, 1))
-    run.method.load_state_dict(torch.load(run._ckpt(0) / "method_state.pt", weights_only=False))
+    first, second = (load_masked_lm(str(run.layout.checkpoint(t)), require_complete=False)[0] for t in (0, 1))
+    run.method.load_state_dict(torch.load(run.layout.checkpoint(0) / "method_state.pt", weights_only=False))
     used = run.method.previous["head"] == 1.0  # exactly 1 in float32 at s = smax for most units
     assert used.any() and not used.all()
     head_dim = first.config.hidden_size // first.config.num_attention_heads
@@ -88,7 +89,7 @@ def test_hat_measures_each_trained_domain_with_its_own_mask_and_the_rest_with_th
     data = prepare_data(tiny_config)
     run = ContinualRun(tiny_config, data, "hat", 3, show_progress=False)
     record = run.execute()
-    model, method = run._load_checkpoint_model(1), run.method
+    model, method = run.models.load(1), run.method
     alpha = {"alpha": data.heldout_batches["alpha"]}
     views = {}
     for index in (0, 1, None):
@@ -106,7 +107,7 @@ def test_hat_measures_each_trained_domain_with_its_own_mask_and_the_rest_with_th
 
 def test_an_undeclared_domain_id_fails_at_fine_tuning(tiny_config):
     run = ContinualRun(tiny_config, prepare_data(tiny_config), "hat", 3, show_progress=False)
-    run.caps = Capabilities()  # as if the method had not declared needs_domain_id_at_finetune
+    run.method.capabilities = Capabilities()  # as if the method had not declared needs_domain_id_at_finetune
     with pytest.raises(DapbenchError, match="domain id"):
         run.execute()
 
@@ -136,7 +137,7 @@ def test_demix_keeps_earlier_experts_and_fine_tunes_with_the_task_expert(tiny_co
     config = dataclasses.replace(tiny_config, keep_checkpoints=True)
     run = ContinualRun(config, prepare_data(config), "demix", 3, show_progress=False)
     run.execute()
-    first, second = run._load_checkpoint_model(0), run._load_checkpoint_model(1)
+    first, second = run.models.load(0), run.models.load(1)
     state = run.method.state_dict()
     assert state["initialised_from"][1]["expert"] == "expert0"
     for (_, a), (_, b) in zip(adapter_parameters(first, "expert0"), adapter_parameters(second, "expert0"), strict=True):
@@ -145,7 +146,9 @@ def test_demix_keeps_earlier_experts_and_fine_tunes_with_the_task_expert(tiny_co
     assert any(
         not torch.equal(p, trained[n.replace("expert0", "expert1")]) for n, p in adapter_parameters(second, "expert0")
     )
-    clf = run.method.finetune_model(FinetuneContext(run._ckpt(1), second, num_labels=2, task_domain_index=0))
+    clf = run.method.finetune_model(
+        FinetuneContext(run.layout.checkpoint(1), second, num_labels=2, task_domain_index=0)
+    )
     layer = encoder_of(clf).encoder.layer[0].output.dense
     assert layer.active_adapters == ["expert0"]
     assert torch.equal(
@@ -156,14 +159,14 @@ def test_demix_keeps_earlier_experts_and_fine_tunes_with_the_task_expert(tiny_co
 def test_adapter_methods_train_only_adapter_and_head_and_hand_them_to_the_classifier(tiny_config):
     run = ContinualRun(tiny_config, prepare_data(tiny_config), "adapter_ncl", 3, show_progress=False)
     run.execute()
-    model = run._load_checkpoint_model(1)
+    model = run.models.load(1)
     names = [n for n, _ in run.method.trainable_parameters(model)]
     assert names and all(".lora_" in n or n.startswith("cls.") for n in names)
     hidden, inter = model.config.hidden_size, model.config.intermediate_size
     rank = hidden // 16
     adapter_size = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
     assert adapter_size == model.config.num_hidden_layers * rank * (inter + hidden)
-    clf = run.method.finetune_model(FinetuneContext(run._ckpt(1), model, num_labels=2))
+    clf = run.method.finetune_model(FinetuneContext(run.layout.checkpoint(1), model, num_labels=2))
     for (name, p), (_, q) in zip(adapter_parameters(model, "adapter"), adapter_parameters(clf, "adapter"), strict=True):
         assert torch.equal(p, q), name
     assert all(p.requires_grad for p in clf.parameters())

@@ -1,5 +1,6 @@
 import numpy as np
 
+from benchmark.metrics import record_loss_metrics
 from benchmark.plots import _mean_matrix, plot_importance, plot_matrices
 
 
@@ -48,7 +49,7 @@ def _loss_record(method: str, seed: int, shift: float, caps: dict | None = None,
         {"a": 4.0 + shift, "b": 5.9, "general": 4.2 + shift},
         {"a": 4.3 + shift, "b": 5.0 + shift, "general": 4.4 + shift},
     ]
-    return {
+    record = {
         "method": method,
         "method_label": method,
         "seed": seed,
@@ -57,6 +58,8 @@ def _loss_record(method: str, seed: int, shift: float, caps: dict | None = None,
         "mlm_loss": {"base": base, "after_domain": after},
         "domains": [{"method_report": {"mask": mask}} if mask else {"method_report": {}}] * 2,
     }
+    record["mlm_loss"]["metrics"] = record_loss_metrics(record)
+    return record
 
 
 def test_stability_plasticity_plot_leaves_out_methods_without_forgetting(tmp_path):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from benchmark.errors import DapbenchError
-from benchmark.runner import ContinualRun, prepare_data
+from benchmark.inputs import prepare_data
+from benchmark.runner import ContinualRun
 from methods.ncl import NCL
 
 
@@ -27,6 +28,8 @@ def test_runner_over_two_domains_writes_a_complete_record(tiny_config):
         "corpus/general",
         "task/alpha_sup",
         "task/beta_sup",
+        "model",
+        "file/general_corpus",
     }
     json.dumps(record)  # the record is plain JSON
     # The step counter really stops at max steps: every domain logged exactly dap.steps updates.
@@ -64,7 +67,7 @@ def test_linear_probe_protocol_fills_the_matrix(tiny_config):
     record = run.execute()
     acc = record["matrices"]["acc"]
     assert all(0 <= v <= 1 for v in (acc[0][0], acc[1][0], acc[1][1]))
-    pair = json.loads(run._pair("row1", 0).read_text())
+    pair = json.loads(run.layout.finetune_cell("row1", 0).read_text())
     assert pair["protocol"] == "linear_probe" and pair["n_train"] == 24
     assert record["config"]["finetune"]["protocol"] == "linear_probe"
 

@@ -1,0 +1,78 @@
+"""Facts about the machine a run ran on: versions, device, threads, peak memory, code commit."""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import subprocess
+from pathlib import Path
+
+import torch
+
+from benchmark.data import package_versions
+from benchmark.errors import DapbenchError
+
+
+def make_accelerator(config):
+    """The run's ``accelerate.Accelerator``: CPU when asked or when no GPU is present, the configured mixed
+    precision on a GPU. One process only, for now."""
+    from accelerate import Accelerator
+
+    cpu = config.device == "cpu" or not torch.cuda.is_available()
+    accelerator = Accelerator(cpu=cpu, mixed_precision="no" if cpu else config.dap.mixed_precision)
+    if accelerator.num_processes > 1:
+        # The MLM and method passes call the encoder inside the wrapper, which would bypass DDP's
+        # gradient synchronisation: refuse rather than train silently wrong.
+        raise DapbenchError(
+            "multi-process (DDP) DAP training is not supported yet",
+            "run one process per job (a single GPU); multi-GPU support is future work",
+        )
+    return accelerator
+
+
+def environment_facts(accelerator) -> dict:
+    """What a record needs to say where its numbers came from (``RunRecord.environment``)."""
+    return {
+        "versions": package_versions(),
+        "git_commit": git_commit(),
+        "device": str(accelerator.device),
+        "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "num_processes": accelerator.num_processes,
+        "mixed_precision": accelerator.mixed_precision,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def memory_kind() -> str:
+    """What :func:`peak_memory_mb` measures on this machine."""
+    return "cuda_max_allocated" if torch.cuda.is_available() else "cpu_peak_rss_per_domain"
+
+
+def reset_peak_memory() -> None:
+    """Start a new peak: CUDA's allocator statistics, or Linux's per-process RSS high-water mark."""
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+        return
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (Linux >= 4.0)
+
+
+def peak_memory_mb() -> float:
+    """Peak since the last reset: CUDA max allocated, else VmHWM (else the process-lifetime max RSS)."""
+    if torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        status = Path("/proc/self/status").read_text().splitlines()
+        return round(int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) / 1024, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def git_commit() -> str | None:
+    """The checkout's commit (``-dirty`` when it has uncommitted changes), None outside a git checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")

@@ -1,0 +1,110 @@
+"""A run's inputs, prepared once and shared by every method and seed: the suite, tokenizer, packed corpora,
+fixed held-out batches, encoded end tasks, and a content checksum of every input (the run identity's inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import ConcatDataset, Dataset
+
+from benchmark.config import DapConfig, RunConfig
+from benchmark.data import (
+    Corpus,
+    TaskSuite,
+    batches_checksum,
+    fixed_mlm_batches,
+    load_corpus,
+    load_end_task,
+    load_heldout_text,
+    load_suite,
+    resolve_corpus_path,
+)
+from benchmark.errors import DapbenchError
+from benchmark.finetune import EncodedTask, encode_task
+from benchmark.identity import FileHashCache, file_checksum, model_checksum, shared_cache_path
+
+GENERAL = "general"
+"""The held-out column of general text."""
+
+
+@dataclass
+class RunData:
+    """Everything data-side a run needs, loaded once and shared by the methods and seeds of a run."""
+
+    suite: TaskSuite
+    domains: tuple[str, ...]
+    tokenizer: Any
+    corpora: dict[str, Corpus]
+    heldout_batches: dict[str, list[dict]]
+    """Fixed-mask held-out MLM batches per domain corpus (and ``general`` when given)."""
+    tasks: dict[str, EncodedTask]
+    checksums: dict[str, str] = field(default_factory=dict)
+
+    def training_set(self, domain_indices: list[int]) -> Dataset:
+        """The training chunks of the given domains (one domain, or the union for joint training)."""
+        sets = [self.corpora[self.domains[k]].train for k in domain_indices]
+        return sets[0] if len(sets) == 1 else ConcatDataset(sets)
+
+    def heldout_checksums(self) -> dict[str, str]:
+        """Per held-out set, a hash of its masked batches: equal hashes mean bit-identical evaluations."""
+        return {name: batches_checksum(batches) for name, batches in self.heldout_batches.items()}
+
+
+def prepare_data(config: RunConfig) -> RunData:
+    """Load the suite, tokenizer, corpora (packed, cached) and end tasks (re-split, encoded)."""
+    from transformers import AutoTokenizer
+
+    suite = load_suite(config.data_root)
+    domains = suite.sequence(config.sequence)
+    sources = {name: resolve_corpus_path(suite.domains[name].corpus, config.data_root) for name in domains}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(config.model)
+    except (OSError, ValueError) as exc:
+        raise DapbenchError(
+            f"cannot load the tokenizer of {config.model!r}: {exc}",
+            "pass --model with a hub id or a model directory",
+        ) from exc
+    dap = config.dap
+    cache_dir = Path(config.work_dir) / "cache"
+    corpora, heldout, tasks, checksums = {}, {}, {}, {}
+    for name in domains:
+        spec = suite.domains[name]
+        task = load_end_task(suite.end_tasks[spec.end_task], config.data_root, check_sizes=suite.source == "builtin")
+        corpus = load_corpus(
+            name, sources[name], tokenizer, dap.seq_len, dap.heldout_fraction, dap.max_corpus_lines, cache_dir
+        )
+        corpora[name], tasks[name] = corpus, encode_task(task, tokenizer, config.finetune)
+        checksums[f"corpus/{name}"], checksums[f"task/{task.name}"] = corpus.checksum, task.checksum
+    for name, corpus in corpora.items():
+        heldout[name] = _heldout_batches(corpus.heldout, tokenizer, dap)
+    if config.general_heldout:
+        general, checksums[f"corpus/{GENERAL}"] = load_heldout_text(
+            GENERAL, config.general_heldout, tokenizer, dap.seq_len, cache_dir
+        )
+        heldout[GENERAL] = _heldout_batches(general, tokenizer, dap)
+    checksums.update(_file_checksums(config))
+    return RunData(suite, domains, tokenizer, corpora, heldout, tasks, checksums)
+
+
+def _file_checksums(config: RunConfig) -> dict[str, str]:
+    """Checksums of the inputs read as whole files: the base model (weights, config, tokenizer) and the general
+    training corpus; cached by size and mtime, so a paper-size checkpoint is hashed once."""
+    cache = FileHashCache(shared_cache_path(config.work_dir))
+    out = {"model": model_checksum(config.model, cache)}
+    if config.general_corpus:
+        if not Path(config.general_corpus).is_file():
+            raise DapbenchError(
+                f"general_corpus {config.general_corpus!r} is not a file", "pass --set general_corpus=<text file>"
+            )
+        out["file/general_corpus"] = file_checksum(config.general_corpus, cache)
+    cache.save()
+    return out
+
+
+def _heldout_batches(dataset, tokenizer, dap: DapConfig) -> list[dict]:
+    if len(dataset) == 0:
+        raise DapbenchError("a held-out corpus slice yields no full chunk", "lower dap.seq_len or use more text")
+    return fixed_mlm_batches(dataset, tokenizer, dap.heldout_chunks, dap.per_device_batch_size, dap.mlm_probability)

@@ -1,0 +1,173 @@
+"""A run's work directory: where each unit of finished work lives, and how checkpoints are saved and read.
+
+One directory per run id under ``<work_dir>/runs/``::
+
+    base-mlm-loss.json      the base model's held-out losses (measured once)
+    base-features.npz       the base model's held-out features (for representation drift)
+    elapsed.json            the run's wall time summed over invocations (:class:`RunClock`)
+    domain-<t>.json         domain t is finished: its training and held-out statistics
+    checkpoint-<t>/         model, tokenizer, method state and RNG after domain t (written atomically)
+    finetune/<row>-task<k>.json   one finished cell A[t][k]
+
+A file exists only when its unit of work is complete, so resuming is "skip what exists".
+Checkpoints hold tensors and plain values only and are read with ``weights_only``: resuming from a
+work directory someone else made cannot run their code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmark.errors import DapbenchError
+from benchmark.io import atomic_directory, atomic_write_json, read_json
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The paths of one run's work directory (see the module docstring)."""
+
+    root: Path
+
+    def checkpoint(self, t: int) -> Path:
+        """The checkpoint directory after domain ``t``."""
+        return self.root / f"checkpoint-{t}"
+
+    def domain_done(self, t: int) -> Path:
+        """The statistics file whose existence marks domain ``t`` as finished."""
+        return self.root / f"domain-{t}.json"
+
+    def finetune_cell(self, row_key: str, k: int) -> Path:
+        """The result file of end task ``k`` fine-tuned from checkpoint ``row_key``."""
+        return self.root / "finetune" / f"{row_key}-task{k}.json"
+
+    @property
+    def base_losses(self) -> Path:
+        """The base model's held-out losses."""
+        return self.root / "base-mlm-loss.json"
+
+    @property
+    def base_features(self) -> Path:
+        """The base model's held-out features."""
+        return self.root / "base-features.npz"
+
+    @property
+    def clock(self) -> Path:
+        """The run-time ledger of :class:`RunClock`."""
+        return self.root / "elapsed.json"
+
+    def save_checkpoint(self, t: int, model, tokenizer, method_state: dict[str, Any]) -> None:
+        """Model, tokenizer, method state and the RNG streams after domain ``t``, as one atomic directory."""
+
+        def fill(tmp: Path) -> None:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            torch.save(method_state, tmp / "method_state.pt")
+            torch.save(rng_state(), tmp / "rng.pt")
+
+        atomic_directory(self.checkpoint(t), fill)
+
+    def method_state(self, t: int) -> Any:
+        """The method state saved with checkpoint ``t`` (tensors and plain values only)."""
+        return load_plain(self.checkpoint(t) / "method_state.pt", "method state")
+
+    def restore_rng(self, t: int, fallback_seed: int) -> None:
+        """Continue the RNG streams saved with checkpoint ``t`` (so resuming changes nothing); seed
+        ``fallback_seed`` when there is none (the first domain, or a method without checkpoints)."""
+        from transformers import set_seed
+
+        path = self.checkpoint(t) / "rng.pt"
+        if t < 0 or not path.exists():
+            set_seed(fallback_seed)
+            return
+        set_rng_state(load_plain(path, "RNG state"))
+
+
+class RunClock:
+    """Wall time of one run summed over the invocations that produced it.
+
+    Saved after every finished unit of work (base losses, a domain, a fine-tune), so a run stopped
+    and resumed still reports the time of the work its record is made of; the unfinished unit an
+    interruption threw away is not counted (it is redone, and counted, by the resuming invocation).
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        earlier = read_json(path, "run time ledger") if path.exists() else {"seconds": 0.0, "invocations": 0}
+        self.earlier_seconds = float(earlier["seconds"])
+        self.invocations = int(earlier["invocations"]) + 1
+        self.started = time.time()
+
+    def this_invocation(self) -> float:
+        """Seconds since this invocation started."""
+        return time.time() - self.started
+
+    def total(self) -> float:
+        """Seconds of kept work over all invocations, this one up to now included."""
+        return self.earlier_seconds + self.this_invocation()
+
+    def save(self) -> None:
+        """Persist the total so far (called after each finished unit of work)."""
+        atomic_write_json(self.path, {"seconds": round(self.total(), 3), "invocations": self.invocations})
+
+
+def rng_state() -> dict:
+    """Python, numpy, torch and CUDA RNG states as tensors and plain values (no pickled objects)."""
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), int(position), int(has_gauss), float(cached)),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what :func:`rng_state` returned."""
+    random.setstate(state["python"])
+    name, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_plain(path: Path, what: str) -> Any:
+    """``torch.load`` restricted to tensors and plain Python values (``weights_only``): a checkpoint from
+    someone else cannot run code when a run resumes from it."""
+    import pickle
+
+    try:
+        return torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError) as exc:
+        raise DapbenchError(
+            f"{what} file {path} is corrupt or holds objects other than tensors and plain values: refused ({exc})",
+            f"delete the run directory {path.parent.parent} and run again (finished domains are recomputed)",
+        ) from exc
+
+
+@contextlib.contextmanager
+def run_lock(run_root: Path) -> Iterator[bool]:
+    """Yield True while this process holds the run directory's lock, False (at once) if another one does:
+    two commands over overlapping grids in one folder never train the same run twice at the same time."""
+    from filelock import FileLock, Timeout
+
+    run_root.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(run_root) + ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()

@@ -1,0 +1,147 @@
+"""The DAP training loop of one stage: the runner's loop that every method's hooks plug into.
+
+Per update: ``accum`` micro-batches of MLM forward + the method's named loss terms + backward ->
+``after_backward`` -> optional clipping -> AdamW step -> scheduler -> ``after_optimizer_step``. Loss terms
+are summed on the device and read back only every ``log_every`` updates (the loop's one host sync),
+where a non-finite term stops the run with a named error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from benchmark.config import DapConfig
+from benchmark.data import MlmCollator
+from benchmark.errors import NonFiniteError
+from benchmark.method import ContinualMethod, StepContext, StepOutput
+from benchmark.modeling import mlm_forward
+
+
+@dataclass
+class DapTrainer:
+    """Trains one stage of one method; built by the runner for each stage."""
+
+    method: ContinualMethod
+    dap: DapConfig
+    tokenizer: Any
+    accelerator: Any
+    show_progress: bool = True
+
+    def train(self, model, dataset: Dataset, steps: int, t: int, step_offset: int, desc: str) -> dict:
+        """Run ``steps`` updates on ``dataset`` and return the stage's training statistics."""
+        dap, acc = self.dap, self.accelerator
+        optimizer, scheduler = build_optimizer(self.method.trainable_parameters(model), dap, steps)
+        loader = mlm_loader(dataset, self.tokenizer, dap)
+        model, optimizer, loader, scheduler = acc.prepare(model, optimizer, loader, scheduler)
+        accum = max(1, dap.batch_size // (dap.per_device_batch_size * acc.num_processes))
+        ctx = StepContext(model, t, 0, steps, step_offset, acc, optimizer)
+        start = time.perf_counter()
+        log = self._loop(ctx, scheduler, _forever(loader), accum, desc)
+        seconds = time.perf_counter() - start
+        tokens = steps * accum * dap.per_device_batch_size * dap.seq_len * acc.num_processes
+        return stage_statistics(steps, tokens, seconds, log)
+
+    def _loop(self, ctx: StepContext, scheduler, batches: Iterator[dict], accum: int, desc: str) -> list[dict]:
+        model, optimizer, acc, dap = ctx.model, ctx.optimizer, self.accelerator, self.dap
+        sums: dict[str, torch.Tensor] = {}
+        log: list[dict] = []
+        last_logged, offset = 0, ctx.global_step
+        model.train()
+        bar = tqdm(range(ctx.total_domain_steps), desc=desc, disable=not self.show_progress, leave=False)
+        for step in bar:
+            ctx.domain_step, ctx.global_step = step, offset + step
+            for micro in range(accum):
+                sync = contextlib.nullcontext() if micro == accum - 1 else acc.no_sync(model)
+                with sync:
+                    terms = self._loss_terms(next(batches), ctx)
+                    acc.backward(sum(terms.values()) / accum)
+                for key, value in terms.items():
+                    sums[key] = sums.get(key, 0) + value.detach() / accum
+            self.method.after_backward(ctx)
+            if dap.max_grad_norm is not None:
+                acc.clip_grad_norm_(model.parameters(), dap.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            self.method.after_optimizer_step(ctx)
+            optimizer.zero_grad(set_to_none=True)
+            if (step + 1) % dap.log_every == 0 or step + 1 == ctx.total_domain_steps:
+                means = finite_means(sums, step + 1 - last_logged, f"{self.method.name}: DAP loss term(s)", step + 1)
+                bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})  # the only host sync is above
+                log.append({"step": step + 1, **{k: round(v, 5) for k, v in means.items()}})
+                last_logged = step + 1
+        return log
+
+    def _loss_terms(self, batch: dict, ctx: StepContext) -> dict[str, torch.Tensor]:
+        loss, hidden, logits = mlm_forward(ctx.model, batch)
+        return {"mlm": loss, **self.method.training_loss(batch, StepOutput(loss, hidden, logits), ctx)}
+
+
+def mlm_loader(dataset: Dataset, tokenizer, dap: DapConfig) -> DataLoader:
+    """Shuffled micro-batches of training chunks, masked freshly at every draw (the global torch RNG)."""
+    return DataLoader(
+        dataset,
+        batch_size=dap.per_device_batch_size,
+        shuffle=True,
+        collate_fn=MlmCollator(tokenizer, dap.mlm_probability),
+        drop_last=len(dataset) >= dap.per_device_batch_size,
+    )
+
+
+def stage_statistics(steps: int, tokens: int, seconds: float, log: list[dict]) -> dict:
+    """A stage's training statistics as the record keeps them (``RunRecord.domains``)."""
+    return {
+        "steps": steps,
+        "train_seconds": round(seconds, 3),
+        "tokens": tokens,
+        "tokens_per_second": round(tokens / seconds, 1),
+        "step_seconds": round(seconds / steps, 4),
+        "loss_log": log,
+    }
+
+
+def build_optimizer(params: list[tuple[str, torch.nn.Parameter]], dap: DapConfig, steps: int):
+    """AdamW over ``params`` and a linear schedule with warm-up over ``steps`` updates."""
+    from transformers import get_linear_schedule_with_warmup
+
+    optimizer = torch.optim.AdamW(param_groups(params, dap.weight_decay), lr=dap.lr, eps=dap.adam_eps)
+    return optimizer, get_linear_schedule_with_warmup(optimizer, int(dap.warmup_ratio * steps), steps)
+
+
+def finite_means(sums: dict[str, torch.Tensor], n: int, what: str, step: int) -> dict[str, float]:
+    """The means of the summed loss terms over ``n`` updates (one host sync), emptying ``sums``; a non-finite
+    term stops the run with a named error."""
+    means = {k: float(v) / n for k, v in sums.items()}
+    sums.clear()
+    bad = [k for k, v in means.items() if not math.isfinite(v)]
+    if bad:
+        raise NonFiniteError(
+            f"{what} {bad} became non-finite by step {step}", "lower the learning rate or check the method's loss terms"
+        )
+    return means
+
+
+def param_groups(params: list[tuple[str, torch.nn.Parameter]], weight_decay: float) -> list[dict]:
+    """AdamW groups: weight decay on weight matrices, none on biases and LayerNorms."""
+
+    def no_decay(name: str) -> bool:
+        return name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name
+
+    return [
+        {"params": [p for n, p in params if not no_decay(n)], "weight_decay": weight_decay},
+        {"params": [p for n, p in params if no_decay(n)], "weight_decay": 0.0},
+    ]
+
+
+def _forever(loader) -> Iterator[dict]:
+    """Cycle through the loader epoch after epoch (re-shuffled each time, nothing cached)."""
+    while True:
+        yield from loader

@@ -1,0 +1,70 @@
+"""The library entry point and the record schema: what a notebook user calls, and how records are read."""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmark.api import leaderboard_table, migrate_results, run_benchmark
+from benchmark.errors import DapbenchError
+from benchmark.records import REQUIRED, SCHEMA_VERSION, load_record, load_records
+
+COMMITTED = Path(__file__).resolve().parents[1] / "results"
+
+
+def test_run_benchmark_returns_typed_records_and_a_table(tiny_config):
+    config = dataclasses.replace(tiny_config, methods=("none", "ncl"), sequence="alpha")
+    records = run_benchmark(config)
+    assert [r["method"] for r in records] == ["none", "ncl"]
+    for record in records:
+        assert record["schema"] == SCHEMA_VERSION and set(REQUIRED) <= set(record)
+        assert record["identity"]["results_version"] >= 2
+    table = leaderboard_table(Path(config.output_dir) / "results")
+    assert sorted(table["method"]) == ["ncl", "none"] and "forgetting" in table.columns
+    assert (Path(config.output_dir) / "leaderboard.md").is_file()
+    again = run_benchmark(config)  # finished runs are kept, not redone
+    assert [r["run_id"] for r in again] == [r["run_id"] for r in records]
+
+
+def test_a_schema_1_record_is_migrated_on_load(tmp_path):
+    # A schema-1 record as the first mini leaderboard wrote it (its machine paths replaced by /data/...).
+    source = Path(__file__).parent / "fixtures" / "schema1-record.json"
+    copy = tmp_path / "results" / "mini" / source.name
+    copy.parent.mkdir(parents=True)
+    shutil.copy(source, copy)
+    record = load_record(copy)
+    assert record["schema"] == SCHEMA_VERSION and record["identity"] is None
+    assert record["config"]["finetune"]["protocol"] == "finetune"
+    assert set(record["mlm_loss"]["metrics"]) >= {"plasticity", "forgetting", "general_rise"}
+    assert "output_dir" not in record["config"] and record["config"]["model"] == "local:small"
+    assert migrate_results(tmp_path / "results") == [copy]
+    assert json.loads(copy.read_text())["schema"] == SCHEMA_VERSION and migrate_results(tmp_path / "results") == []
+
+
+def test_every_committed_record_loads_through_the_schema_and_carries_no_absolute_path():
+    records = load_records(COMMITTED)
+    assert {r["profile"] for r in records} >= {"ci", "mini", "synthetic"}
+    for path in sorted(COMMITTED.rglob("*.json")):
+        assert '"/work/' not in path.read_text() and '"/tmp/' not in path.read_text(), path
+
+
+def test_a_record_of_a_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "future.json"
+    path.write_text(json.dumps({"schema": SCHEMA_VERSION + 1, "run_id": "x"}))
+    with pytest.raises(DapbenchError, match="update dapbench"):
+        load_record(path)
+
+
+def test_a_rerun_supersedes_its_migrated_schema_1_record_and_the_leaderboard_says_so():
+    from benchmark.report import drop_superseded, leaderboard_markdown
+
+    old = load_record(Path(__file__).parent / "fixtures" / "schema1-record.json")
+    new = {**old, "run_id": "pool-seq0-seed2021-0123456789", "identity": {"results_version": 2, "method_version": 1}}
+    other_seed = {**old, "seed": 7}
+    kept, dropped = drop_superseded([old, new, other_seed])
+    assert kept == [new, other_seed] and dropped == [old["run_id"]]
+    assert f"Left out: 1 schema-1 record(s) re-run since with the current code: `{old['run_id']}`" in (
+        leaderboard_markdown(kept, superseded=dropped)
+    )

@@ -1,0 +1,73 @@
+"""Run identity hashes what determines a run's numbers: contents, not paths (benchmark.identity)."""
+
+import dataclasses
+import json
+import shutil
+
+from benchmark.api import planned_run_ids
+from benchmark.config import apply_overrides
+
+
+def _ids(config, methods=("ncl", "das")) -> dict:
+    return planned_run_ids(dataclasses.replace(config, methods=methods))
+
+
+def test_locations_do_not_change_the_run_id(tiny_config, tmp_path):
+    before = _ids(tiny_config)
+    moved_model = tmp_path / "elsewhere" / "model"
+    shutil.copytree(tiny_config.model, moved_model)  # the same files at another path (another checkout)
+    moved = dataclasses.replace(
+        tiny_config,
+        model=str(moved_model) + "/",
+        output_dir=str(tmp_path / "other-out"),
+        work_dir=str(tmp_path / "other-work"),
+        sequence="alpha, beta",
+        profile="mini",
+    )
+    assert _ids(moved) == before
+
+
+def test_a_method_option_changes_only_that_methods_id(tiny_config):
+    before = _ids(tiny_config)
+    after = _ids(apply_overrides(tiny_config, ["das.fidelity=reference"]))
+    seed = tiny_config.seeds[0]
+    assert after[("ncl", seed)] == before[("ncl", seed)]
+    assert after[("das", seed)] != before[("das", seed)]
+    assert _ids(apply_overrides(tiny_config, ["dap.steps=5"]))[("ncl", seed)] != before[("ncl", seed)]
+
+
+def test_changed_input_contents_give_a_new_id(tiny_config, world_root, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(world_root, data)
+    config = dataclasses.replace(tiny_config, data_root=str(data), general_heldout=str(data / "general_heldout.txt"))
+    original = _ids(config, ("ncl",))
+    assert original == _ids(tiny_config, ("ncl",))  # a copy of the data is the same data
+
+    train = data / "alpha_train.jsonl"
+    rows = [json.loads(line) for line in train.read_text().splitlines()]
+    other = next(r["label"] for r in rows if r["label"] != rows[0]["label"])
+    rows[0]["label"] = other
+    lines = [json.dumps(r) for r in rows]
+    train.write_text("\n".join(lines) + "\n")  # one label changed in place
+    relabelled = _ids(config, ("ncl",))
+    assert relabelled != original
+
+    corpus = data / "beta.txt"
+    text = corpus.read_bytes()
+    corpus.write_bytes(text[:100] + (b"x" if text[100:101] != b"x" else b"y") + text[101:])  # one byte
+    assert _ids(config, ("ncl",)) not in (original, relabelled)
+
+
+def test_changed_model_weights_give_a_new_id(tiny_config, tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_config.model, model)
+    config = dataclasses.replace(tiny_config, model=str(model))
+    before = _ids(config, ("ncl",))
+    weights = load_file(model / "model.safetensors")
+    name = next(iter(weights))
+    weights[name] = weights[name] + torch.ones_like(weights[name]) * 1e-3
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    assert _ids(config, ("ncl",)) != before
