@@ -286,8 +286,9 @@ def reproduce(
     if threads is not None and threads < 1:
         raise DapbenchError(f"--threads must be >= 1, got {threads}", "pass a positive thread count")
     out = Path(output_dir) if output_dir else Path("reproduce") / record["run_id"]
-    config = materialise(apply_overrides(reproduction_config(record, out, dict(paths or {})), list(overrides)))
+    config = apply_overrides(reproduction_config(record, out, dict(paths or {})), list(overrides))
     with cpu_threads(threads) if threads else contextlib.nullcontext():
+        config = materialise(config)  # a synthetic base model is rebuilt with the record's thread count too
         data = prepare_data(config)
         check_data(record, data.checksums)
         run = ContinualRun(config, data, record["method"], record["seed"], show_progress=show_progress)

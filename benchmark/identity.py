@@ -69,11 +69,17 @@ class FileHashCache:
             self.changed = False
 
 
+MODEL_FILES = ("config.json", "*.safetensors", "*.bin", "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json",
+               "added_tokens.json", "*.model")  # fmt: skip
+"""The files of a model directory that determine what a run computes: weights, architecture config, tokenizer.
+Anything else (a training report with timings, a README) does not enter the checksum."""
+
+
 def model_checksum(name_or_path: str, cache: FileHashCache) -> str:
-    """A checksum of the base model's files (weights, config, tokenizer) in a local directory or the local
-    snapshot of a hub id; hidden files and sub-folders are not part of a model and are left out."""
+    """A checksum of the base model's files (:data:`MODEL_FILES`) in a local directory or the local snapshot of
+    a hub id."""
     directory = _model_directory(name_or_path)
-    files = sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith("."))
+    files = sorted({p for pattern in MODEL_FILES for p in directory.glob(pattern) if p.is_file()})
     if not files:
         raise DapbenchError(f"the model directory {directory} holds no files", "pass --model with a masked LM")
     combined = hashlib.sha256()

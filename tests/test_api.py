@@ -45,7 +45,7 @@ def test_a_schema_1_record_is_migrated_on_load(tmp_path):
 
 def test_every_committed_record_loads_through_the_schema_and_carries_no_absolute_path():
     records = load_records(COMMITTED)
-    assert {r["profile"] for r in records} >= {"ci", "mini", "synthetic"}
+    assert {r["profile"] for r in records} >= {"ci", "mini"}
     for path in sorted(COMMITTED.rglob("*.json")):
         assert '"/work/' not in path.read_text() and '"/tmp/' not in path.read_text(), path
 

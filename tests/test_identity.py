@@ -16,6 +16,7 @@ def test_locations_do_not_change_the_run_id(tiny_config, tmp_path):
     before = _ids(tiny_config)
     moved_model = tmp_path / "elsewhere" / "model"
     shutil.copytree(tiny_config.model, moved_model)  # the same files at another path (another checkout)
+    (moved_model / "pretraining.json").write_text("{}")  # a training report is not part of the model
     moved = dataclasses.replace(
         tiny_config,
         model=str(moved_model) + "/",
