@@ -1,12 +1,11 @@
-"""Task suite loading, the paper's end-task splits, corpus packing and MLM batches."""
+"""Task suite loading, corpus packing and MLM batches (end-task data: ``benchmark.endtasks``)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import random
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -105,30 +104,6 @@ def _parse_suite(raw: dict, base: Any, source: str) -> TaskSuite:
     return TaskSuite(domains=domains, end_tasks=end_tasks, sequences=sequences, source=source)
 
 
-# ----------------------------------------------------------------------------------------------
-# End tasks
-# ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Example:
-    """One labelled end-task input; ``aspect`` is set for aspect sentiment (ASC) tasks."""
-
-    text: str
-    label: int
-    aspect: str | None = None
-
-
-@dataclass
-class EndTaskData:
-    """The train and test examples of one end task after the paper's re-split."""
-
-    name: str
-    labels: tuple[str, ...]
-    train: list[Example]
-    test: list[Example]
-    checksum: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 def require_data_root(data_root: str | Path | None) -> Path:
     """The data root as a path, or an error saying how to provide it."""
     if not data_root:
@@ -143,87 +118,6 @@ def require_data_root(data_root: str | Path | None) -> Path:
             "pass --data-root with the folder that holds yelp_restaurant.txt, SemEval14-res/, absa/, ...",
         )
     return root
-
-
-def load_end_task(spec: EndTaskSpec, data_root: str | Path, check_sizes: bool = True) -> EndTaskData:
-    """Load an end task with the paper's splits (dev folded into test, then the per-label re-split)."""
-    root = require_data_root(data_root)
-    label_ids = {name: i for i, name in enumerate(spec.labels)}
-    digest = hashlib.sha256()
-    train = [ex for path in spec.train for ex in _read_examples(root / path, spec, label_ids, digest)]
-    test = [ex for path in spec.test for ex in _read_examples(root / path, spec, label_ids, digest)]
-    if spec.train_ratio is not None:
-        train, test = repartition(train, test, len(spec.labels), spec.train_ratio)
-    if check_sizes and spec.expected_sizes:
-        got = {"train": len(train), "test": len(test)}
-        if got != dict(spec.expected_sizes):
-            raise DapbenchError(
-                f"end task {spec.name}: split sizes {got} differ from the paper's {dict(spec.expected_sizes)}",
-                f"the files under {root} are not the paper's release; restore them or verify the data checksums",
-            )
-    return EndTaskData(spec.name, spec.labels, train, test, checksum=digest.hexdigest()[:16])
-
-
-def _read_examples(path: Path, spec: EndTaskSpec, label_ids: dict[str, int], digest) -> list[Example]:
-    if not path.is_file():
-        raise DapbenchError(
-            f"end task {spec.name}: file not found: {path}",
-            "check --data-root (the paper's data-release layout)",
-        )
-    raw = path.read_bytes()
-    digest.update(raw)
-    try:
-        if spec.format == "asc_json":
-            rows = [(r["sentence"], r["polarity"], r["term"]) for r in json.loads(raw).values()]
-        elif spec.format == "jsonl":
-            rows = [(r["text"], r["label"], None) for r in map(json.loads, raw.decode().splitlines()) if r]
-        else:
-            raise DapbenchError(f"end task {spec.name}: unknown format {spec.format!r}", "use asc_json or jsonl")
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as exc:
-        raise DapbenchError(
-            f"end task {spec.name}: corrupt file {path} ({type(exc).__name__}: {exc})",
-            "restore the file from the data release",
-        ) from exc
-    examples = []
-    for text, label, aspect in rows:
-        if label not in label_ids:
-            raise DapbenchError(
-                f"end task {spec.name}: unknown label {label!r} in {path}",
-                f"expected one of {list(label_ids)}; fix the file or the task's labels in its YAML",
-            )
-        examples.append(Example(text=text, label=label_ids[label], aspect=aspect))
-    return examples
-
-
-def repartition(
-    train: list[Example], test: list[Example], num_labels: int, train_ratio: float
-) -> tuple[list[Example], list[Example]]:
-    """The reference's deterministic re-split: per label id in increasing order, move the first
-    ``int((N * (1 - ratio)) // num_labels)`` train examples of that label (N = original train size)
-    to the end of test."""
-    take = int((len(train) * (1 - train_ratio)) // num_labels)
-    moved: set[int] = set()
-    for label in range(num_labels):
-        idx = [i for i, ex in enumerate(train) if ex.label == label][:take]
-        moved.update(idx)
-        test = test + [train[i] for i in idx]
-    return [ex for i, ex in enumerate(train) if i not in moved], test
-
-
-def fixed_subset(examples: list[Example], limit: int | None, key: str) -> list[Example]:
-    """At most ``limit`` examples, chosen by a seed derived from ``key`` only (the same for every run)."""
-    if limit is None or len(examples) <= limit:
-        return examples
-    order = list(range(len(examples)))
-    random.Random(key).shuffle(order)
-    return [examples[i] for i in sorted(order[:limit])]
-
-
-def format_example(example: Example, sep_token: str) -> str:
-    """Model input text: ASC is ``aspect + ' ' + sep + sentence`` as in the reference; others as is."""
-    if example.aspect is None:
-        return example.text
-    return f"{example.aspect.strip()} {sep_token}{example.text}"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from benchmark.config import FinetuneConfig
-from benchmark.data import EndTaskData, Example, fixed_subset, format_example
+from benchmark.endtasks import EndTaskData, Example, fixed_subset, format_example
 from benchmark.errors import NonFiniteError
 from benchmark.metrics import classification_scores
 

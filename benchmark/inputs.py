@@ -17,11 +17,11 @@ from benchmark.data import (
     batches_checksum,
     fixed_mlm_batches,
     load_corpus,
-    load_end_task,
     load_heldout_text,
     load_suite,
     resolve_corpus_path,
 )
+from benchmark.endtasks import load_end_task
 from benchmark.errors import DapbenchError
 from benchmark.finetune import EncodedTask, encode_task
 from benchmark.identity import FileHashCache, file_checksum, model_checksum, shared_cache_path

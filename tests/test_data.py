@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from benchmark.data import Example, load_corpus, load_end_task, load_suite, read_corpus_lines, repartition
+from benchmark.data import load_corpus, load_suite, read_corpus_lines
+from benchmark.endtasks import Example, load_end_task, repartition
 from benchmark.errors import DapbenchError
 from tests.conftest import SHARED_DATA, requires_shared_data
 
