@@ -157,10 +157,12 @@ def run_benchmark(
 ) -> list[RunRecord]:
     """Run every method x seed of ``config`` (resuming finished work, keeping finished records), write one record
     per run under ``<output_dir>/results/<profile>/`` and, unless told not to, the leaderboard; return the
-    records of this grid (a run that another process holds is skipped: that process writes its record)."""
+    records of this grid (a run that another process holds is skipped: that process writes its record).
+    Like the CLI it hides transformers'/datasets' load reports and per-file bars (:func:`quiet_libraries`)."""
     from benchmark.inputs import prepare_data
     from benchmark.runner import ContinualRun
 
+    quiet_libraries()
     config = materialise(config, show_progress, echo)
     check_inputs(config)
     data = prepare_data(config)
@@ -268,6 +270,7 @@ def reproduce(
 ) -> Reproduction:
     """Re-run a record's method and seed from scratch (its recorded thread count by default: CPU float
     summation order depends on it) and compare every number it reports within ``tolerance``."""
+    quiet_libraries()
     from benchmark.inputs import prepare_data
     from benchmark.reproduce import (
         DEFAULT_TOLERANCE,
