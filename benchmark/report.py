@@ -704,7 +704,17 @@ def write_report(output_dir: str | Path) -> dict[str, int]:
     plots = _group_plots(groups, out)
     files += [path for group in plots.values() for path in group.values()]
     atomic_write_text(out / "leaderboard.md", leaderboard_markdown(records, plots, superseded))
+    _remove_stale(out / "results", {(out / f).resolve() for f in files})
     return {"records": len(records), "files": len(files) + 1}
+
+
+def _remove_stale(results: Path, written: set[Path]) -> None:
+    """Delete the generated tables and plots that no current record or group produced (a record deleted or
+    superseded since the last report), so the folders hold exactly what the leaderboard is made of."""
+    for folder, pattern in (("tables", "*.csv"), ("tables", "*.md"), ("plots", "*.png")):
+        for path in (results / folder).glob(pattern):
+            if path.resolve() not in written:
+                path.unlink()
 
 
 def drop_superseded(records: list[dict]) -> tuple[list[dict], list[str]]:

@@ -332,3 +332,21 @@ def test_variant_reading_compares_each_option_variant_with_its_method():
         and "forgetting -0.100 (p=" in line
         and "general rise +0.000 (p=1)" in line
     )
+
+
+def test_report_removes_the_tables_and_plots_of_records_that_are_gone(tiny_config, tmp_path):
+    config = dataclasses.replace(tiny_config, sequence="alpha")
+    out = tmp_path / "out"
+    record = ContinualRun(config, prepare_data(config), "ncl", 3, show_progress=False).execute()
+    path = out / "results" / "synthetic" / f"{record['run_id']}.json"
+    atomic_write_json(path, record)
+    write_report(out)
+    tables = sorted((out / "results" / "tables").iterdir())
+    assert tables and all(record["run_id"] in p.name for p in tables)
+    stale = out / "results" / "plots" / "ncl-alpha-seed9-0000000000-acc.png"
+    stale.write_bytes(b"old")
+    write_report(out)
+    assert not stale.exists() and sorted((out / "results" / "tables").iterdir()) == tables
+    path.unlink()
+    write_report(out)
+    assert not list((out / "results" / "tables").iterdir()) and not list((out / "results" / "plots").iterdir())
