@@ -247,6 +247,8 @@ class Reproduction:
     record: RunRecord
     path: Path
     threads: int | None
+    recorded_threads: int | None
+    """The CPU thread count the reproduced record was made with (None for accelerator records)."""
     tolerance: object
     compared: int
     mismatches: list
@@ -285,7 +287,7 @@ def reproduce(
     from benchmark.runner import ContinualRun
 
     record = load_record(record_path)
-    threads = threads if threads is not None else recorded_cpu_threads(record)
+    threads = threads if threads is not None else recorded_cpu_threads(record)  # float order depends on it
     if threads is not None and threads < 1:
         raise DapbenchError(f"--threads must be >= 1, got {threads}", "pass a positive thread count")
     out = Path(output_dir) if output_dir else Path("reproduce") / record["run_id"]
@@ -301,7 +303,8 @@ def reproduce(
     tolerance = tolerance or DEFAULT_TOLERANCE
     compared = len(set(key_numbers(record)) | set(key_numbers(new)))
     mismatches = compare_records(record, new, tolerance)
-    return Reproduction(new, path, threads, tolerance, compared, mismatches, largest_differences(record, new))
+    recorded = recorded_cpu_threads(record)
+    return Reproduction(new, path, threads, recorded, tolerance, compared, mismatches, largest_differences(record, new))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -319,13 +322,13 @@ def migrate_results(results_dir: str | Path) -> list[Path]:
     (numbers unchanged); return the rewritten files. Readers migrate on load anyway: this makes committed
     records match the schema on disk (and drops what schema 1 recorded about the machine's paths)."""
     from benchmark.io import read_json
-    from benchmark.records import SCHEMA_VERSION
+    from benchmark.records import SCHEMA_VERSION, migrate_record, validate_record
 
     rewritten = []
     for path in sorted(Path(results_dir).rglob("*.json")):
         raw = read_json(path, "run record")
-        record = load_record(path)
-        if isinstance(raw, dict) and raw.get("schema") != SCHEMA_VERSION:
+        record = validate_record(raw if not isinstance(raw, dict) else migrate_record(raw, str(path)), str(path))
+        if raw.get("schema") != SCHEMA_VERSION:
             atomic_write_json(path, record)
             rewritten.append(path)
     return rewritten

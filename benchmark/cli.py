@@ -211,8 +211,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """``dapbench reproduce``: exit 0 if every number matches within tolerance, 1 otherwise."""
     from benchmark.api import reproduce
-    from benchmark.records import load_record
-    from benchmark.reproduce import DEFAULT_TOLERANCE, Tolerance, recorded_cpu_threads
+    from benchmark.reproduce import DEFAULT_TOLERANCE, Tolerance
 
     tolerance = Tolerance(
         score=DEFAULT_TOLERANCE.score if args.score_tolerance is None else args.score_tolerance,
@@ -230,7 +229,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     record = result.record
     print(f"reproduced {record['method_label']} seed {record['seed']} -> {result.path}")
     if result.threads:
-        print(f"CPU threads: {result.threads} (the record's: {recorded_cpu_threads(load_record(args.record))})")
+        print(f"CPU threads: {result.threads} (the record's: {result.recorded_threads})")
     print(f"{result.compared} numbers compared, {len(result.mismatches)} outside tolerance {tolerance}")
     for kind, (name, diff) in result.largest.items():
         print(f"  largest {kind} difference: {diff:.5f} ({name})")

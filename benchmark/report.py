@@ -697,9 +697,6 @@ def write_report(output_dir: str | Path) -> dict[str, int]:
     loaded = [r for r in load_records(out / "results") if not is_fixture_profile(r["profile"])]
     records, superseded = drop_superseded(loaded)
     groups = _records_by_group(records)  # checked before anything is written
-    for record in records:  # names that become file names, from files anyone could have put there
-        safe_name(record["run_id"], "record run id")
-        safe_name(record["profile"], "record profile")
     files = [path for record in records for path in write_run_tables(record, out / "results")]
     plots = _group_plots(groups, out)
     files += [path for group in plots.values() for path in group.values()]
