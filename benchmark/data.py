@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import warnings
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -15,6 +16,7 @@ import torch
 import yaml
 
 from benchmark.errors import DapbenchError
+from benchmark.io import CorruptStateError, verify_manifest, write_manifest
 
 SUITE_FILE = "dapbench_suite.yaml"
 """A data root that holds this file defines its own suite (e.g. the synthetic profile's data)."""
@@ -217,9 +219,21 @@ def _packed_dataset(lines: list[str], tokenizer, seq_len: int, cache_path: Path)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     # One writer per cache entry: concurrent runs sharing a work dir wait for it instead of racing on its files.
     with FileLock(str(cache_path) + ".lock"):
+        if cache_path.is_dir() and not _intact(cache_path):
+            shutil.rmtree(cache_path)
         if not cache_path.is_dir():
             _build_packed(lines, tokenizer, seq_len, cache_path)
-    return load_from_disk(str(cache_path)).with_format("torch")
+        return load_from_disk(str(cache_path)).with_format("torch")
+
+
+def _intact(cache_path: Path) -> bool:
+    """Whether a cache entry is exactly what was written (its manifest); a corrupt one is rebuilt, with a warning."""
+    try:
+        verify_manifest(cache_path, "cache entry", "it is rebuilt")
+    except CorruptStateError as exc:
+        warnings.warn(f"{exc.problem}: rebuilding it", stacklevel=3)
+        return False
+    return True
 
 
 def _build_packed(lines: list[str], tokenizer, seq_len: int, cache_path: Path) -> None:
@@ -240,6 +254,7 @@ def _build_packed(lines: list[str], tokenizer, seq_len: int, cache_path: Path) -
     if tmp.exists():  # left by a process killed while writing; under the lock nobody else is writing it
         shutil.rmtree(tmp)
     packed.save_to_disk(str(tmp))
+    write_manifest(tmp)
     tmp.replace(cache_path)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 
@@ -21,6 +22,23 @@ class DapbenchError(Exception):
 
 class NonFiniteError(DapbenchError):
     """A loss, score, feature or importance became NaN or infinite: nothing is recorded from it."""
+
+
+class CorruptStateError(DapbenchError):
+    """Saved state (a checkpoint, a cache entry) no longer matches what was written: it is never used."""
+
+
+class WriteError(DapbenchError):
+    """A file could not be written (disk full, no permission); the previous version of it is intact."""
+
+    @classmethod
+    def of(cls, path: os.PathLike, exc: OSError) -> WriteError:
+        """The error for ``exc`` raised while writing ``path``."""
+        return cls(
+            f"cannot write {path}: {exc.strerror or exc}; the previous version of the file is kept",
+            "free disk space or fix the folder's permissions (or pass another --output-dir / --work-dir),"
+            " then run the same command again: finished work is kept",
+        )
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from benchmark.config import RunConfig
 from benchmark.errors import DapbenchError
-from benchmark.io import atomic_write_json
+from benchmark.io import atomic_write_json, file_sha256
 
 RESULTS_VERSION = 2
 """Bumped when a change of the core changes the numbers of an unchanged configuration (masking, evaluation,
@@ -54,11 +54,7 @@ class FileHashCache:
         stat = file.stat()
         key = f"{file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
         if key not in self.entries:
-            sha = hashlib.sha256()
-            with open(file, "rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    sha.update(block)
-            self.entries[key] = sha.hexdigest()
+            self.entries[key] = file_sha256(file)
             self.changed = True
         return self.entries[key]
 

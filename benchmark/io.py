@@ -2,33 +2,29 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
-import tempfile
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmark.errors import DapbenchError
+from benchmark.errors import CorruptStateError, DapbenchError, WriteError
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same directory and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, _file_mode())  # mkstemp makes 0600; a results file is an ordinary, shareable file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    atomic_write_bytes(path, write)
 
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=-]{0,199}")
@@ -68,16 +64,56 @@ def atomic_write_json(path: str | Path, data: Any) -> None:
 
 
 def atomic_write_bytes(path: str | Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp_path)`` (e.g. ``savefig``, ``torch.save``) then move the result into place."""
+    """Call ``write(tmp_path)`` (e.g. ``savefig``, ``torch.save``) then move the result into place.
+
+    The temporary file is named after this host and process, so concurrent writers never share one and a
+    file left by a killed process of this host is recognised and removed. A failed write (disk full, no
+    permission) leaves the previous file as it was and raises :class:`WriteError`.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+    _make_parent(path)
+    _remove_stale_temporaries(path)
+    tmp = path.with_name(f".{path.name}.{_WRITER}.tmp{path.suffix}")
     try:
         write(tmp)
+        os.chmod(tmp, _file_mode())  # an ordinary, shareable file, whatever mode the writer gave it
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise WriteError.of(path, exc) from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+_WRITER = f"{socket.gethostname().replace('.', '_')}-{os.getpid()}"
+"""This process's mark on its temporary files (``host-pid``)."""
+
+
+def _make_parent(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WriteError.of(path, exc) from exc
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Delete temporary files of ``path`` left by killed processes of this host (others may be running)."""
+    host = _WRITER.rsplit("-", 1)[0]
+    for tmp in path.parent.glob(f".{path.name}.{host}-*.tmp*"):
+        pid = tmp.name[len(f".{path.name}.{host}-") :].split(".", 1)[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def atomic_directory(final: str | Path, fill: Callable[[Path], None]) -> Path:
@@ -88,14 +124,17 @@ def atomic_directory(final: str | Path, fill: Callable[[Path], None]) -> Path:
     """
     final = Path(final)
     tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
     try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
         fill(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise WriteError.of(final, exc) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -123,3 +162,41 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+MANIFEST = "dapbench-manifest.json"
+"""The file in a checkpoint or cache directory that lists the SHA-256 of every other file in it."""
+
+
+def write_manifest(directory: Path) -> None:
+    """Record the SHA-256 of every file under ``directory`` (called last, inside an atomic fill)."""
+    atomic_write_json(directory / MANIFEST, _digests(directory))
+
+
+def verify_manifest(directory: Path, what: str, fix: str) -> None:
+    """Raise :class:`CorruptStateError` unless every file under ``directory`` is the one its manifest lists:
+    a truncated, changed, added or missing file is caught before anything is computed from it."""
+    listed = directory / MANIFEST
+    try:
+        expected = json.loads(listed.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorruptStateError(f"{what} {directory} has no readable manifest ({exc})", fix) from exc
+    found = _digests(directory)
+    if found != expected:
+        differing = sorted(set(found) ^ set(expected) | {n for n in found.keys() & expected if found[n] != expected[n]})
+        raise CorruptStateError(f"{what} {directory} is corrupt: {', '.join(differing)} differ from its manifest", fix)
+
+
+def _digests(directory: Path) -> dict[str, str]:
+    """SHA-256 per file under ``directory`` (relative POSIX path), manifest excluded."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    return {file.relative_to(directory).as_posix(): file_sha256(file) for file in files}
+
+
+def file_sha256(file: Path) -> str:
+    """The SHA-256 (hex) of a file's bytes, read in 1 MiB blocks."""
+    sha = hashlib.sha256()
+    with open(file, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()

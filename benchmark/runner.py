@@ -13,6 +13,7 @@ model a stage starts from), :class:`BaseEvaluation` (the base model's held-out n
 from __future__ import annotations
 
 import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from benchmark.evaluation import DeviceBatches, heldout_features, heldout_losses
 from benchmark.finetune import evaluate_end_task
 from benchmark.identity import run_id
 from benchmark.inputs import RunData
-from benchmark.io import atomic_write_bytes, atomic_write_json, read_json
+from benchmark.io import CorruptStateError, atomic_write_bytes, atomic_write_json, read_json
 from benchmark.layout import RunClock, RunLayout
 from benchmark.method import ContinualMethod, DomainContext, FinetuneContext, RunEnv, build_method
 from benchmark.metrics import anisotropy
@@ -81,7 +82,7 @@ class StageModels:
 
     def load(self, t: int):
         """The model of checkpoint ``t`` after the method's surgery, with the method state saved with it."""
-        p, checkpoint = self.parts, self.parts.layout.checkpoint(t)
+        p, checkpoint = self.parts, self.parts.layout.verified_checkpoint(t)
         model, _ = load_masked_lm(str(checkpoint), require_complete=False)
         model = p.method.setup(model.to(p.accelerator.device))
         restore_checkpoint_weights(model, checkpoint)
@@ -103,8 +104,14 @@ class BaseEvaluation:
     def features(self) -> dict[str, np.ndarray]:
         """Per held-out set, the base model's mean-pooled features (inputs x hidden)."""
         self._measure()
-        with np.load(self.parts.layout.base_features, allow_pickle=False) as saved:
-            return {name: saved[name] for name in saved.files}
+        path = self.parts.layout.base_features
+        try:
+            with np.load(path, allow_pickle=False) as saved:  # a zip archive: each array's CRC is checked
+                return {name: saved[name] for name in saved.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            raise CorruptStateError(
+                f"base feature file {path} is corrupt ({exc})", "delete it and run again: it is measured anew"
+            ) from exc
 
     def _measure(self) -> None:
         layout, heldout, device = self.parts.layout, self.parts.data.heldout_batches, self.parts.accelerator.device
@@ -212,7 +219,9 @@ class EndTaskRunner:
         for k in todo:
             task = p.data.tasks[p.data.domains[k]]
             domain_id = k if p.method.capabilities.needs_domain_id_at_finetune else None
-            ctx = FinetuneContext(p.layout.checkpoint(t), dap_model, task.num_labels, task_domain_index=domain_id)
+            ctx = FinetuneContext(
+                p.layout.verified_checkpoint(t), dap_model, task.num_labels, task_domain_index=domain_id
+            )
             seed = p.seed + p.config.finetune.seed_offset
             # Seeded before the classifier exists: its fresh head must not depend on what ran before
             # (a resumed run skips work and would otherwise draw a different head).

@@ -84,6 +84,7 @@ class _Payload:
 
 def test_a_checkpoint_holding_a_pickled_object_is_refused_and_runs_nothing(tiny_config, tmp_path):
     from benchmark.errors import DapbenchError
+    from benchmark.io import write_manifest
 
     data = prepare_data(tiny_config)
     run = ContinualRun(tiny_config, data, "das", 3, show_progress=False)
@@ -91,6 +92,7 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_and_runs_nothing(tiny_
     checkpoint = run.layout.root / "checkpoint-1"
     marker = tmp_path / "executed"
     torch.save({"importance": _Payload(marker)}, checkpoint / "method_state.pt")
+    write_manifest(checkpoint)  # a crafted checkpoint: its manifest matches, so the loader itself must refuse
     (run.layout.root / "finetune" / "row1-task1.json").unlink()  # force a resume that loads the checkpoint
     with pytest.raises(DapbenchError, match="holds objects other than tensors and plain values"):
         ContinualRun(tiny_config, data, "das", 3, show_progress=False).execute()
