@@ -19,6 +19,7 @@ from pathlib import Path
 from benchmark.config import RunConfig, apply_overrides, profile_config
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_json, path_inside, safe_name
+from benchmark.launch import GridRun, SlurmOptions
 from benchmark.records import RunRecord, load_record, load_records
 
 Echo = Callable[[str], None]
@@ -178,6 +179,68 @@ def run_benchmark(
     if records and write_leaderboard:
         report(config.output_dir)
     return records
+
+
+def launch_grid(
+    configs: Sequence[RunConfig],
+    launcher: str,
+    *,
+    overrides: Sequence[str] = (),
+    slurm: SlurmOptions | None = None,
+    wait: bool = True,
+    echo: Echo = _silent,
+) -> list[GridRun]:
+    """Run the unfinished method x seed runs of ``configs`` (one per sequence) through ``launcher``: ``local:N``
+    (N processes at a time, see :mod:`benchmark.launch`) or ``slurm`` (one submitit job each; ``wait`` blocks
+    until they end). Finished runs are kept; the leaderboard is written once every launched run has ended.
+    Returns the runs that failed. ``overrides`` are the ``--set`` strings each run is given."""
+    from benchmark.launch import launch_local, plan_grid, run_command, submit_slurm
+
+    kind, processes = _parse_launcher(launcher)
+    configs = [materialise(config, echo=echo) for config in configs]
+    for config in configs:
+        check_inputs(config)
+    by_sequence, todo = {config.sequence: config for config in configs}, {}
+    for run in plan_grid(configs):
+        if run.record.is_file():
+            echo(f"{run.name}: complete, kept {run.record} (delete it to run again)")
+        else:
+            todo[run] = run_command(by_sequence[run.sequence], run, overrides)
+    output_dir, work_dir = Path(configs[0].output_dir), Path(configs[0].work_dir)
+    if kind == "local":
+        failed = launch_local(todo, processes, work_dir / "grid-logs", echo) if todo else []
+    else:
+        jobs = submit_slurm(todo, slurm or SlurmOptions(), work_dir / "slurm") if todo else {}
+        for run, job in jobs.items():
+            echo(f"{run.name}: submitted as job {job.job_id}")
+        if not wait:
+            echo(f"when the jobs have ended: dapbench report --output-dir {output_dir}")
+            return []
+        failed = [run for run, job in jobs.items() if not _job_succeeded(job, run, echo)]
+    report(output_dir)
+    echo(f"leaderboard: {output_dir / 'leaderboard.md'}" + (f"; {len(failed)} run(s) failed" if failed else ""))
+    return failed
+
+
+def _parse_launcher(launcher: str) -> tuple[str, int]:
+    """``local:N`` -> ("local", N); ``slurm`` -> ("slurm", 0); anything else is a named error."""
+    kind, _, count = launcher.partition(":")
+    if kind == "slurm" and not count:
+        return kind, 0
+    if kind == "local" and count.isdigit() and int(count) >= 1:
+        return kind, int(count)
+    raise DapbenchError(f"unknown launcher {launcher!r}", "use local:N (N >= 1 runs at a time) or slurm")
+
+
+def _job_succeeded(job, run: GridRun, echo: Echo) -> bool:
+    """Wait for a submitit job; report a failure with where its log is."""
+    try:
+        job.result()
+    except Exception as exc:  # noqa: BLE001 - submitit re-raises the job's error, of any type
+        echo(f"{run.name}: job {job.job_id} failed ({str(exc).strip().splitlines()[-1]}); log {job.paths.stderr}")
+        return False
+    echo(f"{run.name}: job {job.job_id} finished")
+    return True
 
 
 def planned_run_ids(config: RunConfig) -> dict[tuple[str, int], str]:

@@ -58,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="pre-train through a domain sequence, fine-tune, write records")
     _add_run_arguments(run)
+    _add_launch_arguments(run)
     run.set_defaults(func=cmd_run)
 
     bench = sub.add_parser("bench", help="DAP step time per method (ratios to the first method)")
@@ -113,7 +114,9 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--model", help="hub id or local directory of the base masked LM")
     run.add_argument("--data-root", help="the paper's data-release folder (or env DAPBENCH_DATA)")
     run.add_argument("--general-heldout", help="general-domain text whose MLM loss is tracked")
-    run.add_argument("--sequence", help="seq0..seq4 or a comma-separated list of domains")
+    run.add_argument(
+        "--sequence", help="seq0 ... seq4, a comma-separated list of domains; for run also seq0..seq4 or seq0+seq3"
+    )
     run.add_argument("--seeds", help="comma-separated seeds")
     run.add_argument("--matrix", choices=("full", "final"), help="lower triangle, or diagonal + last row")
     run.add_argument("--output-dir", default=".", help="where results/ and leaderboard.md go (default: .)")
@@ -129,6 +132,25 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def _add_launch_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "--launcher",
+        help="fan the method x seed x sequence grid out: local:N (N runs at a time on this machine, one GPU each"
+        " where there are GPUs) or slurm (one job per run through submitit); default: one run after another here",
+    )
+    run.add_argument("--no-leaderboard", action="store_true", help="write records only (a launcher's runs do)")
+    run.add_argument("--slurm-partition", help="Slurm partition of the grid's jobs")
+    run.add_argument("--slurm-time", type=int, default=24 * 60, help="minutes per job (default 1440)")
+    run.add_argument("--slurm-gpus", type=int, default=1, help="GPUs per job (default 1)")
+    run.add_argument("--slurm-cpus", type=int, default=8, help="CPU cores per job (default 8)")
+    run.add_argument("--slurm-mem", type=int, help="memory per job in GB (default: the partition's)")
+    run.add_argument(
+        "--slurm-executor", choices=("slurm", "local", "debug"), default="slurm",
+        help="submitit's executor: slurm, or local/debug to try the grid's jobs without a cluster",
+    )  # fmt: skip
+    run.add_argument("--wait", action="store_true", help="with slurm: wait for the jobs, then write the leaderboard")
+
+
 def _base_spec_cls():
     from benchmark.pretrain import BaseModelSpec
 
@@ -141,8 +163,9 @@ def _quiet_libraries() -> None:
     quiet_libraries()
 
 
-def _config(args: argparse.Namespace) -> RunConfig:
-    """The run arguments as a checked :class:`RunConfig` (``benchmark.api.resolve_config``)."""
+def _config(args: argparse.Namespace, sequence: str | None = None) -> RunConfig:
+    """The run arguments as a checked :class:`RunConfig` (``benchmark.api.resolve_config``), for ``sequence``
+    where the command names a grid of sequences."""
     from benchmark.api import resolve_config
 
     return resolve_config(
@@ -152,7 +175,7 @@ def _config(args: argparse.Namespace) -> RunConfig:
         model=args.model,
         data_root=args.data_root,
         general_heldout=args.general_heldout,
-        sequence=args.sequence,
+        sequence=sequence or args.sequence,
         matrix=args.matrix,
         output_dir=args.output_dir,
         device=args.device,
@@ -169,15 +192,33 @@ def _parse_seeds(text: str) -> tuple[int, ...]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """``dapbench run``."""
-    from benchmark.api import run_benchmark, synthetic_reading
+    """``dapbench run``: every method x seed x sequence, here one after another or through a launcher."""
+    from benchmark.api import report, run_benchmark, synthetic_reading
+    from benchmark.launch import expand_sequences
 
-    config = _config(args)
-    records = run_benchmark(config, show_progress=not args.quiet, echo=print)
-    if records:
-        print(synthetic_reading(records) if config.profile == "synthetic" else "")
-        print(f"leaderboard: {Path(config.output_dir) / 'leaderboard.md'}")
+    configs = [_config(args, sequence) for sequence in expand_sequences(args.sequence)]
+    if args.launcher:
+        return _launch(args, configs)
+    records = []
+    for config in configs:
+        records += run_benchmark(config, show_progress=not args.quiet, echo=print, write_leaderboard=False)
+    if records and not args.no_leaderboard:
+        report(configs[0].output_dir)
+        print(synthetic_reading(records) if configs[0].profile == "synthetic" else "")
+        print(f"leaderboard: {Path(configs[0].output_dir) / 'leaderboard.md'}")
     return 0
+
+
+def _launch(args: argparse.Namespace, configs: list[RunConfig]) -> int:
+    """``run --launcher``: the grid's unfinished runs as separate processes or Slurm jobs."""
+    from benchmark.api import launch_grid
+    from benchmark.launch import SlurmOptions
+
+    slurm = SlurmOptions(
+        args.slurm_partition, args.slurm_time, args.slurm_gpus, args.slurm_cpus, args.slurm_mem, args.slurm_executor
+    )
+    failed = launch_grid(configs, args.launcher, overrides=args.set, slurm=slurm, wait=args.wait, echo=print)
+    return 1 if failed else 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

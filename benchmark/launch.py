@@ -1,0 +1,174 @@
+"""Fan a method x seed x sequence grid out: N runs at a time on this machine, or one Slurm job per run.
+
+Each run of the grid is the ordinary single-run command (``dapbench run --methods M --seeds S --sequence Q``),
+so a run launched here computes exactly what it computes when typed by hand, resumes the same way, and takes
+its run directory's lock (``benchmark.layout.run_lock``). Runs whose record exists are not launched. Records
+land in one results folder; the leaderboard is written once, after the grid (or by ``dapbench report``).
+
+Local runs are separate processes scheduled by a thread pool (each thread waits on one child); with GPUs,
+each run sees one (``CUDA_VISIBLE_DEVICES``), assigned round-robin over the free ones. Slurm jobs go through
+``submitit`` (a maintained launcher; its ``local`` and ``debug`` executors run the same path without a cluster).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmark.config import RunConfig
+from benchmark.errors import DapbenchError
+from benchmark.io import path_inside
+
+Echo = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class GridRun:
+    """One run of a grid: a method, a seed and a domain sequence, and where its record goes."""
+
+    method: str
+    seed: int
+    sequence: str
+    run_id: str
+    record: Path
+
+    @property
+    def name(self) -> str:
+        """How messages name the run."""
+        return f"{self.method} seed {self.seed} {self.sequence}"
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What one Slurm job of a grid asks for (``--slurm-*`` on the command line)."""
+
+    partition: str | None = None
+    time_min: int = 24 * 60
+    gpus: int = 1
+    cpus: int = 8
+    mem_gb: int | None = None
+    executor: str = "slurm"
+    """``slurm``, or submitit's ``local`` / ``debug`` executor (same path, no cluster: for tests and trials)."""
+
+
+def expand_sequences(text: str | None) -> list[str | None]:
+    """``seq0..seq4`` -> ``[seq0, ..., seq4]``; ``seq0+seq3`` -> ``[seq0, seq3]``; anything else is one sequence."""
+    if text is None:
+        return [None]
+    match = re.fullmatch(r"seq(\d+)\.\.seq(\d+)", text.strip())
+    if match:
+        first, last = int(match[1]), int(match[2])
+        if first > last:
+            raise DapbenchError(f"empty sequence range {text!r}", f"write seq{last}..seq{first}")
+        return [f"seq{i}" for i in range(first, last + 1)]
+    return [part.strip() for part in text.split("+") if part.strip()]
+
+
+def plan_grid(configs: Sequence[RunConfig]) -> list[GridRun]:
+    """Every method x seed of each config (one config per sequence), with its run id and record path."""
+    from benchmark.api import planned_run_ids
+
+    runs = []
+    for config in configs:
+        for (method, seed), run_id in planned_run_ids(config).items():
+            record = path_inside(config.output_dir, "results", config.profile, f"{run_id}.json")
+            runs.append(GridRun(method, seed, config.sequence, run_id, record))
+    return runs
+
+
+def run_command(config: RunConfig, run: GridRun, overrides: Sequence[str]) -> list[str]:
+    """The ``dapbench run`` arguments of one grid run: the resolved inputs and folders, the user's ``--set``
+    overrides, one method, one seed, one sequence, no leaderboard (the launcher writes it once)."""
+    argv = ["run", "--profile", config.profile, "--methods", run.method, "--seeds", str(run.seed)]
+    argv += ["--sequence", run.sequence, "--matrix", config.matrix, "--device", config.device]
+    argv += ["--model", config.model, "--output-dir", config.output_dir, "--work-dir", config.work_dir]
+    for flag, value in (("--data-root", config.data_root), ("--general-heldout", config.general_heldout)):
+        if value:
+            argv += [flag, value]
+    for override in overrides:
+        argv += ["--set", override]
+    return [*argv, "--quiet", "--no-leaderboard"]
+
+
+def launch_local(commands: dict[GridRun, list[str]], processes: int, logs: Path, echo: Echo) -> list[GridRun]:
+    """Run every command, ``processes`` at a time, each in its own Python process with its own log file; with
+    GPUs, each on one GPU. Returns the runs that failed (their logs say why)."""
+    gpus = _visible_gpus()
+    free: queue.Queue[str | None] = queue.Queue()
+    for slot in range(processes):
+        free.put(gpus[slot % len(gpus)] if gpus else None)
+
+    # Runs share the cores: N runs of all cores each would oversubscribe them (unless the user chose).
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // processes))
+
+    def launch(run: GridRun) -> bool:
+        gpu = free.get()
+        try:
+            return _run_child(commands[run], logs / f"{run.run_id}.log", gpu, threads, echo, run)
+        finally:
+            free.put(gpu)
+
+    logs.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=processes) as pool:
+        outcomes = dict(zip(commands, pool.map(launch, commands), strict=True))
+    return [run for run, ok in outcomes.items() if not ok]
+
+
+def _run_child(argv: list[str], log: Path, gpu: str | None, threads: str, echo: Echo, run: GridRun) -> bool:
+    env = {**os.environ, "OMP_NUM_THREADS": threads}
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    echo(f"{run.name}: started" + (f" on GPU {gpu}" if gpu is not None else "") + f" (log {log})")
+    with open(log, "w", encoding="utf-8") as out:
+        code = subprocess.call([sys.executable, "-m", "benchmark.cli", *argv], stdout=out, stderr=out, env=env)
+    echo(f"{run.name}: " + ("finished" if code == 0 else f"failed with exit code {code}, see {log}"))
+    return code == 0
+
+
+def _visible_gpus() -> list[str]:
+    """The GPU ids this process may hand out (``CUDA_VISIBLE_DEVICES`` when set, else every GPU torch sees)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def submit_slurm(commands: dict[GridRun, list[str]], options: SlurmOptions, folder: Path) -> dict[GridRun, object]:
+    """Submit one job per command through submitit (job arrays are submitit's business); returns the jobs."""
+    try:
+        import submitit
+    except ImportError as exc:
+        raise DapbenchError("--launcher slurm needs submitit", "pip install 'dapbench[cluster]'") from exc
+    executor = submitit.AutoExecutor(folder=folder, cluster=None if options.executor == "slurm" else options.executor)
+    parameters = {"timeout_min": options.time_min, "gpus_per_node": options.gpus, "cpus_per_task": options.cpus}
+    parameters |= {"name": "dapbench", "slurm_partition": options.partition, "mem_gb": options.mem_gb}
+    executor.update_parameters(**{k: v for k, v in parameters.items() if v is not None})
+    runs = list(commands)
+    with executor.batch():  # one job array: a single submission for the whole grid
+        jobs = [executor.submit(run_cli, commands[run]) for run in runs]
+    return dict(zip(runs, jobs, strict=True))
+
+
+def run_cli(argv: list[str]) -> int:
+    """A grid run inside a Slurm job: the CLI, in-process; a non-zero exit becomes the job's error."""
+    from benchmark.cli import main
+
+    code = main(argv)
+    if code != 0:
+        raise RuntimeError(f"dapbench {' '.join(argv)} exited with {code}")
+    return code
+
+
+def with_sequence(config: RunConfig, sequence: str | None) -> RunConfig:
+    """``config`` for one sequence of a grid (unchanged for ``None``: the profile's sequence)."""
+    return config if sequence is None else dataclasses.replace(config, sequence=sequence)
