@@ -160,13 +160,18 @@ def run_benchmark(
     per run under ``<output_dir>/results/<profile>/`` and, unless told not to, the leaderboard; return the
     records of this grid (a run that another process holds is skipped: that process writes its record).
     Like the CLI it hides transformers'/datasets' load reports and per-file bars (:func:`quiet_libraries`)."""
+    from benchmark.environment import process_state
     from benchmark.inputs import prepare_data
     from benchmark.runner import ContinualRun
 
     quiet_libraries()
-    config = materialise(config, show_progress, echo)
-    check_inputs(config)
-    data = prepare_data(config)
+    processes = process_state(config)  # one, or those of `accelerate launch` / `torchrun`, who share every run
+    require_multi_process(config, processes.num_processes)
+    echo = echo if processes.is_main_process else _silent
+    with processes.main_process_first():  # one process builds the synthetic world and the data caches
+        config = materialise(config, show_progress, echo)
+        check_inputs(config)
+        data = prepare_data(config)
     records = []
     for method in config.methods:
         for seed in config.seeds:
@@ -176,9 +181,28 @@ def run_benchmark(
             )
             if record is not None:
                 records.append(record)
-    if records and write_leaderboard:
+    if records and write_leaderboard and processes.is_main_process:
         report(config.output_dir)
     return records
+
+
+def require_multi_process(config: RunConfig, num_processes: int) -> None:
+    """Refuse, before any work, a multi-process run of a method not verified for it (``multi_process``)."""
+    from benchmark.environment import require_multi_process_support
+    from benchmark.registry import default_registry
+
+    for method in config.methods:
+        require_multi_process_support(default_registry().get(method), num_processes)
+    dap = config.dap
+    if dap.batch_size % (dap.per_device_batch_size * num_processes):
+        fitting = dap.batch_size // num_processes
+        raise DapbenchError(
+            f"dap.batch_size={dap.batch_size} is not a multiple of dap.per_device_batch_size="
+            f"{dap.per_device_batch_size} x {num_processes} processes: the global batch would not be the profile's",
+            f"set --set dap.per_device_batch_size=N with N dividing {fitting}"
+            if dap.batch_size % num_processes == 0
+            else f"use a process count that divides dap.batch_size={dap.batch_size}",
+        )
 
 
 def launch_grid(
@@ -246,36 +270,52 @@ def _job_succeeded(job, run: GridRun, echo: Echo) -> bool:
 def planned_run_ids(config: RunConfig) -> dict[tuple[str, int], str]:
     """The run id of every method x seed of ``config`` (which reads and checksums its inputs): the names its
     records will have under ``results/<profile>/`` and its work directories under ``<work_dir>/runs/``."""
+    from benchmark.environment import process_state
     from benchmark.identity import run_id
     from benchmark.inputs import prepare_data
     from benchmark.registry import default_registry
 
     config = materialise(config)
     data = prepare_data(config)
-    registry = default_registry()
+    registry, processes = default_registry(), process_state(config).num_processes
     return {
-        (m, s): run_id(config, m, s, data.domains, data.checksums, registry.get(m).version)
+        (m, s): run_id(config, m, s, data.domains, data.checksums, registry.get(m).version, processes)
         for m in config.methods
         for s in config.seeds
     }
 
 
 def _run_once(run, path: Path, echo: Echo) -> RunRecord | None:
-    """The record of ``run``: kept if it exists, else made now; None if another process holds the run."""
+    """The record of ``run``: kept if it exists, else made now; None if another command holds the run. With
+    several processes, the main one takes the lock and decides for all, and only it writes the record."""
+    from accelerate import PartialState
+
     from benchmark.layout import run_lock
 
-    name = f"{run.method.name} seed {run.seed}"
-    with run_lock(run.layout.root) as locked:
-        if not locked:
+    name, main = f"{run.method.name} seed {run.seed}", PartialState().is_main_process
+    with run_lock(run.layout.root) if main else contextlib.nullcontext(True) as locked:
+        decision = _main_decides("run" if locked and not path.is_file() else "kept" if locked else "held")
+        if decision == "held":
             echo(f"{name}: in progress in another process, skipped (its record lands in {path})")
             return None
-        if path.is_file():  # a finished run is not redone, rewritten or counted again
+        if decision == "kept":  # a finished run is not redone, rewritten or counted again
             echo(f"{name}: complete, kept {path} (delete it to run again)")
             return load_record(path)
         record = run.execute()
-        atomic_write_json(path, record)
-        echo(f"{name}: {one_line(record)} -> {path}")
+        if main:
+            atomic_write_json(path, record)
+            echo(f"{name}: {one_line(record)} -> {path}")
         return record
+
+
+def _main_decides(decision: str) -> str:
+    """The main process's ``decision``, on every process of a multi-process run (itself when alone)."""
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
+
+    if PartialState().num_processes == 1:
+        return decision
+    return broadcast_object_list([decision], from_process=0)[0]
 
 
 def one_line(record: RunRecord) -> str:

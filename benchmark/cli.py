@@ -202,11 +202,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     records = []
     for config in configs:
         records += run_benchmark(config, show_progress=not args.quiet, echo=print, write_leaderboard=False)
-    if records and not args.no_leaderboard:
+    if records and not args.no_leaderboard and _main_process():
         report(configs[0].output_dir)
         print(synthetic_reading(records) if configs[0].profile == "synthetic" else "")
         print(f"leaderboard: {Path(configs[0].output_dir) / 'leaderboard.md'}")
     return 0
+
+
+def _main_process() -> bool:
+    """False on the other processes of an ``accelerate launch``/``torchrun`` run: they print and report nothing."""
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
 
 
 def _launch(args: argparse.Namespace, configs: list[RunConfig]) -> int:

@@ -15,19 +15,38 @@ from benchmark.errors import DapbenchError
 
 def make_accelerator(config):
     """The run's ``accelerate.Accelerator``: CPU when asked or when no GPU is present, the configured mixed
-    precision on a GPU. One process only, for now."""
+    precision on a GPU. Under ``accelerate launch``/``torchrun`` with several processes, DDP over every
+    process; ``find_unused_parameters`` because several methods leave parameters out of some steps (the
+    experts of other domains, masked units, a replay pass that only runs once the buffer holds data)."""
     from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
 
     cpu = config.device == "cpu" or not torch.cuda.is_available()
-    accelerator = Accelerator(cpu=cpu, mixed_precision="no" if cpu else config.dap.mixed_precision)
-    if accelerator.num_processes > 1:
-        # The MLM and method passes call the encoder inside the wrapper, which would bypass DDP's
-        # gradient synchronisation: refuse rather than train silently wrong.
+    process_state(config)
+    return Accelerator(
+        cpu=cpu,
+        mixed_precision="no" if cpu else config.dap.mixed_precision,
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+    )
+
+
+def process_state(config):
+    """The processes of this run (accelerate's ``PartialState``: one, or those of ``accelerate launch`` /
+    ``torchrun``). The first call fixes it for the process, so it is made here, knowing whether the run is on
+    CPU: without that, processes launched on a machine without GPUs would each think they were alone."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
+
+
+def require_multi_process_support(method_cls, num_processes: int) -> None:
+    """Refuse, before any work, a method not verified to train correctly with several processes."""
+    if num_processes > 1 and not method_cls.multi_process:
         raise DapbenchError(
-            "multi-process (DDP) DAP training is not supported yet",
-            "run one process per job (a single GPU); multi-GPU support is future work",
+            f"method {method_cls.name!r} is not verified for multi-process training ({num_processes} processes):"
+            " what it computes over batches or data (buffers, statistics) is not synchronised across processes yet",
+            "run it with one process per run (spread a grid with --launcher local:N or slurm)",
         )
-    return accelerator
 
 
 def environment_facts(accelerator) -> dict:

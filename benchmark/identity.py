@@ -129,9 +129,15 @@ def run_id(
     domains: tuple[str, ...],
     inputs: Mapping[str, str],
     method_version: int = 1,
+    processes: int = 1,
 ) -> str:
-    """``<method>-<sequence>-seed<seed>-<hash>``: the name of a run's record and of its work directory."""
+    """``<method>-<sequence>-seed<seed>-<hash>``: the name of a run's record and of its work directory.
+
+    ``processes`` enters the hash when it is more than one: N processes shard, shuffle and mask the training
+    data differently from one (the same distribution, other draws), so their numbers are another run's."""
     payload = identity_payload(config, method, domains, inputs, method_version)
+    if processes > 1:
+        payload["processes"] = processes
     digest = hashlib.sha256(json.dumps({**payload, "seed": seed}, sort_keys=True).encode()).hexdigest()[:10]
     return f"{method}-{sequence_tag(config.sequence, domains)}-seed{seed}-{digest}"
 

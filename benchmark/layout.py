@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -80,6 +81,11 @@ class RunLayout(RunPaths):
             write_manifest(tmp)  # last: a checkpoint is read only if every file is the one written here
 
         atomic_directory(self.checkpoint(t), fill)
+
+    def discard_checkpoint(self, t: int) -> None:
+        """Delete checkpoint ``t`` if it exists (its fine-tunes are done and the next stage has started)."""
+        if self.checkpoint(t).exists():
+            shutil.rmtree(self.checkpoint(t))
 
     def verified_checkpoint(self, t: int) -> Path:
         """Checkpoint ``t``'s directory after checking every file against its manifest: a missing, truncated

@@ -148,6 +148,10 @@ class MethodDeclaration:
     studies: ClassVar[Mapping[str, Callable[[Any, Mapping[str, str]], dict]]] = {}
     """Named measurements the method offers beside runs (``dapbench study <method> <name>``): each takes the
     resolved ``RunConfig`` and the ``--option key=value`` strings and returns a JSON-ready dict."""
+    multi_process: ClassVar[bool] = False
+    """Whether the method trains correctly with several processes (``accelerate launch``/``torchrun``): whatever
+    it computes over batches or data is synchronised as on one device. Set only when the method passes the
+    2-process one-update equivalence test (``tests/test_distributed.py``); other methods are refused there."""
     version: ClassVar[int] = 1
     """Bumped when a change of the method changes its numbers for unchanged options: it is part of the run id
     (``benchmark.identity``), so records of the old code are never taken for the new code's."""

@@ -12,7 +12,6 @@ model a stage starts from), :class:`BaseEvaluation` (the base model's held-out n
 
 from __future__ import annotations
 
-import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,8 +170,10 @@ class StageRunner:
         features = heldout_features(model, p.data.heldout_batches, device, view)
         stats["representation"] = representation_drift(self.base.features(), features)
         stats["peak_memory_mb"] = peak_memory_mb()
-        p.layout.save_checkpoint(t, p.accelerator.unwrap_model(model), p.data.tokenizer, p.method.state_dict())
-        atomic_write_json(p.layout.domain_done(t), stats)
+        if p.accelerator.is_main_process:  # once; the other processes hold the same model and numbers
+            p.layout.save_checkpoint(t, p.accelerator.unwrap_model(model), p.data.tokenizer, p.method.state_dict())
+            atomic_write_json(p.layout.domain_done(t), stats)
+        p.accelerator.wait_for_everyone()
         p.accelerator.free_memory()
         return stats
 
@@ -248,14 +249,16 @@ class ContinualRun:
     """Runs one method with one seed through the sequence, resumably, and builds its record."""
 
     def __init__(self, config: RunConfig, data: RunData, method_name: str, seed: int, show_progress: bool = True):
-        cls = default_registry().get(method_name)
-        self.run_id = run_id(config, method_name, seed, data.domains, data.checksums, cls.version)
+        cls, accelerator = default_registry().get(method_name), make_accelerator(config)
+        self.run_id = run_id(
+            config, method_name, seed, data.domains, data.checksums, cls.version, accelerator.num_processes
+        )
         env = RunEnv(len(data.domains), data.domains, seed, base_model=config.model)
         self.parts = RunParts(
             config, data, build_method(cls, config.method_options.get(method_name, {}), env), seed,
             RunLayout(Path(config.work_dir) / "runs" / self.run_id),
             StageSchedule(cls.capabilities, len(data.domains), config.dap.steps, config.matrix),
-            make_accelerator(config), show_progress,
+            accelerator, show_progress,
         )  # fmt: skip
         p = self.parts
         self.method, self.layout, self.schedule, self.seed = p.method, p.layout, p.schedule, p.seed
@@ -275,8 +278,8 @@ class ContinualRun:
                     self.stages.run(t)
                 clock.save()
             self.end_tasks.run_row(t, on_cell_done=clock.save)
-            if t > 0 and not p.config.keep_checkpoints and p.layout.checkpoint(t - 1).exists():
-                shutil.rmtree(p.layout.checkpoint(t - 1))
+            if t > 0 and not p.config.keep_checkpoints and p.accelerator.is_main_process:
+                p.layout.discard_checkpoint(t - 1)  # its row is done; the next stage starts from checkpoint t
         return self._record(clock)
 
     def _record(self, clock: RunClock) -> RunRecord:

@@ -40,17 +40,22 @@ class DapTrainer:
         """Run ``steps`` updates on ``dataset`` and return the stage's training statistics."""
         dap, acc = self.dap, self.accelerator
         optimizer, scheduler = build_optimizer(self.method.trainable_parameters(model), dap, steps)
-        loader = mlm_loader(dataset, self.tokenizer, dap)
-        model, optimizer, loader, scheduler = acc.prepare(model, optimizer, loader, scheduler)
+        # With several processes accelerate seeds the shared shuffle from the global RNG: forked, so it does not move.
+        with torch.random.fork_rng(devices=[]):
+            loader = acc.prepare(mlm_loader(dataset, self.tokenizer, dap))
+        # The schedule is not prepared: accelerate would step it once per process at every update.
+        step, optimizer = acc.prepare(DapStep(model, self.method), optimizer)
         accum = max(1, dap.batch_size // (dap.per_device_batch_size * acc.num_processes))
         ctx = StepContext(model, t, 0, steps, step_offset, acc, optimizer)
         start = time.perf_counter()
-        log = self._loop(ctx, scheduler, _forever(loader), accum, desc)
+        log = self._loop(ctx, step, scheduler, _forever(loader), accum, desc)
         seconds = time.perf_counter() - start
         tokens = steps * accum * dap.per_device_batch_size * dap.seq_len * acc.num_processes
         return stage_statistics(steps, tokens, seconds, log)
 
-    def _loop(self, ctx: StepContext, scheduler, batches: Iterator[dict], accum: int, desc: str) -> list[dict]:
+    def _loop(
+        self, ctx: StepContext, step_module, scheduler, batches: Iterator[dict], accum: int, desc: str
+    ) -> list[dict]:
         model, optimizer, acc, dap = ctx.model, ctx.optimizer, self.accelerator, self.dap
         sums: dict[str, torch.Tensor] = {}
         log: list[dict] = []
@@ -60,9 +65,9 @@ class DapTrainer:
         for step in bar:
             ctx.domain_step, ctx.global_step = step, offset + step
             for micro in range(accum):
-                sync = contextlib.nullcontext() if micro == accum - 1 else acc.no_sync(model)
+                sync = contextlib.nullcontext() if micro == accum - 1 else acc.no_sync(step_module)
                 with sync:
-                    terms = self._loss_terms(next(batches), ctx)
+                    terms = step_module(next(batches), ctx)
                     acc.backward(sum(terms.values()) / accum)
                 for key, value in terms.items():
                     sums[key] = sums.get(key, 0) + value.detach() / accum
@@ -70,18 +75,36 @@ class DapTrainer:
             if dap.max_grad_norm is not None:
                 acc.clip_grad_norm_(model.parameters(), dap.max_grad_norm)
             optimizer.step()
-            scheduler.step()
+            if not acc.optimizer_step_was_skipped:  # fp16 overflow: the schedule waits, as accelerate's would
+                scheduler.step()
             self.method.after_optimizer_step(ctx)
             optimizer.zero_grad(set_to_none=True)
             if (step + 1) % dap.log_every == 0 or step + 1 == ctx.total_domain_steps:
+                if acc.num_processes > 1:  # the log is the mean over every process's micro-batches, as in one
+                    sums = {k: acc.reduce(v, "mean") for k, v in sums.items()}
                 means = finite_means(sums, step + 1 - last_logged, f"{self.method.name}: DAP loss term(s)", step + 1)
                 bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})  # the only host sync is above
                 log.append({"step": step + 1, **{k: round(v, 5) for k, v in means.items()}})
                 last_logged = step + 1
         return log
 
-    def _loss_terms(self, batch: dict, ctx: StepContext) -> dict[str, torch.Tensor]:
-        loss, hidden, logits = mlm_forward(ctx.model, batch)
+
+class DapStep(torch.nn.Module):
+    """One micro-batch's MLM forward and the method's named loss terms, as one module call.
+
+    ``accelerator.prepare`` wraps this module (DDP, FSDP, autocast), so every forward a method runs, its
+    extra passes included, happens inside the wrapper: gradients of every term are synchronised across
+    processes and mixed precision covers them. The model is a submodule, so the wrapper sees its parameters.
+    """
+
+    def __init__(self, model: torch.nn.Module, method: ContinualMethod):
+        super().__init__()
+        self.model = model
+        self.method = method  # not a module: the wrapper leaves it alone
+
+    def forward(self, batch: dict, ctx: StepContext) -> dict[str, torch.Tensor]:
+        """``{"mlm": loss, **method terms}`` of ``batch``."""
+        loss, hidden, logits = mlm_forward(self.model, batch)
         return {"mlm": loss, **self.method.training_loss(batch, StepOutput(loss, hidden, logits), ctx)}
 
 

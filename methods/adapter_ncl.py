@@ -45,6 +45,7 @@ class AdapterNCL(ContinualMethod):
     """A single adapter (plus MLM head) trained through every domain on a frozen base model."""
 
     name: ClassVar[str] = "adapter_ncl"
+    multi_process: ClassVar[bool] = True
     config_cls: ClassVar[type[MethodConfig]] = AdapterConfig
     config: AdapterConfig
 

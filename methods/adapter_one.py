@@ -20,4 +20,5 @@ class AdapterONE(AdapterNCL):
     """One adapter per domain, each trained from the base model."""
 
     name: ClassVar[str] = "adapter_one"
+    multi_process: ClassVar[bool] = True
     capabilities: ClassVar[Capabilities] = Capabilities(independent_per_domain=True)

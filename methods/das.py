@@ -61,7 +61,7 @@ from benchmark.errors import DapbenchError
 from benchmark.method import ContinualMethod, DomainContext, MethodConfig, StepContext, StepOutput
 from benchmark.modeling import encoder_of, layer_modules
 from methods._shared import importance_study
-from methods._shared.contrast import gather_with_grad, info_nce, mean_pool, reference_pairing
+from methods._shared.contrast import info_nce, mean_pool, reference_pairing
 from methods._shared.importance import gate_importance, kl_proxy_loss, mlm_importance_loss, reference_kl_proxy_loss
 from methods._shared.softmask import (
     NORMALISATIONS,
@@ -174,6 +174,7 @@ class DAS(ContinualMethod):
     """Soft-masking of units by accumulated importance plus contrastive knowledge integration."""
 
     name: ClassVar[str] = "das"
+    multi_process: ClassVar[bool] = True
     config_cls: ClassVar[type[MethodConfig]] = DASConfig
     studies: ClassVar[dict] = {
         "importance-similarity": importance_study.similarity_study,
@@ -295,13 +296,10 @@ class DAS(ContinualMethod):
                 prev = mean_pool(encoder(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
         if self.config.switch("contrast_pairing") == "adjacent":
             first, second = reference_pairing(first, second)
-        gather = ctx.accelerator
-        return info_nce(
-            gather_with_grad(first, gather),
-            gather_with_grad(second, gather),
-            gather_with_grad(prev, gather),
-            self.config.temperature,
-        )
+        # Negatives are the other rows of this micro-batch, with one process or many: a run over N processes
+        # then computes exactly what one process computes with gradient accumulation over the same micro-batches
+        # (the reference code all-gathers them across GPUs; DAS_REFERENCE.md, section 3).
+        return info_nce(first, second, prev, self.config.temperature)
 
     def _masked_tensors(self, model) -> list[MaskedTensor]:
         return masked_tensors(

@@ -78,6 +78,7 @@ class DEMIX(ContinualMethod):
     """Per-domain expert adapters, each new one copied from the lowest-perplexity earlier expert."""
 
     name: ClassVar[str] = "demix"
+    multi_process: ClassVar[bool] = True
     config_cls: ClassVar[type[MethodConfig]] = AdapterConfig
     capabilities: ClassVar[Capabilities] = Capabilities(needs_domain_id_at_finetune=True)
     config: AdapterConfig

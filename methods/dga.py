@@ -29,6 +29,7 @@ class DGA(DAS):
     """Head soft-masking by the KL-proxy importance, per domain, from the base model."""
 
     name: ClassVar[str] = "dga"
+    multi_process: ClassVar[bool] = True
     config_cls: ClassVar[type[MethodConfig]] = DGAConfig
     capabilities: ClassVar[Capabilities] = Capabilities(independent_per_domain=True)
 

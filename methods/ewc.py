@@ -33,6 +33,7 @@ class EWC(ContinualMethod):
     """MLM plus a quadratic penalty that anchors parameters important to earlier domains."""
 
     name: ClassVar[str] = "ewc"
+    multi_process: ClassVar[bool] = True
     config_cls: ClassVar[type[MethodConfig]] = EWCConfig
     config: EWCConfig
 

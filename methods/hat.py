@@ -98,6 +98,7 @@ class HAT(ContinualMethod):
     """Task-gated units with hard attention masks; fine-tunes with the end task's domain mask."""
 
     name: ClassVar[str] = "hat"
+    multi_process: ClassVar[bool] = True
     config_cls: ClassVar[type[MethodConfig]] = HATConfig
     capabilities: ClassVar[Capabilities] = Capabilities(needs_domain_id_at_finetune=True)
     leaderboard_note: ClassVar[str] = (

@@ -20,6 +20,7 @@ class HATAll(HAT):
     """HAT training, full-network fine-tuning."""
 
     name: ClassVar[str] = "hat_all"
+    multi_process: ClassVar[bool] = True
     capabilities: ClassVar[Capabilities] = Capabilities()
     full_network_after_domain: ClassVar[bool] = True
     leaderboard_note: ClassVar[str] = "held-out losses of every column use the full network, as it fine-tunes."

@@ -44,6 +44,7 @@ class KD(ContinualMethod):
     """MLM plus distillation towards a frozen copy of the model from the start of the domain."""
 
     name: ClassVar[str] = "kd"
+    multi_process: ClassVar[bool] = True
     config_cls: ClassVar[type[MethodConfig]] = KDConfig
     config: KDConfig
 

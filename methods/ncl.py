@@ -13,4 +13,5 @@ class NCL(ContinualMethod):
     """Sequential MLM training with nothing to prevent forgetting."""
 
     name: ClassVar[str] = "ncl"
+    multi_process: ClassVar[bool] = True
     comparison_role: ClassVar[str | None] = "naive_continual"

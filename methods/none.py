@@ -14,5 +14,6 @@ class NoDap(ContinualMethod):
     """The base model without domain-adaptive pre-training."""
 
     name: ClassVar[str] = "none"
+    multi_process: ClassVar[bool] = True
     comparison_role: ClassVar[str | None] = "no_dap"
     capabilities: ClassVar[Capabilities] = Capabilities(pretrains=False)

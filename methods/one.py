@@ -14,4 +14,5 @@ class ONE(ContinualMethod):
     """One independently DAP-trained model per domain."""
 
     name: ClassVar[str] = "one"
+    multi_process: ClassVar[bool] = True
     capabilities: ClassVar[Capabilities] = Capabilities(independent_per_domain=True)

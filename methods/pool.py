@@ -17,4 +17,5 @@ class Pool(ContinualMethod):
     """Plain MLM on the union of all domain corpora, trained once."""
 
     name: ClassVar[str] = "pool"
+    multi_process: ClassVar[bool] = True
     capabilities: ClassVar[Capabilities] = Capabilities(joint_training=True)

@@ -47,6 +47,7 @@ class PromptONE(ContinualMethod):
     """One soft prompt per domain, trained with the language model frozen."""
 
     name: ClassVar[str] = "prompt_one"
+    multi_process: ClassVar[bool] = True
     config_cls: ClassVar[type[MethodConfig]] = PromptConfig
     capabilities: ClassVar[Capabilities] = Capabilities(independent_per_domain=True)
     config: PromptConfig

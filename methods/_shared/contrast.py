@@ -34,13 +34,3 @@ def reference_pairing(first: torch.Tensor, second: torch.Tensor) -> tuple[torch.
     """
     tiled = torch.cat([first, second], dim=0)
     return tiled[1::2], tiled[0::2]
-
-
-def gather_with_grad(tensor: torch.Tensor, accelerator) -> torch.Tensor:
-    """All-gather rows across processes; the local shard keeps its gradient (remote shards have none)."""
-    if accelerator is None or accelerator.num_processes == 1:
-        return tensor
-    gathered = accelerator.gather(tensor.detach())
-    shards = list(gathered.chunk(accelerator.num_processes))
-    shards[accelerator.process_index] = tensor
-    return torch.cat(shards, dim=0)

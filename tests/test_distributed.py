@@ -1,0 +1,160 @@
+"""Multi-process DAP training (issue #17): 2 gloo processes on CPU compute what one process computes.
+
+The one-update equivalence runs every registered method verified for several processes
+(``ContinualMethod.multi_process``) through ``tests/distributed_update.py`` with one process (gradient
+accumulation over two micro-batches) and under ``torchrun`` with two (one micro-batch each), two updates per
+stage over two stages, and compares the checkpoints: model weights and method state (importance, Fisher,
+masks, experts). A negative control without DDP shows that the comparison notices unsynchronised processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from benchmark.registry import default_registry
+
+REPO = Path(__file__).resolve().parents[1]
+HARNESS = REPO / "tests" / "distributed_update.py"
+TOLERANCE = 1e-6
+"""Largest accepted |difference| of a weight or state value. Measured: 0 (bit-identical) for every verified
+method on CPU; summation order is the only thing that may differ between the two layouts."""
+
+VERIFIED = sorted(n for n in default_registry().names() if default_registry().get(n).multi_process)
+REFUSED = sorted(n for n in default_registry().names() if not default_registry().get(n).multi_process)
+
+
+def _torchrun(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=environment, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def dropout_free_model(tiny_model, tmp_path_factory) -> Path:
+    """The tiny model without dropout, so that an update is a function of the micro-batches alone."""
+    import shutil
+
+    out = tmp_path_factory.mktemp("ddp") / "model"
+    shutil.copytree(tiny_model, out)
+    config = json.loads((out / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.fixture(scope="module")
+def layouts(dropout_free_model, world_root, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("layouts")
+    args = [str(dropout_free_model), str(world_root), *VERIFIED]
+    one = subprocess.run(
+        [sys.executable, str(HARNESS), str(root / "one"), *args], cwd=REPO, capture_output=True, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900,
+    )  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _torchrun(str(HARNESS), str(root / "two"), *args)
+    assert two.returncode == 0, two.stderr[-3000:]
+    return {"one": root / "one", "two": root / "two"}
+
+
+def _flat(value, prefix: str = "") -> dict[str, torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return {prefix: value}
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    return {k: v for key, item in items for k, v in _flat(item, f"{prefix}/{key}").items()}
+
+
+def _largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max([(a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].numel()] or [0.0])
+
+
+def test_every_registered_method_is_verified_for_several_processes_or_refused():
+    assert set(VERIFIED) | set(REFUSED) == set(default_registry().names())
+    assert REFUSED == ["derpp"]  # its reservoir sees each process's micro-batches only (see README)
+
+
+@pytest.mark.parametrize("method", VERIFIED)
+def test_two_processes_update_like_one_with_the_same_global_batch(method, layouts):
+    checkpoints = sorted(p.name for p in (layouts["one"] / method).glob("checkpoint-*"))
+    assert checkpoints
+    for name in checkpoints:
+        one, two = layouts["one"] / method / name, layouts["two"] / method / name
+        weights = _largest_difference(load_file(one / "model.safetensors"), load_file(two / "model.safetensors"))
+        state = _largest_difference(
+            _flat(torch.load(one / "method_state.pt", weights_only=True)),
+            _flat(torch.load(two / "method_state.pt", weights_only=True)),
+        )
+        assert weights <= TOLERANCE and state <= TOLERANCE, f"{method} {name}: weights {weights}, state {state}"
+    digests = sorted((layouts["two"] / "digests").glob(f"{method}-stage*-rank*.digest"))
+    by_stage = {}
+    for path in digests:
+        by_stage.setdefault(path.name.rsplit("-rank", 1)[0], set()).add(path.read_text())
+    assert by_stage and all(len(d) == 1 for d in by_stage.values()), f"{method}: the processes differ"
+
+
+def test_without_ddp_the_comparison_notices_unsynchronised_processes(dropout_free_model, world_root, tmp_path):
+    args = [str(HARNESS), str(tmp_path), str(dropout_free_model), str(world_root), "ncl"]
+    done = _torchrun(*args, env={"DAPBENCH_TEST_WITHOUT_DDP": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    rank0, rank1 = ((tmp_path / "digests" / f"ncl-stage0-rank{r}.digest").read_text() for r in (0, 1))
+    assert rank0 != rank1
+
+
+def _run_args(world_root: Path, model: Path, out: Path, methods: str) -> list[str]:
+    args = ["-m", "benchmark.cli", "run", "--profile", "synthetic", "--model", str(model), "--data-root"]
+    args += [str(world_root), "--general-heldout", str(world_root / "general_heldout.txt"), "--sequence"]
+    args += ["alpha,beta", "--methods", methods, "--seeds", "1", "--output-dir", str(out), "--quiet"]
+    for setting in ("dap.steps=4", "dap.per_device_batch_size=16", "finetune.default_epochs=1"):
+        args += ["--set", setting]
+    return args
+
+
+def test_a_two_process_run_writes_its_record_once_under_its_own_id_and_is_kept_on_rerun(
+    world_root, tiny_model, tmp_path
+):
+    args = _run_args(world_root, tiny_model, tmp_path, "ncl")
+    first = _torchrun(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (path,) = (tmp_path / "results" / "synthetic").glob("*.json")
+    record = json.loads(path.read_text())
+    assert record["environment"]["num_processes"] == 2
+    assert first.stdout.count("ncl seed 1: final acc") == 1  # the main process speaks for both
+    from benchmark.api import planned_run_ids, resolve_config
+
+    config = resolve_config(
+        "synthetic", model=str(tiny_model), data_root=str(world_root), sequence="alpha,beta", methods=["ncl"],
+        seeds=[1], general_heldout=str(world_root / "general_heldout.txt"), output_dir=str(tmp_path / "single"),
+        overrides=["dap.steps=4", "dap.per_device_batch_size=16", "finetune.default_epochs=1"],
+    )  # fmt: skip
+    assert record["run_id"] != planned_run_ids(config)[("ncl", 1)]  # two processes draw other batches
+    again = _torchrun(*args)
+    assert again.returncode == 0 and "ncl seed 1: complete, kept" in again.stdout
+
+
+def test_a_method_not_verified_for_several_processes_is_refused_before_any_work(world_root, tiny_model, tmp_path):
+    done = _torchrun(*_run_args(world_root, tiny_model, tmp_path, "ncl,derpp"))
+    assert done.returncode != 0
+    assert "method 'derpp' is not verified for multi-process training (2 processes)" in done.stderr
+    assert "benchmark/" not in done.stderr  # a named error, no traceback through dapbench (torchrun prints its own)
+    assert not (tmp_path / ".dapbench" / "runs").exists()
+
+
+def test_a_global_batch_that_the_processes_cannot_share_evenly_is_refused(tiny_config):
+    import dataclasses
+
+    from benchmark.api import require_multi_process
+    from benchmark.errors import DapbenchError
+
+    config = dataclasses.replace(tiny_config, methods=("ncl",), dap=dataclasses.replace(tiny_config.dap, batch_size=8))
+    require_multi_process(config, 2)  # 8 = 4 per process x 2 processes
+    with pytest.raises(DapbenchError, match="not a multiple of dap.per_device_batch_size=4 x 4 processes") as caught:
+        require_multi_process(config, 4)
+    assert "per_device_batch_size=N with N dividing 2" in caught.value.fix
