@@ -68,19 +68,23 @@ def finetune_and_evaluate(
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, total_steps)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    # One fine-tune is one process's work, also in a multi-process run (each process takes whole fine-tunes):
+    # the model gets mixed precision but no DDP, the loader is not sharded, the schedule steps once per update.
+    model = accelerator.prepare_model(model, evaluation_mode=True)
+    optimizer, device = accelerator.prepare_optimizer(optimizer), accelerator.device
     start = time.perf_counter()
     model.train()
     step = 0
     # First step whose loss was not finite (-1: none), kept on the device: checked once per epoch, no sync per step.
-    first_bad = torch.full((), -1, dtype=torch.long, device=accelerator.device)
+    first_bad = torch.full((), -1, dtype=torch.long, device=device)
     while step < total_steps:
         for batch in loader:
-            loss = model(**batch).loss
+            loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
             first_bad = torch.where((first_bad < 0) & ~torch.isfinite(loss.detach()), step + 1, first_bad)
             accelerator.backward(loss)
             optimizer.step()
-            scheduler.step()
+            if not accelerator.optimizer_step_was_skipped:  # fp16 overflow: the schedule waits
+                scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
             if step >= total_steps:

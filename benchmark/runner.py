@@ -214,10 +214,11 @@ class EndTaskRunner:
         """Every cell of row ``t`` that the matrix mode asks for and that is not finished yet."""
         from transformers import set_seed
 
-        p, row_key = self.parts, self.parts.schedule.row_key(t)
+        p, row_key, acc = self.parts, self.parts.schedule.row_key(t), self.parts.accelerator
         todo = [k for k in p.schedule.row_tasks(t) if not p.layout.finetune_cell(row_key, k).exists()]
-        dap_model = self.models.load(t) if todo else None
-        for k in todo:
+        mine = todo[acc.process_index :: acc.num_processes]  # several processes take whole fine-tunes each
+        dap_model = self.models.load(t) if mine else None
+        for k in mine:
             task = p.data.tasks[p.data.domains[k]]
             domain_id = k if p.method.capabilities.needs_domain_id_at_finetune else None
             ctx = FinetuneContext(
@@ -232,6 +233,7 @@ class EndTaskRunner:
                 result = evaluate_end_task(model, task, p.data.tokenizer, p.config.finetune, seed, p.accelerator)
             atomic_write_json(p.layout.finetune_cell(row_key, k), {"row": t, "task": task.name, **result})
             on_cell_done()
+        acc.wait_for_everyone()  # every cell of the row is on disk before anyone reads the matrix or trains on
 
     def matrices(self) -> dict[str, list[list[float | None]]]:
         """A[t][k] per score from the finished cells (None where the matrix mode skips a cell)."""

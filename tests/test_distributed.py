@@ -158,3 +158,32 @@ def test_a_global_batch_that_the_processes_cannot_share_evenly_is_refused(tiny_c
     with pytest.raises(DapbenchError, match="not a multiple of dap.per_device_batch_size=4 x 4 processes") as caught:
         require_multi_process(config, 4)
     assert "per_device_batch_size=N with N dividing 2" in caught.value.fix
+
+
+def test_fine_tunes_spread_over_processes_give_the_matrix_one_process_gives(world_root, tiny_model, tmp_path):
+    """Each process takes whole fine-tunes; re-fine-tuning the same checkpoints in one process gives every cell."""
+    import shutil
+
+    from benchmark.cli import main
+
+    args = _run_args(world_root, tiny_model, tmp_path, "ncl") + ["--set", "keep_checkpoints=true"]
+    done = _torchrun(*args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = (tmp_path / "results" / "synthetic").glob("*.json")
+    spread = json.loads(path.read_text())
+    single = tmp_path / "single"
+    single_args = [a if a != str(tmp_path) else str(single) for a in args[2:]]  # the same command, one process
+    from benchmark.api import planned_run_ids, resolve_config
+
+    config = resolve_config(
+        "synthetic", model=str(tiny_model), data_root=str(world_root), sequence="alpha,beta", methods=["ncl"],
+        seeds=[1], general_heldout=str(world_root / "general_heldout.txt"), output_dir=str(single),
+        overrides=["dap.steps=4", "dap.per_device_batch_size=16", "finetune.default_epochs=1", "keep_checkpoints=true"],
+    )  # fmt: skip
+    work = tmp_path / ".dapbench" / "runs" / spread["run_id"]
+    copy = single / ".dapbench" / "runs" / planned_run_ids(config)[("ncl", 1)]
+    shutil.copytree(work, copy)
+    shutil.rmtree(copy / "finetune")  # DAP is kept; every fine-tune is redone by one process
+    assert main(single_args) == 0
+    (again,) = (single / "results" / "synthetic").glob("*.json")
+    assert json.loads(again.read_text())["matrices"] == spread["matrices"]
