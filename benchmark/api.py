@@ -188,9 +188,10 @@ def run_benchmark(
 
 def require_multi_process(config: RunConfig, num_processes: int) -> None:
     """Refuse, before any work, a multi-process run of a method not verified for it (``multi_process``)."""
-    from benchmark.environment import require_multi_process_support
+    from benchmark.environment import require_multi_process_support, require_supported_engine
     from benchmark.registry import default_registry
 
+    require_supported_engine()
     for method in config.methods:
         require_multi_process_support(default_registry().get(method), num_processes)
     dap = config.dap

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 import subprocess
 from pathlib import Path
@@ -37,6 +38,24 @@ def process_state(config):
     from accelerate import PartialState
 
     return PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
+
+
+UNSUPPORTED_ENGINES = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DeepSpeed"}
+"""accelerate's switches for engines that shard parameters, which no method is verified with yet."""
+
+
+def require_supported_engine(environ=os.environ) -> None:
+    """Refuse, before any work, an engine that shards parameters (FSDP, DeepSpeed): DAS's and HAT's gradient
+    hooks, EWC's Fisher and the soft masks act on whole parameters, and accelerate would silently fall back
+    to DDP on a CPU. Named, so nobody believes a run was sharded when it was not, or sharded when it is wrong."""
+    asked = [name for key, name in UNSUPPORTED_ENGINES.items() if environ.get(key, "").lower() in ("1", "true", "yes")]
+    if asked:
+        raise DapbenchError(
+            f"{asked[0]} is not supported yet: the methods' gradient hooks, masks and Fisher statistics act on whole"
+            " parameters, which it shards",
+            "launch with DDP (accelerate launch without --use_fsdp/--use_deepspeed, or torchrun); a model that does"
+            " not fit one GPU is not supported yet",
+        )
 
 
 def require_multi_process_support(method_cls, num_processes: int) -> None:

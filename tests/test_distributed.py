@@ -187,3 +187,15 @@ def test_fine_tunes_spread_over_processes_give_the_matrix_one_process_gives(worl
     assert main(single_args) == 0
     (again,) = (single / "results" / "synthetic").glob("*.json")
     assert json.loads(again.read_text())["matrices"] == spread["matrices"]
+
+
+@pytest.mark.parametrize(
+    ("switch", "engine"), [("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")]
+)
+def test_a_parameter_sharding_engine_is_refused_by_name_before_any_work(
+    switch, engine, world_root, tiny_model, tmp_path
+):
+    done = _torchrun(*_run_args(world_root, tiny_model, tmp_path, "ncl"), env={switch: "true"})
+    assert done.returncode != 0
+    assert f"{engine} is not supported yet" in done.stderr
+    assert not (tmp_path / ".dapbench" / "runs").exists()
