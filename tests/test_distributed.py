@@ -199,3 +199,29 @@ def test_a_parameter_sharding_engine_is_refused_by_name_before_any_work(
     assert done.returncode != 0
     assert f"{engine} is not supported yet" in done.stderr
     assert not (tmp_path / ".dapbench" / "runs").exists()
+
+
+def test_a_two_process_run_stopped_by_sigterm_resumes_to_the_uninterrupted_record(world_root, tiny_model, tmp_path):
+    import signal
+    import time
+
+    def numbers(out: Path) -> dict:
+        (path,) = (out / "results" / "synthetic").glob("*.json")
+        record = json.loads(path.read_text())
+        return {k: record[k] for k in ("run_id", "matrices", "mlm_loss", "summary")}
+
+    whole = _torchrun(*_run_args(world_root, tiny_model, tmp_path / "whole", "ncl"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    args = _run_args(world_root, tiny_model, tmp_path / "stopped", "ncl")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(tmp_path.glob("stopped/.dapbench/runs/*/domain-0.json")):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)  # what a scheduler sends; torchrun passes it to both processes
+    process.communicate(timeout=300)
+    assert not list(tmp_path.glob("stopped/results/synthetic/*.json")), "the run ended before it was stopped"
+    resumed = _torchrun(*args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert numbers(tmp_path / "stopped") == numbers(tmp_path / "whole")
