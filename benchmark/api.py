@@ -396,6 +396,7 @@ def reproduce(
         raise DapbenchError(f"--threads must be >= 1, got {threads}", "pass a positive thread count")
     out = Path(output_dir) if output_dir else Path("reproduce") / record["run_id"]
     config = apply_overrides(reproduction_config(record, out, dict(paths or {})), list(overrides))
+    _require_recorded_processes(record, record_path, config)
     with cpu_threads(threads) if threads else contextlib.nullcontext():
         config = materialise(config)  # a synthetic base model is rebuilt with the record's thread count too
         data = prepare_data(config)
@@ -409,6 +410,21 @@ def reproduce(
     mismatches = compare_records(record, new, tolerance)
     recorded = recorded_cpu_threads(record)
     return Reproduction(new, path, threads, recorded, tolerance, compared, mismatches, largest_differences(record, new))
+
+
+def _require_recorded_processes(record: RunRecord, record_path: str | Path, config: RunConfig) -> None:
+    """A record made by N processes is reproduced by N processes (they shard, shuffle and mask in other draws)."""
+    from benchmark.environment import process_state
+
+    recorded = int(record["environment"].get("num_processes") or 1)
+    here = process_state(config).num_processes
+    if recorded != here:
+        raise DapbenchError(
+            f"{record_path} was made by {recorded} process(es); this command runs {here}",
+            f"run it as: torchrun --nproc_per_node {recorded} -m benchmark.cli reproduce {record_path}"
+            if recorded > 1
+            else "run it without accelerate launch / torchrun",
+        )
 
 
 # ----------------------------------------------------------------------------------------------
