@@ -222,8 +222,9 @@ def _launch(args: argparse.Namespace, configs: list[RunConfig]) -> int:
     from benchmark.launch import SlurmOptions
 
     slurm = SlurmOptions(
-        args.slurm_partition, args.slurm_time, args.slurm_gpus, args.slurm_cpus, args.slurm_mem, args.slurm_executor
-    )
+        partition=args.slurm_partition, time_min=args.slurm_time, gpus=args.slurm_gpus, cpus=args.slurm_cpus,
+        mem_gb=args.slurm_mem, executor=args.slurm_executor,
+    )  # fmt: skip
     failed = launch_grid(configs, args.launcher, overrides=args.set, slurm=slurm, wait=args.wait, echo=print)
     return 1 if failed else 0
 

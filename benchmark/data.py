@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import yaml
 
-from benchmark.errors import DapbenchError
-from benchmark.io import CorruptStateError, verify_manifest, write_manifest
+from benchmark.errors import CorruptStateError, DapbenchError
+from benchmark.io import verify_manifest, write_manifest
 
 SUITE_FILE = "dapbench_suite.yaml"
 """A data root that holds this file defines its own suite (e.g. the synthetic profile's data)."""

@@ -22,7 +22,7 @@ def make_accelerator(config):
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
-    cpu = config.device == "cpu" or not torch.cuda.is_available()
+    cpu = _on_cpu(config)
     process_state(config)
     return Accelerator(
         cpu=cpu,
@@ -37,7 +37,12 @@ def process_state(config):
     CPU: without that, processes launched on a machine without GPUs would each think they were alone."""
     from accelerate import PartialState
 
-    return PartialState(cpu=config.device == "cpu" or not torch.cuda.is_available())
+    return PartialState(cpu=_on_cpu(config))
+
+
+def _on_cpu(config) -> bool:
+    """Whether the run is on CPU: asked for, or no GPU present."""
+    return config.device == "cpu" or not torch.cuda.is_available()
 
 
 UNSUPPORTED_ENGINES = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DeepSpeed"}

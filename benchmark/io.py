@@ -73,7 +73,7 @@ def atomic_write_bytes(path: str | Path, write: Callable[[Path], None]) -> None:
     path = Path(path)
     _make_parent(path)
     _remove_stale_temporaries(path)
-    tmp = path.with_name(f".{path.name}.{_WRITER}.tmp{path.suffix}")
+    tmp = path.with_name(f".{path.name}.{_host()}-{os.getpid()}.tmp{path.suffix}")
     try:
         write(tmp)
         os.chmod(tmp, _file_mode())  # an ordinary, shareable file, whatever mode the writer gave it
@@ -86,8 +86,9 @@ def atomic_write_bytes(path: str | Path, write: Callable[[Path], None]) -> None:
         raise
 
 
-_WRITER = f"{socket.gethostname().replace('.', '_')}-{os.getpid()}"
-"""This process's mark on its temporary files (``host-pid``)."""
+def _host() -> str:
+    """This host's part of a temporary file's name (``.<file>.<host>-<pid>.tmp``)."""
+    return socket.gethostname().replace(".", "_")
 
 
 def _make_parent(path: Path) -> None:
@@ -99,7 +100,7 @@ def _make_parent(path: Path) -> None:
 
 def _remove_stale_temporaries(path: Path) -> None:
     """Delete temporary files of ``path`` left by killed processes of this host (others may be running)."""
-    host = _WRITER.rsplit("-", 1)[0]
+    host = _host()
     for tmp in path.parent.glob(f".{path.name}.{host}-*.tmp*"):
         pid = tmp.name[len(f".{path.name}.{host}-") :].split(".", 1)[0]
         if pid.isdigit() and not _process_alive(int(pid)):

@@ -12,7 +12,6 @@ each run sees one (``CUDA_VISIBLE_DEVICES``), assigned round-robin over the free
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import queue
 import re
@@ -167,8 +166,3 @@ def run_cli(argv: list[str]) -> int:
     if code != 0:
         raise RuntimeError(f"dapbench {' '.join(argv)} exited with {code}")
     return code
-
-
-def with_sequence(config: RunConfig, sequence: str | None) -> RunConfig:
-    """``config`` for one sequence of a grid (unchanged for ``None``: the profile's sequence)."""
-    return config if sequence is None else dataclasses.replace(config, sequence=sequence)

@@ -22,12 +22,12 @@ import numpy as np
 from benchmark.config import RunConfig
 from benchmark.data import fixed_mlm_batches, load_heldout_text
 from benchmark.environment import environment_facts, make_accelerator, memory_kind, peak_memory_mb, reset_peak_memory
-from benchmark.errors import error_context
+from benchmark.errors import CorruptStateError, error_context
 from benchmark.evaluation import DeviceBatches, heldout_features, heldout_losses, representation_drift
 from benchmark.finetune import evaluate_end_task
 from benchmark.identity import run_id
 from benchmark.inputs import RunData
-from benchmark.io import CorruptStateError, atomic_write_bytes, atomic_write_json, read_json
+from benchmark.io import atomic_write_bytes, atomic_write_json, read_json
 from benchmark.layout import RunClock, RunLayout
 from benchmark.method import ContinualMethod, DomainContext, FinetuneContext, RunEnv, build_method
 from benchmark.metrics import anisotropy

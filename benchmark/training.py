@@ -92,7 +92,7 @@ class DapTrainer:
 class DapStep(torch.nn.Module):
     """One micro-batch's MLM forward and the method's named loss terms, as one module call.
 
-    ``accelerator.prepare`` wraps this module (DDP, FSDP, autocast), so every forward a method runs, its
+    ``accelerator.prepare`` wraps this module (DDP, autocast), so every forward a method runs, its
     extra passes included, happens inside the wrapper: gradients of every term are synchronised across
     processes and mixed precision covers them. The model is a submodule, so the wrapper sees its parameters.
     """

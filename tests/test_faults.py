@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmark.errors import DapbenchError
+from benchmark.errors import CorruptStateError, DapbenchError, WriteError
 from benchmark.inputs import prepare_data
-from benchmark.io import CorruptStateError, WriteError, atomic_write_bytes, atomic_write_json
+from benchmark.io import atomic_write_bytes, atomic_write_json
 from benchmark.runner import ContinualRun
 
 pytestmark = pytest.mark.faults
@@ -139,7 +139,7 @@ def test_a_failing_binary_write_keeps_the_previous_file(tmp_path):
 def test_a_temporary_file_of_a_killed_writer_is_removed_but_not_a_live_one(tmp_path):
     from benchmark import io
 
-    host = io._WRITER.rsplit("-", 1)[0]
+    host = io._host()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = tmp_path / f".r.json.{host}-{dead.stdout.strip()}.tmp.json"
     live = tmp_path / f".r.json.{host}-{os.getppid()}.tmp.json"
