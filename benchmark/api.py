@@ -270,16 +270,15 @@ def _job_succeeded(job, run: GridRun, echo: Echo) -> bool:
 def planned_run_ids(config: RunConfig) -> dict[tuple[str, int], str]:
     """The run id of every method x seed of ``config`` (which reads and checksums its inputs): the names its
     records will have under ``results/<profile>/`` and its work directories under ``<work_dir>/runs/``."""
-    from benchmark.environment import process_state
     from benchmark.identity import run_id
     from benchmark.inputs import prepare_data
     from benchmark.registry import default_registry
 
     config = materialise(config)
     data = prepare_data(config)
-    registry, processes = default_registry(), process_state(config).num_processes
+    registry = default_registry()
     return {
-        (m, s): run_id(config, m, s, data.domains, data.checksums, registry.get(m).version, processes)
+        (m, s): run_id(config, m, s, data.domains, data.checksums, registry.get(m).version)
         for m in config.methods
         for s in config.seeds
     }
@@ -390,12 +389,12 @@ def reproduce(
     from benchmark.runner import ContinualRun
 
     record = load_record(record_path)
+    require_current_numerics(record, record_path)
     threads = threads if threads is not None else recorded_cpu_threads(record)  # float order depends on it
     if threads is not None and threads < 1:
         raise DapbenchError(f"--threads must be >= 1, got {threads}", "pass a positive thread count")
     out = Path(output_dir) if output_dir else Path("reproduce") / record["run_id"]
     config = apply_overrides(reproduction_config(record, out, dict(paths or {})), list(overrides))
-    _require_recorded_processes(record, record_path, config)
     with cpu_threads(threads) if threads else contextlib.nullcontext():
         config = materialise(config)  # a synthetic base model is rebuilt with the record's thread count too
         data = prepare_data(config)
@@ -411,18 +410,21 @@ def reproduce(
     return Reproduction(new, path, threads, recorded, tolerance, compared, mismatches, largest_differences(record, new))
 
 
-def _require_recorded_processes(record: RunRecord, record_path: str | Path, config: RunConfig) -> None:
-    """A record made by N processes is reproduced by N processes (they shard, shuffle and mask in other draws)."""
-    from benchmark.environment import process_state
+def require_current_numerics(record: RunRecord, record_path: str | Path) -> None:
+    """Refuse to reproduce a record whose numerics versions (core and method) this checkout does not compute:
+    its numbers come from another training stream or method code, so every comparison would fail."""
+    from benchmark.identity import RESULTS_VERSION
+    from benchmark.registry import default_registry
 
-    recorded = int(record["environment"].get("num_processes") or 1)
-    here = process_state(config).num_processes
-    if recorded != here:
+    made = record.get("identity") or {}
+    here = {"results_version": RESULTS_VERSION, "method_version": default_registry().get(record["method"]).version}
+    differing = {k: (made.get(k), v) for k, v in here.items() if made.get(k, 1) != v}
+    if differing:
+        said = ", ".join(f"{k} {was} (this checkout: {now})" for k, (was, now) in differing.items())
+        commit = record["environment"].get("git_commit") or "the commit that made it"
         raise DapbenchError(
-            f"{record_path} was made by {recorded} process(es); this command runs {here}",
-            f"run it as: torchrun --nproc_per_node {recorded} -m benchmark.cli reproduce {record_path}"
-            if recorded > 1
-            else "run it without accelerate launch / torchrun",
+            f"{record_path} was computed by other numerics: {said}",
+            f"check out {commit} (the record's environment.git_commit) and reproduce it there",
         )
 
 

@@ -288,6 +288,12 @@ class MlmCollator:
 
     def __call__(self, examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """Mask a list of packed chunks (all of one length) into one batch."""
+        return self.mask(examples, self.generator)
+
+    def mask(
+        self, examples: list[dict[str, torch.Tensor]], generator: torch.Generator | None
+    ) -> dict[str, torch.Tensor]:
+        """Mask a list of packed chunks into one batch, drawing from ``generator`` (None: the global RNG)."""
         original = torch.stack([torch.as_tensor(e["input_ids"]) for e in examples]).long()
         special = torch.stack([torch.as_tensor(e["special_tokens_mask"]) for e in examples]).bool()
         inputs, labels = mask_tokens(
@@ -296,7 +302,7 @@ class MlmCollator:
             mask_token_id=self.mask_token_id,
             vocab_size=self.vocab_size,
             probability=self.mlm_probability,
-            generator=self.generator,
+            generator=generator,
         )
         flat_labels = labels.reshape(-1)
         positions = (flat_labels != -100).nonzero().squeeze(1)

@@ -42,17 +42,22 @@ class DeviceBatches:
 
 
 @torch.no_grad()
-def heldout_losses(model, heldout: Batches, device, view: View = _as_is) -> dict[str, float]:
-    """Mean MLM loss per masked token of ``model`` on every held-out set (5 decimals)."""
+def heldout_losses(model, heldout: Batches, device, view: View = _as_is, processes=None) -> dict[str, float]:
+    """Mean MLM loss per masked token of ``model`` on every held-out set (5 decimals).
+
+    With several ``processes`` (accelerate's state) each evaluates every N-th batch and the sums are reduced,
+    so every process returns the loss of the whole set."""
     with _eval_mode(model):
         out = {}
         for name, batches in heldout.items():
             total, count = 0.0, 0
             with view(name):
-                for batch in DeviceBatches(batches, device):
+                for batch in DeviceBatches(_share(batches, processes), device):
                     n = int(batch["mlm_targets"].numel())
                     total += float(mlm_loss(model, batch)) * n
                     count += n
+            if _several(processes):
+                total, count = _summed(processes, total, count, device)
             if not math.isfinite(total):
                 raise NonFiniteError(
                     f"the held-out MLM loss on {name!r} is not finite",
@@ -63,20 +68,21 @@ def heldout_losses(model, heldout: Batches, device, view: View = _as_is) -> dict
 
 
 @torch.no_grad()
-def heldout_features(model, heldout: Batches, device, view: View = _as_is) -> dict[str, np.ndarray]:
-    """Per held-out set: the mean over tokens of the last hidden state of every unmasked input (inputs x hidden)."""
+def heldout_features(model, heldout: Batches, device, view: View = _as_is, processes=None) -> dict[str, np.ndarray]:
+    """Per held-out set: the mean over tokens of the last hidden state of every unmasked input (inputs x hidden).
+    With several ``processes`` each computes every N-th batch and all of them receive every row, in order."""
     encoder = encoder_of(model)
     with _eval_mode(model):
         out = {}
         for name, batches in heldout.items():
             rows = []
             with view(name):
-                for batch in DeviceBatches(batches, device):
+                for batch in DeviceBatches(_share(batches, processes), device):
                     mask = batch["attention_mask"]
                     hidden = encoder(input_ids=batch["original_ids"], attention_mask=mask).last_hidden_state.float()
                     weights = mask.to(hidden.dtype).unsqueeze(-1)
                     rows.append(((hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)).cpu().numpy())
-            out[name] = np.concatenate(rows)
+            out[name] = np.concatenate(_in_batch_order(rows, processes))
             if not np.isfinite(out[name]).all():
                 raise NonFiniteError(
                     f"the held-out features of {name!r} are not finite", "the model holds NaN or infinite weights"
@@ -99,6 +105,33 @@ def representation_drift(base: Mapping[str, np.ndarray], current: Mapping[str, n
         }
         for name, (before, after) in views.items()
     }
+
+
+def _several(processes) -> bool:
+    return processes is not None and processes.num_processes > 1
+
+
+def _share(batches: list, processes) -> list:
+    """This process's batches: every N-th one from its rank (all of them in one process)."""
+    return batches[processes.process_index :: processes.num_processes] if _several(processes) else batches
+
+
+def _summed(processes, total: float, count: int, device) -> tuple[float, int]:
+    """``total`` and ``count`` summed over the processes (float64, on the device the backend needs)."""
+    from accelerate.utils import reduce
+
+    both = reduce(torch.tensor([total, float(count)], dtype=torch.float64, device=device), "sum")
+    return float(both[0]), int(both[1])
+
+
+def _in_batch_order(rows: list[np.ndarray], processes) -> list[np.ndarray]:
+    """Every process's per-batch rows, back in the order of the batches (batch i came from process i % N)."""
+    if not _several(processes):
+        return rows
+    from accelerate.utils import gather_object
+
+    parts, n = gather_object([rows]), processes.num_processes
+    return [parts[i % n][i // n] for i in range(sum(len(part) for part in parts))]
 
 
 class _eval_mode:

@@ -24,10 +24,11 @@ from benchmark.config import RunConfig
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_json, file_sha256
 
-RESULTS_VERSION = 2
+RESULTS_VERSION = 3
 """Bumped when a change of the core changes the numbers of an unchanged configuration (masking, evaluation,
 the training loop): every run id changes with it, so no record of the old code is mistaken for a new one.
-A method bumps its own ``ContinualMethod.version`` for the same reason."""
+A method bumps its own ``ContinualMethod.version`` for the same reason. 3: the training stream is drawn per
+micro-batch (:mod:`benchmark.sampling`), the same for any number of processes."""
 
 LOCATION_FIELDS = ("output_dir", "work_dir", "keep_checkpoints", "methods", "seeds", "device", "profile")
 """Config fields that say where or what to run, not what a run computes."""
@@ -129,15 +130,12 @@ def run_id(
     domains: tuple[str, ...],
     inputs: Mapping[str, str],
     method_version: int = 1,
-    processes: int = 1,
 ) -> str:
     """``<method>-<sequence>-seed<seed>-<hash>``: the name of a run's record and of its work directory.
 
-    ``processes`` enters the hash when it is more than one: N processes shard, shuffle and mask the training
-    data differently from one (the same distribution, other draws), so their numbers are another run's."""
+    The number of processes is not in it: N processes draw the training stream one process draws
+    (:mod:`benchmark.sampling`), so they compute the same run up to the order of floating-point sums."""
     payload = identity_payload(config, method, domains, inputs, method_version)
-    if processes > 1:
-        payload["processes"] = processes
     digest = hashlib.sha256(json.dumps({**payload, "seed": seed}, sort_keys=True).encode()).hexdigest()[:10]
     return f"{method}-{sequence_tag(config.sequence, domains)}-seed{seed}-{digest}"
 

@@ -103,6 +103,9 @@ class StepContext:
     accelerator: Any
     optimizer: Any = None
     """The DAP optimizer (read-only for methods: e.g. to measure what a step did from its state)."""
+    micro_batch: int = 0
+    """Global index of the current micro-batch in the stage's stream, the same whatever the process layout
+    (:mod:`benchmark.sampling`); during an update's micro-batches, the one being computed."""
 
     def unwrapped_model(self) -> nn.Module:
         """The model without accelerate's wrappers (for hooks, module maps and copies)."""

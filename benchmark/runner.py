@@ -117,10 +117,13 @@ class BaseEvaluation:
         if layout.base_losses.exists() and layout.base_features.exists():
             return
         model, _ = load_masked_lm(self.parts.config.model)
-        model = model.to(device)
-        features = heldout_features(model, heldout, device)
-        atomic_write_bytes(layout.base_features, lambda tmp: np.savez(tmp, **features))
-        atomic_write_json(layout.base_losses, heldout_losses(model, heldout, device))
+        model, processes = model.to(device), self.parts.accelerator
+        features = heldout_features(model, heldout, device, processes=processes)
+        losses = heldout_losses(model, heldout, device, processes=processes)
+        if processes.is_main_process:
+            atomic_write_bytes(layout.base_features, lambda tmp: np.savez(tmp, **features))
+            atomic_write_json(layout.base_losses, losses)
+        processes.wait_for_everyone()
 
 
 class GeneralProbe:
@@ -166,8 +169,8 @@ class StageRunner:
         if p.schedule.trains():
             stats = {**stats, **self._train(model, t)}
         view = self._heldout_view(model)
-        stats["mlm_loss"] = heldout_losses(model, p.data.heldout_batches, device, view)
-        features = heldout_features(model, p.data.heldout_batches, device, view)
+        stats["mlm_loss"] = heldout_losses(model, p.data.heldout_batches, device, view, p.accelerator)
+        features = heldout_features(model, p.data.heldout_batches, device, view, p.accelerator)
         stats["representation"] = representation_drift(self.base.features(), features)
         stats["peak_memory_mb"] = peak_memory_mb()
         if p.accelerator.is_main_process:  # once; the other processes hold the same model and numbers
@@ -189,7 +192,7 @@ class StageRunner:
         )
         trainable = sum(q.numel() for _, q in p.method.trainable_parameters(model))
         p.method.before_domain(ctx)
-        trainer = DapTrainer(p.method, dap, p.data.tokenizer, p.accelerator, p.show_progress)
+        trainer = DapTrainer(p.method, dap, p.data.tokenizer, p.accelerator, p.seed, p.show_progress)
         dataset = p.data.training_set(p.schedule.training_domains(t))
         desc = f"{p.method.name} {p.data.domains[t]}"
         stats = trainer.train(model, dataset, p.schedule.updates(), t, p.schedule.step_offset(t), desc)
@@ -252,9 +255,7 @@ class ContinualRun:
 
     def __init__(self, config: RunConfig, data: RunData, method_name: str, seed: int, show_progress: bool = True):
         cls, accelerator = default_registry().get(method_name), make_accelerator(config)
-        self.run_id = run_id(
-            config, method_name, seed, data.domains, data.checksums, cls.version, accelerator.num_processes
-        )
+        self.run_id = run_id(config, method_name, seed, data.domains, data.checksums, cls.version)
         env = RunEnv(len(data.domains), data.domains, seed, base_model=config.model)
         self.parts = RunParts(
             config, data, build_method(cls, config.method_options.get(method_name, {}), env), seed,

@@ -4,6 +4,9 @@ Per update: ``accum`` micro-batches of MLM forward + the method's named loss ter
 ``after_backward`` -> optional clipping -> AdamW step -> scheduler -> ``after_optimizer_step``. Loss terms
 are summed on the device and read back only every ``log_every`` updates (the loop's one host sync),
 where a non-finite term stops the run with a named error.
+
+The micro-batches, their masks and their dropout come from :mod:`benchmark.sampling`: seeded per
+micro-batch, so N processes (each taking every N-th micro-batch) train what one process trains.
 """
 
 from __future__ import annotations
@@ -16,14 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from benchmark.config import DapConfig
-from benchmark.data import MlmCollator
 from benchmark.errors import NonFiniteError
 from benchmark.method import ContinualMethod, StepContext, StepOutput
 from benchmark.modeling import mlm_forward
+from benchmark.sampling import DROPOUT, derived_seed, seeded, stage_stream
 
 
 @dataclass
@@ -34,27 +37,31 @@ class DapTrainer:
     dap: DapConfig
     tokenizer: Any
     accelerator: Any
+    seed: int
+    """The run's seed: with the stage, it names every draw of the stage's stream (:mod:`benchmark.sampling`)."""
     show_progress: bool = True
 
     def train(self, model, dataset: Dataset, steps: int, t: int, step_offset: int, desc: str) -> dict:
         """Run ``steps`` updates on ``dataset`` and return the stage's training statistics."""
         dap, acc = self.dap, self.accelerator
         optimizer, scheduler = build_optimizer(self.method.trainable_parameters(model), dap, steps)
-        # With several processes accelerate seeds the shared shuffle from the global RNG: forked, so it does not move.
-        with torch.random.fork_rng(devices=[]):
-            loader = acc.prepare(mlm_loader(dataset, self.tokenizer, dap))
+        # Not prepared by accelerate: the stream shards itself across processes (benchmark.sampling).
+        stream = stage_stream(
+            dataset, self.tokenizer, dap.per_device_batch_size, dap.mlm_probability, self.seed, t,
+            acc.process_index, acc.num_processes,
+        )  # fmt: skip
         # The schedule is not prepared: accelerate would step it once per process at every update.
         step, optimizer = acc.prepare(DapStep(model, self.method), optimizer)
         accum = max(1, dap.batch_size // (dap.per_device_batch_size * acc.num_processes))
         ctx = StepContext(model, t, 0, steps, step_offset, acc, optimizer)
         start = time.perf_counter()
-        log = self._loop(ctx, step, scheduler, _forever(loader), accum, desc)
+        log = self._loop(ctx, step, scheduler, iter(stream), accum, desc)
         seconds = time.perf_counter() - start
         tokens = steps * accum * dap.per_device_batch_size * dap.seq_len * acc.num_processes
         return stage_statistics(steps, tokens, seconds, log)
 
     def _loop(
-        self, ctx: StepContext, step_module, scheduler, batches: Iterator[dict], accum: int, desc: str
+        self, ctx: StepContext, step_module, scheduler, batches: Iterator[tuple[int, dict]], accum: int, desc: str
     ) -> list[dict]:
         model, optimizer, acc, dap = ctx.model, ctx.optimizer, self.accelerator, self.dap
         sums: dict[str, torch.Tensor] = {}
@@ -65,9 +72,11 @@ class DapTrainer:
         for step in bar:
             ctx.domain_step, ctx.global_step = step, offset + step
             for micro in range(accum):
+                ctx.micro_batch, batch = next(batches)
+                batch = {k: v.to(acc.device, non_blocking=True) for k, v in batch.items()}
                 sync = contextlib.nullcontext() if micro == accum - 1 else acc.no_sync(step_module)
-                with sync:
-                    terms = step_module(next(batches), ctx)
+                with sync, seeded(derived_seed(self.seed, ctx.domain_index, DROPOUT, ctx.micro_batch), acc.device):
+                    terms = step_module(batch, ctx)
                     acc.backward(sum(terms.values()) / accum)
                 for key, value in terms.items():
                     sums[key] = sums.get(key, 0) + value.detach() / accum
@@ -106,17 +115,6 @@ class DapStep(torch.nn.Module):
         """``{"mlm": loss, **method terms}`` of ``batch``."""
         loss, hidden, logits = mlm_forward(self.model, batch)
         return {"mlm": loss, **self.method.training_loss(batch, StepOutput(loss, hidden, logits), ctx)}
-
-
-def mlm_loader(dataset: Dataset, tokenizer, dap: DapConfig) -> DataLoader:
-    """Shuffled micro-batches of training chunks, masked freshly at every draw (the global torch RNG)."""
-    return DataLoader(
-        dataset,
-        batch_size=dap.per_device_batch_size,
-        shuffle=True,
-        collate_fn=MlmCollator(tokenizer, dap.mlm_probability),
-        drop_last=len(dataset) >= dap.per_device_batch_size,
-    )
 
 
 def stage_statistics(steps: int, tokens: int, seconds: float, log: list[dict]) -> dict:
@@ -162,9 +160,3 @@ def param_groups(params: list[tuple[str, torch.nn.Parameter]], weight_decay: flo
         {"params": [p for n, p in params if not no_decay(n)], "weight_decay": weight_decay},
         {"params": [p for n, p in params if no_decay(n)], "weight_decay": 0.0},
     ]
-
-
-def _forever(loader) -> Iterator[dict]:
-    """Cycle through the loader epoch after epoch (re-shuffled each time, nothing cached)."""
-    while True:
-        yield from loader

@@ -10,6 +10,11 @@ Outputs: DER++ stores logits. The MLM logits at a chunk's masked positions are v
 states at the masked positions instead (the input of the MLM head; 38 KB per chunk), in float16;
 the reference's DER++ also targeted hidden states. alpha = beta = 0.5: the middle of the DER++
 paper's search grid, not tuned on our tasks. The replay batch size equals the training batch size.
+
+As in DER++, a batch is offered to the reservoir after the update it took part in, with the outputs of its
+forward pass. With several processes every process keeps the whole buffer, the one a single process
+would build from the same global batches (see ``after_optimizer_step``); replay samples are drawn per
+micro-batch from the seeded global RNG, so they too do not depend on the process layout.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+from accelerate.utils import gather_object
 
 from benchmark.method import Capabilities, ContinualMethod, DomainContext, MethodConfig, StepContext, StepOutput
 from benchmark.modeling import mlm_forward
@@ -43,12 +49,14 @@ class DERPP(ContinualMethod):
     name: ClassVar[str] = "derpp"
     config_cls: ClassVar[type[MethodConfig]] = DERPPConfig
     capabilities: ClassVar[Capabilities] = Capabilities(stores_past_data=True)
+    multi_process: ClassVar[bool] = True
     config: DERPPConfig
 
     def __init__(self, config: DERPPConfig, *, env):
         super().__init__(config, env=env)
         self.reservoirs: list[Reservoir] = []
         self._rng = random.Random(env.seed)
+        self._pending: dict[int, _Candidates] = {}
 
     def before_domain(self, ctx: DomainContext) -> None:
         """Open this domain's reservoir."""
@@ -58,38 +66,44 @@ class DERPP(ContinualMethod):
     def training_loss(
         self, batch: Mapping[str, torch.Tensor], outputs: StepOutput, ctx: StepContext
     ) -> dict[str, torch.Tensor]:
-        """Replay terms on two independent buffer samples, then offer this batch to the reservoir."""
+        """Replay terms on two independent buffer samples; this batch is offered to the reservoir after the
+        update (:meth:`after_optimizer_step`), with the outputs it has now, as in DER++."""
         terms = {}
         stored = [item for reservoir in self.reservoirs for item in reservoir.items]
         if stored:
             size = batch["input_ids"].shape[0]
             device = batch["input_ids"].device
-            first = collate_replay(self._rng.sample(stored, min(size, len(stored))), device)
+            first = collate_replay(_sample(stored, size), device)
             _, hidden, _ = mlm_forward(ctx.model, first)
             now = hidden.reshape(-1, hidden.shape[-1]).index_select(0, first["mlm_positions"])
             terms["replay_mse"] = self.config.alpha * F.mse_loss(now.float(), first["stored_outputs"].float())
-            second = collate_replay(self._rng.sample(stored, min(size, len(stored))), device)
+            second = collate_replay(_sample(stored, size), device)
             terms["replay_mlm"] = self.config.beta * mlm_forward(ctx.model, second)[0]
-        self._store(batch, outputs)
+        self._pending[ctx.micro_batch] = _Candidates(batch, outputs)
         return terms
 
-    def _store(self, batch: Mapping[str, torch.Tensor], outputs: StepOutput) -> None:
+    def after_optimizer_step(self, ctx: StepContext) -> None:
+        """Offer the update's chunks to the reservoir in stream order (the global micro-batch index), so
+        every process holds the buffer one process would build: each process knows how many chunks the
+        others offered, the reservoir's decisions need only that count and the shared RNG, and only the
+        kept chunks travel between processes."""
+        several = ctx.accelerator is not None and ctx.accelerator.num_processes > 1
+        pending, self._pending = self._pending, {}
+        counts = {index: candidates.rows for index, candidates in pending.items()}
+        if several:
+            counts = {i: n for part in gather_object([counts]) for i, n in part.items()}
         reservoir = self.reservoirs[-1]
-        length = batch["input_ids"].shape[1]
-        flat_hidden = outputs.hidden.detach().reshape(-1, outputs.hidden.shape[-1])
-        positions = batch["mlm_positions"]
-        for row in range(batch["input_ids"].shape[0]):
-
-            def make_item(row=row) -> ReplayItem:
-                rows = (positions >= row * length) & (positions < (row + 1) * length)
-                return ReplayItem(
-                    input_ids=batch["input_ids"][row].detach().cpu().clone(),
-                    positions=(positions[rows] - row * length).cpu(),
-                    targets=batch["mlm_targets"][rows].cpu(),
-                    outputs=flat_hidden[positions[rows]].to(torch.float16).cpu(),
-                )
-
-            reservoir.offer(make_item, self._rng)
+        kept = [
+            (index, row, slot)
+            for index in sorted(counts)
+            for row in range(counts[index])
+            if (slot := reservoir.decide(self._rng)) is not None
+        ]
+        items = {(i, r): pending[i].item(r) for i, r, _ in kept if i in pending}
+        if several:
+            items = {key: item for part in gather_object([items]) for key, item in part.items()}
+        for index, row, slot in kept:
+            reservoir.place(slot, items[(index, row)])
 
     def state_dict(self) -> dict[str, Any]:
         """The reservoirs (stored chunks) and the sampling RNG."""
@@ -100,3 +114,29 @@ class DERPP(ContinualMethod):
         self.reservoirs = [Reservoir.from_plain(r) for r in state.get("reservoirs", [])]
         if "rng" in state:
             self._rng.setstate(state["rng"])
+
+
+class _Candidates:
+    """One micro-batch's chunks as reservoir candidates: what a stored chunk needs, on the host only when kept."""
+
+    def __init__(self, batch: Mapping[str, torch.Tensor], outputs: StepOutput):
+        hidden = outputs.hidden.detach()
+        self.input_ids, self.positions, self.targets = batch["input_ids"], batch["mlm_positions"], batch["mlm_targets"]
+        self.outputs = hidden.reshape(-1, hidden.shape[-1]).index_select(0, self.positions)
+        self.rows, self.length = self.input_ids.shape[0], self.input_ids.shape[1]
+
+    def item(self, row: int) -> ReplayItem:
+        """Chunk ``row`` with its masked positions, targets and outputs (float16), on the host."""
+        rows = (self.positions >= row * self.length) & (self.positions < (row + 1) * self.length)
+        return ReplayItem(
+            input_ids=self.input_ids[row].detach().cpu().clone(),
+            positions=(self.positions[rows] - row * self.length).cpu(),
+            targets=self.targets[rows].cpu(),
+            outputs=self.outputs[rows].to(torch.float16).cpu(),
+        )
+
+
+def _sample(stored: list[ReplayItem], size: int) -> list[ReplayItem]:
+    """``size`` distinct stored chunks (all if fewer), drawn from the global torch RNG, which the training loop
+    seeds per micro-batch: the draw depends on the micro-batch, not on the process that computes it."""
+    return [stored[i] for i in torch.randperm(len(stored))[:size].tolist()]

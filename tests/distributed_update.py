@@ -1,11 +1,11 @@
 """Two DAP updates per stage of every given method, with one process or under ``torchrun``: the harness of
 ``tests/test_distributed.py``.
 
-Each process feeds fixed micro-batches instead of the sampled loader: with one process, every micro-batch of
-the global batch in order (gradient accumulation); with N processes, process r takes micro-batch r. The
-runner's own stage code does the rest (``before_domain``, the update, ``after_domain``, held-out evaluation,
-checkpoint), so the checkpoints written under ``OUT/<method>`` must agree between the two within float
-rounding. Every process also writes a digest of its parameters, to show that the processes stay identical.
+The runner's own stage code runs unchanged (its sampled stream, masks and dropout, ``before_domain``, the
+updates, ``after_domain``, held-out evaluation, checkpoint): with one process an update accumulates the
+global batch's two micro-batches, with two processes each takes one. The stream is drawn per micro-batch
+(``benchmark.sampling``), so the checkpoints written under ``OUT/<method>`` must agree between the two within
+float rounding. Every process also writes a digest of its parameters, to show that the processes stay identical.
 
     python tests/distributed_update.py OUT MODEL DATA_ROOT METHOD [METHOD ...]
     torchrun --nproc_per_node 2 tests/distributed_update.py OUT MODEL DATA_ROOT METHOD [METHOD ...]
@@ -14,7 +14,6 @@ rounding. Every process also writes a digest of its parameters, to show that the
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 import sys
 from pathlib import Path
@@ -25,9 +24,7 @@ MICRO_BATCH, GLOBAL_BATCH = 4, 8
 def main(out: Path, model: str, data_root: Path, methods: list[str]) -> None:
     from accelerate import PartialState
 
-    from benchmark import training
     from benchmark.api import quiet_libraries, resolve_config
-    from benchmark.data import fixed_mlm_batches
     from benchmark.inputs import prepare_data
     from benchmark.runner import ContinualRun
 
@@ -46,19 +43,10 @@ def main(out: Path, model: str, data_root: Path, methods: list[str]) -> None:
     for method in methods:
         run = ContinualRun(config, data, method, 3, show_progress=False)
         for t in run.schedule.stages():
-            mine = _micro_batches(data, t, state, fixed_mlm_batches)
-            training._forever = lambda loader, mine=mine: itertools.cycle(mine)  # fixed micro-batches, not the loader
             stage["name"] = f"{method}-stage{t}"
             run.stages.run(t)
             if state.is_main_process:
                 _copy_checkpoint(run, t, out / method)
-
-
-def _micro_batches(data, t: int, state, fixed_mlm_batches) -> list[dict]:
-    """The global batch's micro-batches of stage ``t`` that this process takes."""
-    dataset = data.corpora[data.domains[t]].train
-    every = fixed_mlm_batches(dataset, data.tokenizer, GLOBAL_BATCH, MICRO_BATCH, 0.15, seed=500 + t)
-    return every[state.process_index :: state.num_processes]
 
 
 def _digest_models_as_evaluated(folder: Path, rank: int) -> dict:

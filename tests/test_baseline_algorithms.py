@@ -91,7 +91,8 @@ def test_reservoir_keeps_a_uniform_sample_within_budget():
     for _ in range(trials):
         reservoir = Reservoir(capacity=capacity)
         for i in range(stream):
-            reservoir.offer(lambda i=i: i, rng)
+            if (slot := reservoir.decide(rng)) is not None:
+                reservoir.place(slot, i)
         assert len(reservoir.items) == capacity and reservoir.seen == stream
         for item in reservoir.items:
             counts[item] += 1

@@ -91,19 +91,22 @@ def test_reproduction_uses_the_recorded_cpu_thread_count():
     assert torch.get_num_threads() == before
 
 
-def test_a_record_of_several_processes_is_refused_by_one_with_the_command_to_use(tmp_path):
+def test_a_record_of_other_numerics_is_refused_naming_the_commit_that_made_it(tmp_path):
     import json
     from pathlib import Path
 
     from benchmark.api import reproduce
     from benchmark.errors import DapbenchError
+    from benchmark.identity import RESULTS_VERSION
 
     (committed,) = sorted(Path(__file__).resolve().parents[1].glob("results/ci/ncl-*.json"))[:1]
     record = json.loads(committed.read_text())
-    record["environment"]["num_processes"] = 2
+    record["identity"]["results_version"] = RESULTS_VERSION - 1
+    record["environment"]["git_commit"] = "0123abc"
     path = tmp_path / committed.name
     path.write_text(json.dumps(record))
-    with pytest.raises(DapbenchError, match="made by 2 process") as caught:
+    said = f"results_version {RESULTS_VERSION - 1} \\(this checkout: {RESULTS_VERSION}\\)"
+    with pytest.raises(DapbenchError, match=said) as caught:
         reproduce(path, output_dir=tmp_path / "out")
-    assert f"torchrun --nproc_per_node 2 -m benchmark.cli reproduce {path}" in caught.value.fix
+    assert "check out 0123abc" in caught.value.fix
     assert not (tmp_path / "out").exists()

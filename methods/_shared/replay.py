@@ -48,16 +48,19 @@ class Reservoir:
         """The reservoir :meth:`to_plain` describes."""
         return cls(state["capacity"], state["seen"], [ReplayItem(**item) for item in state["items"]])
 
-    def offer(self, make_item, rng: random.Random) -> None:
-        """Offer the next stream item; ``make_item()`` is only called if it is kept."""
+    def decide(self, rng: random.Random) -> int | None:
+        """Count the next stream item and return its slot, or None if it is not kept (the item itself is not
+        needed: the decision depends on the count and ``rng`` alone)."""
         slot = reservoir_slot(self.seen, self.capacity, rng)
         self.seen += 1
-        if slot is None:
-            return
+        return slot
+
+    def place(self, slot: int, item: ReplayItem) -> None:
+        """Put a kept item in the slot :meth:`decide` gave it."""
         if slot == len(self.items):
-            self.items.append(make_item())
+            self.items.append(item)
         else:
-            self.items[slot] = make_item()
+            self.items[slot] = item
 
 
 def collate_replay(items: list[ReplayItem], device) -> dict[str, torch.Tensor]:
