@@ -110,12 +110,16 @@ def peak_memory_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def git_commit() -> str | None:
-    """The checkout's commit (``-dirty`` when it has uncommitted changes), None outside a git checkout."""
-    here = Path(__file__).resolve().parent
+def git_commit(checkout: Path | None = None) -> str | None:
+    """The checkout's commit (``-dirty`` when it has uncommitted changes), None outside a git checkout.
+
+    Generated outputs (``results/``, ``leaderboard.md``) do not count: records written into the checkout by
+    an earlier run of the same command would otherwise mark every later record dirty."""
+    here = checkout or Path(__file__).resolve().parent
+    code = [":(top)", ":(top,exclude)results", ":(top,exclude)leaderboard.md"]
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", *code], cwd=here, capture_output=True, text=True)
     except (OSError, subprocess.CalledProcessError):
         return None
     return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")

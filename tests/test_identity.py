@@ -72,3 +72,25 @@ def test_changed_model_weights_give_a_new_id(tiny_config, tmp_path):
     weights[name] = weights[name] + torch.ones_like(weights[name]) * 1e-3
     save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
     assert _ids(config, ("ncl",)) != before
+
+
+def test_the_recorded_commit_is_dirty_for_changed_code_not_for_generated_results(tmp_path):
+    import subprocess
+
+    from benchmark.environment import git_commit
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    clean = git_commit(tmp_path)
+    assert clean and not clean.endswith("-dirty")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "ncl-seq0-seed1-0123456789.json").write_text("{}")
+    (tmp_path / "leaderboard.md").write_text("# x\n")
+    assert git_commit(tmp_path) == clean  # records an earlier run wrote do not make the next one dirty
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_commit(tmp_path) == clean + "-dirty"
