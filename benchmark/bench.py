@@ -1,34 +1,233 @@
-"""Measurements that are not unit tests: DAP step time per method on the same data."""
+"""``dapbench bench``: each method's DAP update against the hardware and a plain transformers step, in one process.
+
+For every method, on the same data and batch: seconds per update and tokens/s of the second domain's stage (the
+first domain runs before it, so replay, penalties, o_prev and other terms that need an earlier domain act), model
+FLOPs per update counted by ``torch.utils.flop_counter`` on one counted update, and from them the utilisation of
+the peak a square GEMM reaches in the same process (MFU) and the update's cost in units of the runner's plain MLM
+pass (``passes``: NCL's update is 1). The reference row is a plain transformers MLM training step of the same model
+(transformers' collator and loss over every position, the same micro-batches and accumulation, AdamW), measured in
+the same process: ``vs_plain`` is a method's tokens/s over that step's.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
+import re
 import tempfile
+import time
+from typing import Any
+
+import torch
 
 from benchmark.config import RunConfig
-from benchmark.inputs import prepare_data
+from benchmark.environment import make_accelerator
+from benchmark.inputs import RunData, prepare_data
 from benchmark.runner import ContinualRun
 
+BENCH_SCHEMA = 1
+"""Version of the JSON ``dapbench bench --save`` writes under ``results/bench/``."""
 
-def step_times(config: RunConfig, methods: list[str], steps: int, seed: int = 0) -> dict[str, dict]:
-    """Seconds per DAP update of each method on the first domain of ``config.sequence`` (same data,
-    same budget, one process), with the ratio to the first method listed."""
+
+def bench(config: RunConfig, methods: list[str], updates: int, seed: int = 0) -> dict[str, Any]:
+    """The bench report of ``methods`` (``updates`` timed updates each) on the first two domains of ``config``."""
+    _count_cpu_attention()
     with tempfile.TemporaryDirectory() as work:
         cfg = dataclasses.replace(
-            config, work_dir=work, matrix="final", dap=dataclasses.replace(config.dap, steps=steps, log_every=steps)
+            config, work_dir=work, matrix="final", dap=dataclasses.replace(config.dap, steps=updates, log_every=updates)
         )
         data = prepare_data(cfg)
-        data = dataclasses.replace(data, domains=data.domains[:1])  # time the first domain only
-        out = {}
-        for name in methods:
-            run = ContinualRun(cfg, data, name, seed, show_progress=False)
-            stats = run.stages.run(0)
-            out[name] = {
-                "step_seconds": stats["step_seconds"],
-                "tokens_per_second": stats["tokens_per_second"],
-                "peak_memory_mb": stats["peak_memory_mb"],
-            }
-    baseline = out[methods[0]]["step_seconds"]
-    for stats in out.values():
-        stats["ratio"] = round(stats["step_seconds"] / baseline, 3)
-    return out
+        data = dataclasses.replace(data, domains=data.domains[:2])
+        accelerator = make_accelerator(cfg)
+        device, precision = accelerator.device, accelerator.mixed_precision
+        peak = gemm_peak(device, _dtype(precision))
+        plain = plain_step(cfg, data, updates, accelerator)
+        rows = {name: method_step(cfg, data, name, seed) for name in methods}
+    unit = rows["ncl"]["flops_per_update"] if "ncl" in rows else mlm_update_flops(cfg, data, seed)
+    for row in [plain, *rows.values()]:
+        _derive(row, peak, unit, plain)
+    return {
+        "schema": BENCH_SCHEMA,
+        "device": device_name(device),
+        "precision": precision,
+        "torch_threads": torch.get_num_threads(),
+        "model": _portable(config.model),
+        "micro_batch": cfg.dap.per_device_batch_size,
+        "global_batch": cfg.dap.batch_size,
+        "seq_len": cfg.dap.seq_len,
+        "timed_updates": updates,
+        "gemm_peak_tflops": round(peak / 1e12, 4),
+        "mlm_pass_gflops": round(unit / 1e9, 3),
+        "plain_transformers": plain,
+        "methods": rows,
+    }
+
+
+def method_step(cfg: RunConfig, data: RunData, name: str, seed: int) -> dict[str, Any]:
+    """A method's second-domain stage: its timing and peak memory, and FLOPs of one counted update."""
+    run = ContinualRun(cfg, data, name, seed, show_progress=False)
+    if not run.schedule.trains():
+        return {"trains": False}
+    run.stages.run(0)
+    stats = run.stages.run(1)
+    counted = dataclasses.replace(cfg, dap=dataclasses.replace(cfg.dap, steps=1, log_every=1))
+    again = ContinualRun(counted, data, name, seed, show_progress=False)
+    again.stages.run(0)
+    again.stages.count_flops = True
+    flops = again.stages.run(1)["flops_per_update"]
+    return {
+        "trains": True,
+        "step_seconds": stats["step_seconds"],
+        "tokens_per_second": stats["tokens_per_second"],
+        "flops_per_update": flops,
+        "peak_memory_mb": stats["peak_memory_mb"],
+    }
+
+
+def plain_step(cfg: RunConfig, data: RunData, updates: int, accelerator) -> dict[str, Any]:
+    """A plain transformers MLM training step of the base model: ``DataCollatorForLanguageModeling``, the model's own
+    loss (logits at every position), AdamW, the run's micro-batches, accumulation and mixed precision; the first
+    update is a warm-up and not timed."""
+    from transformers import DataCollatorForLanguageModeling
+
+    from benchmark.environment import peak_memory_mb, reset_peak_memory
+    from benchmark.modeling import load_masked_lm
+
+    dap, tokenizer = cfg.dap, data.tokenizer
+    model, _ = load_masked_lm(cfg.model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=dap.lr)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=dap.mlm_probability)
+    train = data.corpora[data.domains[0]].train
+    micro, accum = dap.per_device_batch_size, max(1, dap.batch_size // dap.per_device_batch_size)
+    chunks = [{"input_ids": train[i % len(train)]["input_ids"]} for i in range(micro * accum)]
+    batches = [collate(chunks[j * micro : (j + 1) * micro]) for j in range(accum)]
+    batches = [{k: v.to(accelerator.device) for k, v in b.items()} for b in batches]
+
+    def update() -> None:
+        for batch in batches:
+            with accelerator.autocast():
+                loss = model(**batch).loss
+            accelerator.backward(loss / accum)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    model.train()
+    update()  # warm-up: allocation, kernel selection
+    reset_peak_memory()
+    with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
+        update()
+    _synchronise(accelerator.device)
+    start = time.perf_counter()
+    for _ in range(updates):
+        update()
+    _synchronise(accelerator.device)
+    seconds = (time.perf_counter() - start) / updates
+    tokens = micro * accum * dap.seq_len
+    return {
+        "step_seconds": round(seconds, 4),
+        "tokens_per_second": round(tokens / seconds, 1),
+        "flops_per_update": counter.get_total_flops(),
+        "peak_memory_mb": peak_memory_mb(),
+    }
+
+
+def mlm_update_flops(cfg: RunConfig, data: RunData, seed: int) -> int:
+    """FLOPs of one update of the runner's plain MLM (NCL's update): the unit of ``passes``."""
+    return method_step(cfg, data, "ncl", seed)["flops_per_update"]
+
+
+def gemm_peak(device: torch.device, dtype: torch.dtype, size: int | None = None, repeats: int = 5) -> float:
+    """FLOP/s of the fastest of ``repeats`` square matrix products (8192 on a GPU, 2048 on a CPU) in ``dtype``."""
+    size = size or (8192 if device.type == "cuda" else 2048)
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    a @ b  # warm-up
+    best = math.inf
+    for _ in range(repeats):
+        _synchronise(device)
+        start = time.perf_counter()
+        a @ b
+        _synchronise(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def device_name(device: torch.device) -> str:
+    """The accelerator's marketing name, or the CPU's model name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    with contextlib.suppress(OSError, StopIteration):
+        with open("/proc/cpuinfo") as info:
+            return next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    import platform
+
+    return platform.processor() or "cpu"
+
+
+def device_slug(name: str) -> str:
+    """A file-name form of a device name (``NVIDIA H100 80GB HBM3`` -> ``nvidia-h100-80gb-hbm3``)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The bench report as a markdown table, one row per method and the plain step last."""
+    lines = [
+        "| method | s / update | tokens/s | GFLOP / update | passes | MFU | peak MB | vs plain |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in [*report["methods"].items(), ("plain transformers step", report["plain_transformers"])]:
+        if not row.get("trains", True):
+            lines.append(f"| {name} | (no DAP) | | | | | | |")
+            continue
+        lines.append(
+            f"| {name} | {row['step_seconds']:.4f} | {row['tokens_per_second']:.0f} | "
+            f"{row['flops_per_update'] / 1e9:.2f} | {row['passes']:.2f} | {row['mfu']:.1%} | "
+            f"{row['peak_memory_mb']:.0f} | {row['vs_plain']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _derive(row: dict[str, Any], peak: float, unit: int, plain: dict[str, Any]) -> None:
+    if not row.get("trains", True):
+        return
+    row["passes"] = round(row["flops_per_update"] / unit, 3)
+    row["mfu"] = round(row["flops_per_update"] / row["step_seconds"] / peak, 4)
+    row["vs_plain"] = round(row["tokens_per_second"] / plain["tokens_per_second"], 3)
+
+
+def _dtype(precision: str) -> torch.dtype:
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+
+
+def _synchronise(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _portable(model: str) -> str:
+    """A hub id as given; a local model directory by its name only (no machine paths in committed files)."""
+    from pathlib import Path
+
+    return Path(model).name if Path(model).exists() else model
+
+
+def _count_cpu_attention() -> None:
+    """Give torch's FLOP counter a formula for the CPU flash-attention kernel (sdpa on a CPU), which it lacks:
+    the FLOPs are those of the same attention on a GPU kernel (two batched products forward, four backward)."""
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+    forward = aten._scaled_dot_product_flash_attention_for_cpu
+    backward = aten._scaled_dot_product_flash_attention_for_cpu_backward
+    if forward in flop_counter.flop_registry:
+        return
+
+    def attention(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    def attention_backward(grad_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return flop_counter.sdpa_backward_flop_count(grad_shape, query_shape, key_shape, value_shape)
+
+    flop_counter.register_flop_formula(forward)(attention)
+    flop_counter.register_flop_formula(backward)(attention_backward)

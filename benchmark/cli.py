@@ -61,9 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_launch_arguments(run)
     run.set_defaults(func=cmd_run)
 
-    bench = sub.add_parser("bench", help="DAP step time per method (ratios to the first method)")
+    bench = sub.add_parser("bench", help="DAP update cost per method: time, FLOPs, MFU, memory, vs a plain step")
     _add_run_arguments(bench)
     bench.add_argument("--steps", type=int, default=20, help="timed updates per method")
+    bench.add_argument("--save", metavar="DIR", help="write the JSON report to DIR/<device>-<profile>.json")
     bench.set_defaults(func=cmd_bench)
 
     study = sub.add_parser("study", help="a method's named measurement, e.g. study das importance-stability")
@@ -230,14 +231,22 @@ def _launch(args: argparse.Namespace, configs: list[RunConfig]) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """``dapbench bench``: seconds per DAP update of each method on the same data."""
+    """``dapbench bench``: each method's DAP update against the GEMM peak and a plain transformers step."""
     import json
 
     from benchmark.api import materialise
-    from benchmark.bench import step_times
+    from benchmark.bench import bench, device_slug, markdown_table
+    from benchmark.io import atomic_write_json
 
     config = materialise(_config(args), show_progress=not args.quiet, echo=print)
-    print(json.dumps(step_times(config, list(config.methods), args.steps), indent=2))
+    report = bench(config, list(config.methods), args.steps)
+    print(markdown_table(report))
+    if args.save:
+        path = Path(args.save) / f"{device_slug(report['device'])}-{config.profile}.json"
+        atomic_write_json(path, report)
+        print(f"bench: {path}")
+    else:
+        print(json.dumps(report, indent=2))
     return 0
 
 

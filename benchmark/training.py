@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils.flop_counter
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
@@ -40,6 +41,9 @@ class DapTrainer:
     seed: int
     """The run's seed: with the stage, it names every draw of the stage's stream (:mod:`benchmark.sampling`)."""
     show_progress: bool = True
+    count_flops: bool = False
+    """Count the model FLOPs of the stage's updates (``torch.utils.flop_counter``; slow: ``dapbench bench`` only)
+    and add their mean per update to the statistics as ``flops_per_update``."""
 
     def train(self, model, dataset: Dataset, steps: int, t: int, step_offset: int, desc: str) -> dict:
         """Run ``steps`` updates on ``dataset`` and return the stage's training statistics."""
@@ -54,11 +58,16 @@ class DapTrainer:
         step, optimizer = acc.prepare(DapStep(model, self.method), optimizer)
         accum = max(1, dap.batch_size // (dap.per_device_batch_size * acc.num_processes))
         ctx = StepContext(model, t, 0, steps, step_offset, acc, optimizer)
+        counter = torch.utils.flop_counter.FlopCounterMode(display=False) if self.count_flops else None
         start = time.perf_counter()
-        log = self._loop(ctx, step, scheduler, iter(stream), accum, desc)
+        with counter or contextlib.nullcontext():
+            log = self._loop(ctx, step, scheduler, iter(stream), accum, desc)
         seconds = time.perf_counter() - start
         tokens = steps * accum * dap.per_device_batch_size * dap.seq_len * acc.num_processes
-        return stage_statistics(steps, tokens, seconds, log)
+        stats = stage_statistics(steps, tokens, seconds, log)
+        if counter is not None:
+            stats["flops_per_update"] = counter.get_total_flops() // steps
+        return stats
 
     def _loop(
         self, ctx: StepContext, step_module, scheduler, batches: Iterator[tuple[int, dict]], accum: int, desc: str

@@ -1,0 +1,68 @@
+"""``dapbench bench``: FLOPs counted against a hand count, and the report on a tiny model."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+
+def test_counted_flops_of_an_mlm_update_equal_the_hand_count(tiny_model):
+    """Forward matmul FLOPs per layer and token: 8 d^2 (Q, K, V, O) + 4 d f (feed-forward) + 4 L d (scores and
+    weighted sum); the head on the M masked tokens: 2 d^2 + 2 d V. The backward of a product is twice its forward
+    (gradients of input and weight); attention's backward is 2.5 times, as torch counts a fused kernel's (five
+    products: the scores are recomputed). CPU attention is counted through the formula ``benchmark.bench``
+    registers."""
+    from benchmark.bench import _count_cpu_attention
+    from benchmark.modeling import load_masked_lm, mlm_loss
+
+    _count_cpu_attention()
+    model, tokenizer = load_masked_lm(str(tiny_model))
+    c = model.config
+    d, f, layers, vocab = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
+    batch_size, length = 3, 16
+    ids = torch.randint(5, vocab, (batch_size, length))
+    positions = torch.tensor([1, 5, 17, 30, 44])
+    batch = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "mlm_positions": positions,
+        "mlm_targets": ids.reshape(-1)[positions],
+    }
+    with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
+        mlm_loss(model, batch).backward()
+    tokens, masked = batch_size * length, positions.numel()
+    products = tokens * layers * (8 * d * d + 4 * d * f) + masked * (2 * d * d + 2 * d * vocab)
+    attention = tokens * layers * 4 * length * d
+    assert counter.get_total_flops() == 3 * products + attention + 2.5 * attention
+
+
+def test_the_bench_report_measures_every_method_against_the_plain_step(tiny_config, tmp_path):
+    from benchmark.bench import bench, device_slug, markdown_table
+
+    config = dataclasses.replace(tiny_config, dap=dataclasses.replace(tiny_config.dap, steps=2))
+    report = bench(config, ["ncl", "das", "none"], updates=2)
+    ncl, das = report["methods"]["ncl"], report["methods"]["das"]
+    assert ncl["passes"] == 1.0  # NCL's update is the unit
+    # DAS adds the two dropout views and the o_prev view of its contrastive term: more than one pass, each
+    # encoder-only view cheaper than the MLM pass with its head.
+    assert 2.0 < das["passes"] < 4.0
+    assert report["methods"]["none"] == {"trains": False}
+    plain = report["plain_transformers"]
+    assert plain["flops_per_update"] > ncl["flops_per_update"]  # logits at every position, not only masked ones
+    for row in (ncl, das, plain):
+        assert row["step_seconds"] > 0 and 0 < row["mfu"] < 1.5 and row["peak_memory_mb"] > 0
+    assert report["gemm_peak_tflops"] > 0 and "/" not in report["model"]
+    table = markdown_table(report)
+    assert "| das |" in table and "| none | (no DAP)" in table and "plain transformers step" in table
+    assert device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    json.dumps(report)  # what --save writes
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_gemm_peak_is_a_positive_rate(precision):
+    from benchmark.bench import _dtype, gemm_peak
+
+    assert gemm_peak(torch.device("cpu"), _dtype(precision), size=128, repeats=2) > 0
