@@ -49,6 +49,11 @@ class AdapterNCL(ContinualMethod):
     config_cls: ClassVar[type[MethodConfig]] = AdapterConfig
     config: AdapterConfig
 
+    def flop_bound(self, encoder_share: float) -> float | None:
+        """Not declared: the frozen base needs input gradients only, so the bound depends on which products
+        have trainable weights (peft's layout); bench reports the counted FLOPs without a ratio."""
+        return None
+
     def setup(self, model: nn.Module) -> nn.Module:
         """Inject the adapter and freeze everything but the adapter and the MLM head."""
         model = inject_ffn_adapters(model, [ADAPTER], self.config.reduction_factor)

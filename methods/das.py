@@ -262,6 +262,14 @@ class DAS(ContinualMethod):
             self._device_importance = {u: v.to(device) for u, v in self.importance.items()}
         return self._device_importance
 
+    def flop_bound(self, encoder_share: float) -> float | None:
+        """The MLM update, plus the contrastive term's encoder passes (forward and backward): the two dropout
+        views, and the o_prev view through the importance-gated network once an importance exists."""
+        if self.config.ablation == "no_contrast" or self.config.contrast_lambda == 0:
+            return 1.0
+        views = 2 + (1 if self._masks and self._contrast_gates(torch.device("cpu")) is not None else 0)
+        return 1.0 + views * encoder_share
+
     def training_loss(
         self, batch: Mapping[str, torch.Tensor], outputs: StepOutput, ctx: StepContext
     ) -> dict[str, torch.Tensor]:

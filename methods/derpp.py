@@ -63,6 +63,11 @@ class DERPP(ContinualMethod):
         seq_len = next(iter(ctx.probe_loader))["input_ids"].shape[1]
         self.reservoirs.append(Reservoir(capacity=max(1, self.config.tokens_per_domain // seq_len)))
 
+    def flop_bound(self, encoder_share: float) -> float | None:
+        """The MLM update, plus, once the buffer holds chunks, a replayed MLM pass and an encoder pass for the
+        stored outputs (forward and backward, each on a batch of the training micro-batch's size)."""
+        return 2.0 + encoder_share if any(r.items for r in self.reservoirs) else 1.0
+
     def training_loss(
         self, batch: Mapping[str, torch.Tensor], outputs: StepOutput, ctx: StepContext
     ) -> dict[str, torch.Tensor]:

@@ -58,6 +58,13 @@ class KD(ContinualMethod):
         self.teacher = copy.deepcopy(model).requires_grad_(False)
         self.teacher.train(self.config.target == "hidden_states")  # the reference runs it with dropout
 
+    def flop_bound(self, encoder_share: float) -> float | None:
+        """The MLM update plus the teacher's forward (a third of an update): of the MLM pass for logit
+        distillation; for hidden states, of the encoder, with the student's extra pass on the unmasked input."""
+        if self.config.target == "hidden_states":
+            return 1.0 + encoder_share + encoder_share / 3
+        return 1.0 + 1.0 / 3
+
     def training_loss(
         self, batch: Mapping[str, torch.Tensor], outputs: StepOutput, ctx: StepContext
     ) -> dict[str, torch.Tensor]:

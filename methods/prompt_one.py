@@ -52,6 +52,11 @@ class PromptONE(ContinualMethod):
     capabilities: ClassVar[Capabilities] = Capabilities(independent_per_domain=True)
     config: PromptConfig
 
+    def flop_bound(self, encoder_share: float) -> float | None:
+        """Not declared: the frozen base needs input gradients only, so the bound depends on which products
+        have trainable weights (peft's layout); bench reports the counted FLOPs without a ratio."""
+        return None
+
     def setup(self, model: nn.Module) -> nn.Module:
         """Attach a fresh prompt and freeze everything else."""
         model = attach_prompt(model, self.config.num_tokens, self.config.init)

@@ -49,6 +49,10 @@ def test_the_bench_report_measures_every_method_against_the_plain_step(tiny_conf
     # DAS adds the two dropout views and the o_prev view of its contrastive term: more than one pass, each
     # encoder-only view cheaper than the MLM pass with its head.
     assert 2.0 < das["passes"] < 4.0
+    # Counted against the declared bounds: NCL is its own bound; DAS does the passes its bound names (MLM, two
+    # views, o_prev) and nothing more, up to element-wise work the counter does not see.
+    assert ncl["bound_passes"] == 1.0 and ncl["vs_bound"] == 1.0
+    assert das["bound_passes"] > 2.0 and das["vs_bound"] == pytest.approx(1.0, abs=0.02)
     assert report["methods"]["none"] == {"trains": False}
     plain = report["plain_transformers"]
     assert plain["flops_per_update"] > ncl["flops_per_update"]  # logits at every position, not only masked ones
