@@ -33,6 +33,9 @@ micro-batch (:mod:`benchmark.sampling`), the same for any number of processes.""
 LOCATION_FIELDS = ("output_dir", "work_dir", "keep_checkpoints", "methods", "seeds", "device", "profile")
 """Config fields that say where or what to run, not what a run computes."""
 
+NUMERICS_NEUTRAL_DAP_FIELDS = ("loader_workers",)
+"""``dap`` fields that change how fast a run goes, not what it computes."""
+
 INPUT_PATH_FIELDS = ("model", "data_root", "general_heldout", "general_corpus")
 """Config fields that locate inputs: their contents enter the identity (as checksums), their paths do not."""
 
@@ -113,6 +116,8 @@ def identity_payload(
     resolved = config.to_dict()
     for key in (*LOCATION_FIELDS, *INPUT_PATH_FIELDS, "sequence"):
         resolved.pop(key)
+    for key in NUMERICS_NEUTRAL_DAP_FIELDS:
+        resolved["dap"].pop(key)
     resolved["method_options"] = dict(config.method_options.get(method, {}))
     return {
         "config": resolved,

@@ -85,13 +85,26 @@ class SeededMasking:
 
 
 def stage_stream(
-    dataset: Dataset, tokenizer, micro: int, mlm_probability: float, seed: int, stage: int, rank: int, world: int
+    dataset: Dataset,
+    tokenizer,
+    micro: int,
+    mlm_probability: float,
+    seed: int,
+    stage: int,
+    rank: int,
+    world: int,
+    workers: int = 0,
+    pin_memory: bool = False,
 ) -> DataLoader:
-    """This process's share of the stage's training stream: ``(global index, masked micro-batch)`` on the host."""
+    """This process's share of the stage's training stream: ``(global index, masked micro-batch)`` on the host,
+    masked by ``workers`` worker processes ahead of use (the same batches as without: each is seeded by its index)."""
     return DataLoader(
         _Tagged(dataset),
         batch_sampler=StageMicroBatches(len(dataset), micro, seed, stage, rank, world),
         collate_fn=SeededMasking(tokenizer, mlm_probability, seed, stage),
+        num_workers=workers,
+        pin_memory=pin_memory,
+        prefetch_factor=4 if workers else None,
     )
 
 

@@ -52,7 +52,7 @@ class DapTrainer:
         # Not prepared by accelerate: the stream shards itself across processes (benchmark.sampling).
         stream = stage_stream(
             dataset, self.tokenizer, dap.per_device_batch_size, dap.mlm_probability, self.seed, t,
-            acc.process_index, acc.num_processes,
+            acc.process_index, acc.num_processes, dap.loader_workers, pin_memory=acc.device.type == "cuda",
         )  # fmt: skip
         # The schedule is not prepared: accelerate would step it once per process at every update.
         step, optimizer = acc.prepare(DapStep(model, self.method), optimizer)

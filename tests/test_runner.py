@@ -181,3 +181,19 @@ def test_record_carries_loss_metrics_and_representation_drift(tiny_config):
     for stage in drift:
         assert 0 < stage["all"]["cka_to_base"] <= 1 + 1e-9 and -1 <= stage["all"]["cosine_to_base"] <= 1
         assert -1 <= stage["all"]["anisotropy"] <= 1
+
+
+def test_loader_workers_change_no_number_and_not_the_run_id(tiny_config, tmp_path):
+    """Every micro-batch is masked from its own seed, so masking in worker processes trains the same model."""
+    records = []
+    for workers in (0, 2):
+        config = dataclasses.replace(
+            tiny_config,
+            work_dir=str(tmp_path / f"work{workers}"),
+            dap=dataclasses.replace(tiny_config.dap, loader_workers=workers),
+        )
+        records.append(ContinualRun(config, prepare_data(config), "das", 3, show_progress=False).execute())
+    serial, parallel = records
+    assert serial["run_id"] == parallel["run_id"]
+    assert serial["mlm_loss"] == parallel["mlm_loss"] and serial["matrices"] == parallel["matrices"]
+    assert [d["loss_log"] for d in serial["domains"]] == [d["loss_log"] for d in parallel["domains"]]
