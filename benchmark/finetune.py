@@ -138,15 +138,19 @@ def _length_sorted_batches(features: list[dict], collator, batch_size: int, devi
 
 @torch.no_grad()
 def predict(model: nn.Module, features: list[dict], collator, batch_size: int, accelerator) -> list[int]:
-    """Argmax predictions in the original order; batches are length-sorted to minimise padding."""
+    """Argmax predictions in the original order; batches are length-sorted to minimise padding. Predictions stay
+    on the device until the end: one host synchronisation, not one per batch."""
     model.eval()
-    predictions = [0] * len(features)
+    order, argmaxes = [], []
     finite = torch.ones((), dtype=torch.bool, device=accelerator.device)
     for chunk, batch in _length_sorted_batches(features, collator, batch_size, accelerator.device):
         logits = model(**batch).logits
         finite &= torch.isfinite(logits).all()
-        for i, pred in zip(chunk, logits.argmax(-1).tolist(), strict=True):
-            predictions[i] = pred
+        order += chunk
+        argmaxes.append(logits.argmax(-1))
+    predictions = [0] * len(features)
+    for i, pred in zip(order, torch.cat(argmaxes).tolist() if argmaxes else [], strict=True):
+        predictions[i] = pred
     if not bool(finite):  # an argmax over NaN logits is class 0: a silent majority-class "score"
         raise NonFiniteError(
             "the classifier's test logits are not finite", "lower finetune.lr or check the checkpoint for NaN weights"
