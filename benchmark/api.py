@@ -147,6 +147,14 @@ def check_inputs(config: RunConfig) -> None:
         load_records(results.parent)  # a corrupt record is named now, not after hours of training
     if config.data_root:
         require_data_root(config.data_root)
+    for field in ("general_heldout", "general_corpus"):
+        source = getattr(config, field)
+        if source and not source.startswith("hub:") and not Path(source).is_file():
+            raise DapbenchError(
+                f"{field} {source!r} is not a file",
+                f"pass an existing text file, one passage per line (--{field.replace('_', '-')} PATH"
+                f" or --set {field}=PATH), or a hub:NAME dataset",
+            )
     check_model_files(config.model)
 
 

@@ -234,11 +234,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """``dapbench bench``: each method's DAP update against the GEMM peak and a plain transformers step."""
     import json
 
-    from benchmark.api import materialise
+    from benchmark.api import check_inputs, materialise
     from benchmark.bench import bench, device_slug, markdown_table
     from benchmark.io import atomic_write_json
 
     config = materialise(_config(args), show_progress=not args.quiet, echo=print)
+    check_inputs(config)
     report = bench(config, list(config.methods), args.steps)
     print(markdown_table(report))
     if args.save:

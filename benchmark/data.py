@@ -158,6 +158,11 @@ def read_corpus_lines(source: str) -> list[str]:
             lines = Path(source).read_text(encoding="utf-8").splitlines()
         except UnicodeDecodeError as exc:
             raise DapbenchError(f"corpus {source} is not UTF-8 text: {exc}", "convert it to UTF-8") from exc
+        except OSError as exc:
+            raise DapbenchError(
+                f"cannot read the text file {source!r}: {exc.strerror}",
+                "pass an existing text file, one passage per line",
+            ) from exc
     lines = [line for line in (raw.strip() for raw in lines) if line]
     if not lines:
         raise DapbenchError(f"corpus {source} is empty", "point the domain at a text file with one passage per line")

@@ -347,6 +347,7 @@ def _group_header(records: list[dict]) -> list[str]:
     config = first["config"]
     seeds = sorted({r["seed"] for r in records})
     commits = sorted({(r["environment"].get("git_commit") or "unknown")[:12] for r in records})
+    numerics = sorted({str((r.get("identity") or {}).get("results_version", "unrecorded")) for r in records})
     devices = sorted(
         {f"{r['environment']['device_name']}, {r['environment']['torch_threads']} torch thread(s)" for r in records}
     )
@@ -358,7 +359,7 @@ def _group_header(records: list[dict]) -> list[str]:
         f"- data: `{config['data_root']}` (checksum of all inputs `{data}`); general held-out text:"
         f" `{config.get('general_heldout')}`",
         f"- seeds: {', '.join(map(str, seeds))}; commit(s): {', '.join(f'`{c}`' for c in commits)};"
-        f" device: {', '.join(devices)}",
+        f" numerics version(s) (`RESULTS_VERSION`): {', '.join(numerics)}; device: {', '.join(devices)}",
         f"- DAP per domain: {dap['steps']} updates of {dap['batch_size']} x {dap['seq_len']} tokens, lr {dap['lr']};"
         f" {_end_task_protocol(ft)}, matrix `{config['matrix']}`",
         f"- compute: {len(records)} runs, {wall / 3600:.2f} h of run wall time in all (sum over runs; runs that"

@@ -70,3 +70,17 @@ def test_gemm_peak_is_a_positive_rate(precision):
     from benchmark.bench import _dtype, gemm_peak
 
     assert gemm_peak(torch.device("cpu"), _dtype(precision), size=128, repeats=2) > 0
+
+
+def test_the_bench_command_prints_the_table_and_saves_the_report_by_device(tiny_config, tmp_path, capsys):
+    from benchmark.cli import main
+
+    inputs = ["--model", tiny_config.model, "--data-root", tiny_config.data_root, "--sequence", "alpha,beta"]
+    inputs += ["--general-heldout", tiny_config.general_heldout]
+    settings = ["--set", "dap.per_device_batch_size=16", "--set", "dap.steps=1"]
+    args = ["bench", "--profile", "synthetic", *inputs, *settings, "--methods", "ncl", "--steps", "1", "--quiet"]
+    assert main([*args, "--save", str(tmp_path / "bench")]) == 0
+    (saved,) = (tmp_path / "bench").glob("*-synthetic.json")
+    report = json.loads(saved.read_text())
+    assert report["methods"]["ncl"]["passes"] == 1.0 and report["timed_updates"] == 1
+    assert "| ncl |" in capsys.readouterr().out

@@ -182,4 +182,8 @@ def test_preflight_names_a_corrupt_record_a_missing_or_truncated_model_before_tr
     assert main([*base, "--model", str(truncated), "--output-dir", str(tmp_path / "c")]) == 2
     err = capsys.readouterr().err
     assert "unreadable" in err and "Traceback" not in err
+    missing = [a if a != str(world_root / "general_heldout.txt") else str(world_root / "gone.txt") for a in base]
+    assert main([*missing, "--model", str(tiny_model), "--output-dir", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert "general_heldout" in err and "gone.txt' is not a file" in err and "Traceback" not in err
     assert not list(tmp_path.glob("*/.dapbench/runs/*"))  # no run started
