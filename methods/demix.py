@@ -83,6 +83,11 @@ class DEMIX(ContinualMethod):
     capabilities: ClassVar[Capabilities] = Capabilities(needs_domain_id_at_finetune=True)
     config: AdapterConfig
 
+    def flop_bound(self, encoder_share: float) -> float | None:
+        """Not declared: the base is frozen and only the expert adapter and the head train, as in the peft
+        variants (input gradients only through the base)."""
+        return None
+
     def __init__(self, config: AdapterConfig, *, env):
         super().__init__(config, env=env)
         self.current = 0
