@@ -451,10 +451,10 @@ def migrate_results(results_dir: str | Path) -> list[Path]:
     (numbers unchanged); return the rewritten files. Readers migrate on load anyway: this makes committed
     records match the schema on disk (and drops what schema 1 recorded about the machine's paths)."""
     from benchmark.io import read_json
-    from benchmark.records import SCHEMA_VERSION, migrate_record, validate_record
+    from benchmark.records import SCHEMA_VERSION, migrate_record, record_paths, validate_record
 
     rewritten = []
-    for path in sorted(Path(results_dir).rglob("*.json")):
+    for path in record_paths(results_dir):
         raw = read_json(path, "run record")
         record = validate_record(raw if not isinstance(raw, dict) else migrate_record(raw, str(path)), str(path))
         if raw.get("schema") != SCHEMA_VERSION:

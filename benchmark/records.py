@@ -212,12 +212,22 @@ def load_record(path: str | Path) -> RunRecord:
     return validate_record(migrate_record(data, str(path)), str(path))
 
 
+OTHER_REPORTS = ("bench",)
+"""Folders directly under ``results/`` that hold JSON reports other than run records (``dapbench bench --save``)."""
+
+
+def record_paths(results_dir: str | Path) -> list[Path]:
+    """The JSON files under ``results_dir`` (recursively) that are run records: all but :data:`OTHER_REPORTS`."""
+    root = Path(results_dir)
+    return sorted(p for p in root.rglob("*.json") if p.relative_to(root).parts[0] not in OTHER_REPORTS)
+
+
 def load_records(results_dir: str | Path) -> list[RunRecord]:
     """Every run record under ``results_dir`` (recursively), migrated; a corrupt or foreign file is an error."""
     root = Path(results_dir)
     if not root.is_dir():
         raise DapbenchError(f"no results directory at {root}", "run `dapbench run` first or pass --output-dir")
-    return [load_record(path) for path in sorted(root.rglob("*.json"))]
+    return [load_record(path) for path in record_paths(root)]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -79,8 +79,11 @@ def test_the_bench_command_prints_the_table_and_saves_the_report_by_device(tiny_
     inputs += ["--general-heldout", tiny_config.general_heldout]
     settings = ["--set", "dap.per_device_batch_size=16", "--set", "dap.steps=1"]
     args = ["bench", "--profile", "synthetic", *inputs, *settings, "--methods", "ncl", "--steps", "1", "--quiet"]
-    assert main([*args, "--save", str(tmp_path / "bench")]) == 0
-    (saved,) = (tmp_path / "bench").glob("*-synthetic.json")
+    assert main([*args, "--save", str(tmp_path / "results" / "bench")]) == 0
+    (saved,) = (tmp_path / "results" / "bench").glob("*-synthetic.json")
     report = json.loads(saved.read_text())
     assert report["methods"]["ncl"]["passes"] == 1.0 and report["timed_updates"] == 1
     assert "| ncl |" in capsys.readouterr().out
+    from benchmark.records import load_records
+
+    assert load_records(tmp_path / "results") == []  # results/bench/ holds bench reports, not run records
