@@ -56,8 +56,7 @@ class DapConfig:
     probe_batch_size: int = 100
     log_every: int = 50
     loader_workers: int = 0
-    """DataLoader worker processes that mask the training micro-batches ahead of the GPU (0: in the training
-    process). Not part of the run id: every micro-batch is drawn from its own seed, so workers change no number."""
+    """DataLoader workers masking training micro-batches ahead of use; not in the run id (changes no number)."""
 
     def __post_init__(self):
         _check_ranges(

@@ -176,6 +176,11 @@ class MethodDeclaration:
         variant = self.variant()
         return f"{self.name}[{variant}]" if variant else self.name
 
+    def flop_bound(self, encoder_share: float) -> float | None:
+        """Fewest model FLOPs of one update in the current state, in plain MLM updates, given the encoder's share of
+        one (None: undeclared). Default 1: nothing but element-wise additions (README, "FLOP bounds")."""
+        return 1.0
+
 
 class ContinualMethod(MethodDeclaration):
     """Base class of every method: the hooks the runner calls. Every hook has a no-op default, so NCL is the
@@ -222,16 +227,6 @@ class ContinualMethod(MethodDeclaration):
         from benchmark.modeling import classifier_from_checkpoint
 
         return classifier_from_checkpoint(ctx.checkpoint_dir, ctx.num_labels)
-
-    def flop_bound(self, encoder_share: float) -> float | None:
-        """The fewest model FLOPs one update of this method needs in its current state, in units of the plain MLM
-        update (NCL's: the encoder's forward and backward plus the MLM head's on the masked tokens), given the
-        encoder's share ``encoder_share`` of that update; None where the method declares none. A forward alone
-        costs a third of a forward and backward. ``dapbench bench`` reports counted FLOPs over this bound.
-
-        The default, 1, is a method that adds no product to the MLM update (penalties, gates and masks are
-        element-wise); a method with extra passes declares its own."""
-        return 1.0
 
     def domain_report(self) -> dict[str, Any]:
         """JSON-ready facts about the method's state after a domain (kept small: summaries, not tensors);

@@ -118,8 +118,7 @@ class BaseEvaluation:
             return
         model, _ = load_masked_lm(self.parts.config.model)
         model, processes = model.to(device), self.parts.accelerator
-        features = heldout_features(model, heldout, device, processes=processes)
-        losses = heldout_losses(model, heldout, device, processes=processes)
+        features, losses = (f(model, heldout, device, processes=processes) for f in (heldout_features, heldout_losses))
         if processes.is_main_process:
             atomic_write_bytes(layout.base_features, lambda tmp: np.savez(tmp, **features))
             atomic_write_json(layout.base_losses, losses)
@@ -157,8 +156,7 @@ class StageRunner:
     def __init__(self, parts: RunParts, models: StageModels, base: BaseEvaluation):
         self.parts, self.models, self.base = parts, models, base
         self.general_probe = GeneralProbe(parts)
-        self.count_flops = False
-        """Count the training FLOPs of the stages this runs (``dapbench bench``; see ``DapTrainer.count_flops``)."""
+        self.count_flops = False  # set by `dapbench bench` (DapTrainer.count_flops)
 
     def run(self, t: int) -> dict[str, Any]:
         """Run stage ``t`` and write its statistics (whose file marks it finished); return them."""

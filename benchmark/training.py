@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.utils.flop_counter
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.flop_counter import FlopCounterMode
 from tqdm.auto import tqdm
 
 from benchmark.config import DapConfig
@@ -42,24 +42,18 @@ class DapTrainer:
     """The run's seed: with the stage, it names every draw of the stage's stream (:mod:`benchmark.sampling`)."""
     show_progress: bool = True
     count_flops: bool = False
-    """Count the model FLOPs of the stage's updates (``torch.utils.flop_counter``; slow: ``dapbench bench`` only)
-    and add their mean per update to the statistics as ``flops_per_update``."""
+    """Add ``flops_per_update`` (``torch.utils.flop_counter``; slow: ``dapbench bench`` only) to the statistics."""
 
     def train(self, model, dataset: Dataset, steps: int, t: int, step_offset: int, desc: str) -> dict:
         """Run ``steps`` updates on ``dataset`` and return the stage's training statistics."""
         dap, acc = self.dap, self.accelerator
         optimizer, scheduler = build_optimizer(self.method.trainable_parameters(model), dap, steps)
-        # Not prepared by accelerate: the stream shards itself across processes (benchmark.sampling).
-        stream = stage_stream(
-            dataset, self.tokenizer, dap.per_device_batch_size, dap.mlm_probability, self.seed, t,
-            acc.process_index, acc.num_processes, dap.loader_workers, pin_memory=acc.device.type == "cuda",
-        )  # fmt: skip
+        stream = training_stream(dataset, self.tokenizer, dap, self.seed, t, acc)
         # The schedule is not prepared: accelerate would step it once per process at every update.
         step, optimizer = acc.prepare(DapStep(model, self.method), optimizer)
         accum = max(1, dap.batch_size // (dap.per_device_batch_size * acc.num_processes))
         ctx = StepContext(model, t, 0, steps, step_offset, acc, optimizer)
-        counter = torch.utils.flop_counter.FlopCounterMode(display=False) if self.count_flops else None
-        start = time.perf_counter()
+        counter, start = FlopCounterMode(display=False) if self.count_flops else None, time.perf_counter()
         with counter or contextlib.nullcontext():
             log = self._loop(ctx, step, scheduler, iter(stream), accum, desc)
         seconds = time.perf_counter() - start
@@ -80,15 +74,7 @@ class DapTrainer:
         bar = tqdm(range(ctx.total_domain_steps), desc=desc, disable=not self.show_progress, leave=False)
         for step in bar:
             ctx.domain_step, ctx.global_step = step, offset + step
-            for micro in range(accum):
-                ctx.micro_batch, batch = next(batches)
-                batch = {k: v.to(acc.device, non_blocking=True) for k, v in batch.items()}
-                sync = contextlib.nullcontext() if micro == accum - 1 else acc.no_sync(step_module)
-                with sync, seeded(derived_seed(self.seed, ctx.domain_index, DROPOUT, ctx.micro_batch), acc.device):
-                    terms = step_module(batch, ctx)
-                    acc.backward(sum(terms.values()) / accum)
-                for key, value in terms.items():
-                    sums[key] = sums.get(key, 0) + value.detach() / accum
+            accumulate(ctx, step_module, batches, accum, self.seed, sums)
             self.method.after_backward(ctx)
             if dap.max_grad_norm is not None:
                 acc.clip_grad_norm_(model.parameters(), dap.max_grad_norm)
@@ -105,6 +91,32 @@ class DapTrainer:
                 log.append({"step": step + 1, **{k: round(v, 5) for k, v in means.items()}})
                 last_logged = step + 1
         return log
+
+
+def training_stream(dataset: Dataset, tokenizer, dap: DapConfig, seed: int, stage: int, acc) -> DataLoader:
+    """This process's share of the stage's training stream. Not prepared by accelerate: it shards itself across
+    processes (:mod:`benchmark.sampling`)."""
+    return stage_stream(
+        dataset, tokenizer, dap.per_device_batch_size, dap.mlm_probability, seed, stage, acc.process_index,
+        acc.num_processes, dap.loader_workers, pin_memory=acc.device.type == "cuda",
+    )  # fmt: skip
+
+
+def accumulate(
+    ctx: StepContext, step_module, batches: Iterator[tuple[int, dict]], accum: int, seed: int, sums: dict
+) -> None:
+    """Forward and backward of an update's ``accum`` micro-batches (gradients synchronised across processes at the
+    last), each under the seed of its global index; adds each loss term's mean into ``sums`` on the device."""
+    acc = ctx.accelerator
+    for micro in range(accum):
+        ctx.micro_batch, batch = next(batches)
+        batch = {k: v.to(acc.device, non_blocking=True) for k, v in batch.items()}
+        sync = contextlib.nullcontext() if micro == accum - 1 else acc.no_sync(step_module)
+        with sync, seeded(derived_seed(seed, ctx.domain_index, DROPOUT, ctx.micro_batch), acc.device):
+            terms = step_module(batch, ctx)
+            acc.backward(sum(terms.values()) / accum)
+        for key, value in terms.items():
+            sums[key] = sums.get(key, 0) + value.detach() / accum
 
 
 class DapStep(torch.nn.Module):

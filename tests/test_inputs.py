@@ -87,7 +87,12 @@ def test_interrupt_is_one_line_with_resume_advice_and_keeps_finished_work(
     args += ["--data-root", str(world_root), "--general-heldout", str(world_root / "general_heldout.txt")]
     args += ["--sequence", "alpha,beta", "--methods", "ncl", "--seeds", "1"]
     args += ["--output-dir", str(out), "--quiet", "--set", "dap.steps=100000", "--set", "dap.log_every=100000"]
-    process = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    # A shell starts background jobs with SIGINT ignored, and Python keeps an inherited "ignore": give the run
+    # the default disposition, as a terminal would, so the test also holds when the suite runs in the background.
+    process = subprocess.Popen(
+        args, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     ledger, deadline = None, time.time() + 120
     while time.time() < deadline and ledger is None and process.poll() is None:  # until training has started
         ledger = next(out.glob(".dapbench/runs/*/base-mlm-loss.json"), None)
