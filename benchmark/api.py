@@ -426,7 +426,7 @@ def require_current_numerics(record: RunRecord, record_path: str | Path) -> None
 
     made = record.get("identity") or {}
     here = {"results_version": RESULTS_VERSION, "method_version": default_registry().get(record["method"]).version}
-    differing = {k: (made.get(k), v) for k, v in here.items() if made.get(k, 1) != v}
+    differing = {k: (made.get(k, 1), v) for k, v in here.items() if made.get(k, 1) != v}
     if differing:
         said = ", ".join(f"{k} {was} (this checkout: {now})" for k, (was, now) in differing.items())
         commit = record["environment"].get("git_commit") or "the commit that made it"

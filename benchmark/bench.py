@@ -43,8 +43,9 @@ def bench(config: RunConfig, methods: list[str], updates: int, seed: int = 0) ->
         device, precision = accelerator.device, accelerator.mixed_precision
         peak = gemm_peak(device, _dtype(precision))
         plain = plain_step(cfg, data, updates, accelerator)
-        rows = {name: method_step(cfg, data, name, seed) for name in methods}
-    unit = rows["ncl"]["flops_per_update"] if "ncl" in rows else mlm_update_flops(cfg, data, seed)
+        share = encoder_share(cfg, data)  # of the base model: the same for every method's bound
+        rows = {name: method_step(cfg, data, name, seed, share) for name in methods}
+        unit = rows["ncl"]["flops_per_update"] if "ncl" in rows else mlm_update_flops(cfg, data, seed, share)
     for row in [plain, *rows.values()]:
         _derive(row, peak, unit, plain)
     return {
@@ -64,8 +65,9 @@ def bench(config: RunConfig, methods: list[str], updates: int, seed: int = 0) ->
     }
 
 
-def method_step(cfg: RunConfig, data: RunData, name: str, seed: int) -> dict[str, Any]:
-    """A method's second-domain stage: its timing and peak memory, and FLOPs of one counted update."""
+def method_step(cfg: RunConfig, data: RunData, name: str, seed: int, share: float) -> dict[str, Any]:
+    """A method's second-domain stage: its timing and peak memory, FLOPs of one counted update, and its declared
+    bound given the encoder's ``share`` of an MLM update."""
     run = ContinualRun(cfg, data, name, seed, show_progress=False)
     if not run.schedule.trains():
         return {"trains": False}
@@ -81,7 +83,7 @@ def method_step(cfg: RunConfig, data: RunData, name: str, seed: int) -> dict[str
         "step_seconds": stats["step_seconds"],
         "tokens_per_second": stats["tokens_per_second"],
         "flops_per_update": flops,
-        "bound_passes": again.method.flop_bound(encoder_share(cfg, data)),
+        "bound_passes": again.method.flop_bound(share),
         "peak_memory_mb": stats["peak_memory_mb"],
     }
 
@@ -158,9 +160,9 @@ def plain_step(cfg: RunConfig, data: RunData, updates: int, accelerator) -> dict
     }
 
 
-def mlm_update_flops(cfg: RunConfig, data: RunData, seed: int) -> int:
+def mlm_update_flops(cfg: RunConfig, data: RunData, seed: int, share: float) -> int:
     """FLOPs of one update of the runner's plain MLM (NCL's update): the unit of ``passes``."""
-    return method_step(cfg, data, "ncl", seed)["flops_per_update"]
+    return method_step(cfg, data, "ncl", seed, share)["flops_per_update"]
 
 
 def gemm_peak(device: torch.device, dtype: torch.dtype, size: int | None = None, repeats: int = 5) -> float:

@@ -267,7 +267,9 @@ class DAS(ContinualMethod):
         views, and the o_prev view through the importance-gated network once an importance exists."""
         if self.config.ablation == "no_contrast" or self.config.contrast_lambda == 0:
             return 1.0
-        views = 2 + (1 if self._masks and self._contrast_gates(torch.device("cpu")) is not None else 0)
+        # o_prev needs the importance _contrast_gates would gate with (read here without moving it to a device).
+        prev = self.domain_importance if self.config.ablation == "domain_contrast" else self.importance
+        views = 2 + (1 if self._masks and prev is not None else 0)
         return 1.0 + views * encoder_share
 
     def training_loss(
