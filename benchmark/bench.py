@@ -25,6 +25,7 @@ from benchmark.config import RunConfig
 from benchmark.environment import make_accelerator
 from benchmark.inputs import RunData, prepare_data
 from benchmark.runner import ContinualRun
+from benchmark.training import fused_adamw
 
 BENCH_SCHEMA = 1
 """Version of the JSON ``dapbench bench --save`` writes under ``results/bench/``."""
@@ -114,8 +115,8 @@ def encoder_share(cfg: RunConfig, data: RunData) -> float:
 
 def plain_step(cfg: RunConfig, data: RunData, updates: int, accelerator) -> dict[str, Any]:
     """A plain transformers MLM training step of the base model: ``DataCollatorForLanguageModeling``, the model's own
-    loss (logits at every position), AdamW, the run's micro-batches, accumulation and mixed precision; the first
-    update is a warm-up and not timed."""
+    loss (logits at every position), AdamW (fused on CUDA, like the DAP step), the run's micro-batches, accumulation
+    and mixed precision; the first update is a warm-up and not timed."""
     from transformers import DataCollatorForLanguageModeling
 
     from benchmark.environment import peak_memory_mb, reset_peak_memory
@@ -123,7 +124,7 @@ def plain_step(cfg: RunConfig, data: RunData, updates: int, accelerator) -> dict
 
     dap, tokenizer = cfg.dap, data.tokenizer
     model, _ = load_masked_lm(cfg.model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=dap.lr)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=dap.lr, fused=fused_adamw(accelerator.device) or None)
     model, optimizer = accelerator.prepare(model, optimizer)
     collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=dap.mlm_probability)
     train = data.corpora[data.domains[0]].train

@@ -17,6 +17,7 @@ from benchmark.config import FinetuneConfig
 from benchmark.endtasks import EndTaskData, Example, fixed_subset, format_example
 from benchmark.errors import NonFiniteError
 from benchmark.metrics import classification_scores
+from benchmark.training import fused_adamw
 
 
 @dataclass
@@ -66,7 +67,8 @@ def finetune_and_evaluate(
     total_steps = max(1, math.ceil(epochs * len(loader)))
     # The reference applies weight decay to every parameter (biases and LayerNorms too).
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
+    fused = fused_adamw(accelerator.device) or None
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.adam_eps, fused=fused)
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, total_steps)
     # One fine-tune is one process's work, also in a multi-process run (each process takes whole fine-tunes):
     # the model gets mixed precision but no DDP, the loader is not sharded, the schedule steps once per update.

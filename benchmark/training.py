@@ -47,7 +47,8 @@ class DapTrainer:
     def train(self, model, dataset: Dataset, steps: int, t: int, step_offset: int, desc: str) -> dict:
         """Run ``steps`` updates on ``dataset`` and return the stage's training statistics."""
         dap, acc = self.dap, self.accelerator
-        optimizer, scheduler = build_optimizer(self.method.trainable_parameters(model), dap, steps)
+        params = self.method.trainable_parameters(model)
+        optimizer, scheduler = build_optimizer(params, dap, steps, fused=fused_adamw(acc.device))
         stream = training_stream(dataset, self.tokenizer, dap, self.seed, t, acc)
         # The schedule is not prepared: accelerate would step it once per process at every update.
         step, optimizer = acc.prepare(DapStep(model, self.method), optimizer)
@@ -150,12 +151,22 @@ def stage_statistics(steps: int, tokens: int, seconds: float, log: list[dict]) -
     }
 
 
-def build_optimizer(params: list[tuple[str, torch.nn.Parameter]], dap: DapConfig, steps: int):
-    """AdamW over ``params`` and a linear schedule with warm-up over ``steps`` updates."""
+def build_optimizer(params: list[tuple[str, torch.nn.Parameter]], dap: DapConfig, steps: int, fused: bool = False):
+    """AdamW over ``params`` (one fused kernel if ``fused``) and a linear schedule with warm-up over ``steps``
+    updates."""
     from transformers import get_linear_schedule_with_warmup
 
-    optimizer = torch.optim.AdamW(param_groups(params, dap.weight_decay), lr=dap.lr, eps=dap.adam_eps)
+    groups = param_groups(params, dap.weight_decay)
+    optimizer = torch.optim.AdamW(groups, lr=dap.lr, eps=dap.adam_eps, fused=fused or None)
     return optimizer, get_linear_schedule_with_warmup(optimizer, int(dap.warmup_ratio * steps), steps)
+
+
+def fused_adamw(device: torch.device | str) -> bool:
+    """Whether AdamW runs fused on ``device``: on CUDA, as transformers' ``Trainer`` defaults to
+    (``adamw_torch_fused``), one kernel per parameter group instead of a chain of elementwise launches per update.
+    On CPU the default (for-each) implementation stays, so the CPU numbers, and the records made there, keep
+    their numerics; CUDA numbers are device-specific anyway (other kernels, mixed precision)."""
+    return torch.device(device).type == "cuda"
 
 
 def finite_means(sums: dict[str, torch.Tensor], n: int, what: str, step: int) -> dict[str, float]:

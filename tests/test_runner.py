@@ -197,3 +197,31 @@ def test_loader_workers_change_no_number_and_not_the_run_id(tiny_config, tmp_pat
     assert serial["run_id"] == parallel["run_id"]
     assert serial["mlm_loss"] == parallel["mlm_loss"] and serial["matrices"] == parallel["matrices"]
     assert [d["loss_log"] for d in serial["domains"]] == [d["loss_log"] for d in parallel["domains"]]
+
+
+def test_fused_adamw_is_chosen_on_cuda_only_and_takes_the_same_steps(tiny_model):
+    """The fused AdamW used on CUDA takes the for-each implementation's steps (checked with the CPU fused kernel)."""
+    from transformers import AutoModelForMaskedLM
+
+    from benchmark.config import DapConfig
+    from benchmark.training import build_optimizer, fused_adamw
+
+    assert fused_adamw("cuda") and fused_adamw(torch.device("cuda", 1)) and not fused_adamw("cpu")
+    dap = DapConfig(weight_decay=0.01)
+    models = [AutoModelForMaskedLM.from_pretrained(tiny_model) for _ in range(2)]
+    optimizers = [
+        build_optimizer(list(m.named_parameters()), dap, 4, fused=f)[0]
+        for m, f in zip(models, (False, True), strict=True)
+    ]
+    assert optimizers[1].defaults["fused"] and not optimizers[0].defaults["fused"]
+    ids = torch.randint(5, 600, (4, 16), generator=torch.Generator().manual_seed(0))
+    for _ in range(3):
+        for model, optimizer in zip(models, optimizers, strict=True):
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+    start = AutoModelForMaskedLM.from_pretrained(tiny_model).state_dict()
+    moved = [name for name, p in models[1].named_parameters() if not torch.equal(p.detach(), start[name])]
+    assert len(moved) == len(list(models[1].parameters())), "every parameter took a step"
