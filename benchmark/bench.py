@@ -124,7 +124,8 @@ def plain_step(cfg: RunConfig, data: RunData, updates: int, accelerator) -> dict
 
     dap, tokenizer = cfg.dap, data.tokenizer
     model, _ = load_masked_lm(cfg.model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=dap.lr, fused=fused_adamw(accelerator.device) or None)
+    fused = fused_adamw(accelerator.device, accelerator.mixed_precision) or None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=dap.lr, fused=fused)
     model, optimizer = accelerator.prepare(model, optimizer)
     collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=dap.mlm_probability)
     train = data.corpora[data.domains[0]].train

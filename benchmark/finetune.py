@@ -67,7 +67,7 @@ def finetune_and_evaluate(
     total_steps = max(1, math.ceil(epochs * len(loader)))
     # The reference applies weight decay to every parameter (biases and LayerNorms too).
     params = [p for p in model.parameters() if p.requires_grad]
-    fused = fused_adamw(accelerator.device) or None
+    fused = fused_adamw(accelerator.device, accelerator.mixed_precision) or None
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.adam_eps, fused=fused)
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, total_steps)
     # One fine-tune is one process's work, also in a multi-process run (each process takes whole fine-tunes):

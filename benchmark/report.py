@@ -470,24 +470,35 @@ def _loss_reading(part: pd.DataFrame, references: dict[str, str], alpha: float =
 
 
 def _variant_reading(part: pd.DataFrame) -> list[str]:
-    """Reading lines: each option variant (``das[ablation=no_contrast]``) against its method with default options
-    (``das``) on the held-out-loss metrics, paired by seed: what each option changes."""
+    """Reading lines: each option variant against every measured label one option closer to the method's defaults
+    (``das[ablation=no_contrast]`` against ``das``; ``das[ablation=random_importance,mask_target=update]`` against
+    ``das[mask_target=update]``, the matched control, and ``das[ablation=random_importance]``), on the
+    held-out-loss metrics, paired by seed: what each option changes, everything else equal."""
     lines = []
-    for base in sorted({m for m in part["method"] if "[" not in m}):
-        variants = sorted(m for m in part["method"].unique() if m.startswith(f"{base}["))
-        if not variants:
-            continue
-        subset = part[part["method"].isin([base, *variants])]
-        cells = []
-        for column, _ in VERDICT_METRICS:
-            table = paired_against_reference(subset, base, column, scale=1.0)
-            for variant, row in table.iterrows():
-                cells.append((variant, column, row["mean"], row["p"]))
-        for variant in variants:
-            parts = [f"{c} {d:+.3f} (p={p_value:.2g})" for v, c, d, p_value in cells if v == variant]
-            if parts:
-                lines.append(f"- `{variant}` against `{base}` (paired by seed, nats): " + ", ".join(parts) + ".")
+    labels = set(part["method"])
+    for variant in sorted(m for m in labels if "[" in m):
+        for parent in (p for p in option_parents(variant) if p in labels):
+            subset = part[part["method"].isin([parent, variant])]
+            cells = []
+            for column, _ in VERDICT_METRICS:
+                table = paired_against_reference(subset, parent, column, scale=1.0)
+                cells += [f"{column} {row['mean']:+.3f} (p={row['p']:.2g})" for _, row in table.iterrows()]
+            if cells:
+                lines.append(f"- `{variant}` against `{parent}` (paired by seed, nats): " + ", ".join(cells) + ".")
     return lines
+
+
+def option_parents(label: str) -> list[str]:
+    """The labels one option closer to the defaults: ``das[a=1,b=2]`` -> ``das[b=2]``, ``das[a=1]``; ``das[a=1]`` ->
+    ``das``. Options keep their order (:meth:`~benchmark.method.MethodDeclaration.variant` writes them in field
+    order), so a parent is spelled as its own records label it."""
+    name, _, rest = label.partition("[")
+    options = rest.removesuffix("]").split(",")
+    parents = []
+    for dropped in range(len(options)):
+        kept = options[:dropped] + options[dropped + 1 :]
+        parents.append(f"{name}[{','.join(kept)}]" if kept else name)
+    return parents
 
 
 def _plot_links(plots: dict[str, Path]) -> list[str]:

@@ -48,7 +48,7 @@ class DapTrainer:
         """Run ``steps`` updates on ``dataset`` and return the stage's training statistics."""
         dap, acc = self.dap, self.accelerator
         params = self.method.trainable_parameters(model)
-        optimizer, scheduler = build_optimizer(params, dap, steps, fused=fused_adamw(acc.device))
+        optimizer, scheduler = build_optimizer(params, dap, steps, fused=fused_adamw(acc.device, acc.mixed_precision))
         stream = training_stream(dataset, self.tokenizer, dap, self.seed, t, acc)
         # The schedule is not prepared: accelerate would step it once per process at every update.
         step, optimizer = acc.prepare(DapStep(model, self.method), optimizer)
@@ -161,12 +161,13 @@ def build_optimizer(params: list[tuple[str, torch.nn.Parameter]], dap: DapConfig
     return optimizer, get_linear_schedule_with_warmup(optimizer, int(dap.warmup_ratio * steps), steps)
 
 
-def fused_adamw(device: torch.device | str) -> bool:
-    """Whether AdamW runs fused on ``device``: on CUDA, as transformers' ``Trainer`` defaults to
-    (``adamw_torch_fused``), one kernel per parameter group instead of a chain of elementwise launches per update.
-    On CPU the default (for-each) implementation stays, so the CPU numbers, and the records made there, keep
-    their numerics; CUDA numbers are device-specific anyway (other kernels, mixed precision)."""
-    return torch.device(device).type == "cuda"
+def fused_adamw(device: torch.device | str, mixed_precision: str = "no") -> bool:
+    """Whether AdamW runs fused: on CUDA, as transformers' ``Trainer`` defaults to (``adamw_torch_fused``), one
+    kernel per parameter group instead of a chain of elementwise launches per update; but not under fp16, whose
+    gradient scaler then always calls the fused step (it skips an overflowed update inside the kernel), so accelerate
+    could no longer report a skipped step and the schedule would not wait for it. On CPU the default (for-each)
+    implementation stays, so CPU numbers, and the records made there, keep their numerics."""
+    return torch.device(device).type == "cuda" and mixed_precision != "fp16"
 
 
 def finite_means(sums: dict[str, torch.Tensor], n: int, what: str, step: int) -> dict[str, float]:

@@ -322,13 +322,29 @@ def test_variant_reading_compares_each_option_variant_with_its_method():
         rows.append(
             {"method": "das[x=1]", "seed": seed, "forgetting": 0.1 + noise, "general rise": 0.2, "plasticity": 0.3}
         )
+        rows.append(
+            {"method": "das[x=1,y=2]", "seed": seed, "forgetting": 0.05, "general rise": 0.25, "plasticity": 0.3}
+        )
         rows.append({"method": "ncl", "seed": seed, "forgetting": 0.3, "general rise": 0.2, "plasticity": 0.3})
-    (line,) = _variant_reading(pd.DataFrame(rows))
+    # das[y=2] was not measured: das[x=1,y=2] is read against das[x=1] only (its matched control).
+    first, second = _variant_reading(pd.DataFrame(rows))
     assert (
-        line.startswith("- `das[x=1]` against `das`")
-        and "forgetting -0.100 (p=" in line
-        and "general rise +0.000 (p=1)" in line
+        first.startswith("- `das[x=1,y=2]` against `das[x=1]`")
+        and "forgetting -0.050 (p=" in first
+        and "general rise +0.050 (p=0)" in first
     )
+    assert (
+        second.startswith("- `das[x=1]` against `das`")
+        and "forgetting -0.100 (p=" in second
+        and "general rise +0.000 (p=1)" in second
+    )
+
+
+def test_option_parents_drop_one_option_at_a_time():
+    from benchmark.report import option_parents
+
+    assert option_parents("das[a=1]") == ["das"]
+    assert option_parents("das[a=1,b=x,c=2]") == ["das[b=x,c=2]", "das[a=1,c=2]", "das[a=1,b=x]"]
 
 
 def test_report_removes_the_tables_and_plots_of_records_that_are_gone(tiny_config, tmp_path):

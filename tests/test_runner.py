@@ -206,7 +206,8 @@ def test_fused_adamw_is_chosen_on_cuda_only_and_takes_the_same_steps(tiny_model)
     from benchmark.config import DapConfig
     from benchmark.training import build_optimizer, fused_adamw
 
-    assert fused_adamw("cuda") and fused_adamw(torch.device("cuda", 1)) and not fused_adamw("cpu")
+    assert fused_adamw("cuda", "bf16") and fused_adamw(torch.device("cuda", 1)) and not fused_adamw("cpu")
+    assert not fused_adamw("cuda", "fp16"), "under fp16 accelerate must still see an overflowed step skipped"
     dap = DapConfig(weight_decay=0.01)
     models = [AutoModelForMaskedLM.from_pretrained(tiny_model) for _ in range(2)]
     optimizers = [
