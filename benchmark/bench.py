@@ -6,7 +6,8 @@ FLOPs per update counted by ``torch.utils.flop_counter`` on one counted update, 
 the peak a square GEMM reaches in the same process (MFU) and the update's cost in units of the runner's plain MLM
 pass (``passes``: NCL's update is 1). The reference row is a plain transformers MLM training step of the same model
 (transformers' collator and loss over every position, the same micro-batches and accumulation, AdamW), measured in
-the same process: ``vs_plain`` is a method's tokens/s over that step's.
+the same process: ``vs_plain`` is a method's tokens/s over that step's. ``--trace DIR`` adds a ``torch.profiler``
+record of a few of each method's updates (:func:`trace_updates`): where the step spends its time.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import math
 import re
 import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from benchmark.config import RunConfig
 from benchmark.environment import make_accelerator
@@ -31,8 +35,11 @@ BENCH_SCHEMA = 1
 """Version of the JSON ``dapbench bench --save`` writes under ``results/bench/``."""
 
 
-def bench(config: RunConfig, methods: list[str], updates: int, seed: int = 0) -> dict[str, Any]:
-    """The bench report of ``methods`` (``updates`` timed updates each) on the first two domains of ``config``."""
+def bench(
+    config: RunConfig, methods: list[str], updates: int, seed: int = 0, trace_dir: Path | None = None
+) -> dict[str, Any]:
+    """The bench report of ``methods`` (``updates`` timed updates each) on the first two domains of ``config``;
+    with ``trace_dir``, a profiler record of each method's updates there (:func:`trace_updates`)."""
     _count_cpu_attention()
     with tempfile.TemporaryDirectory() as work:
         cfg = dataclasses.replace(
@@ -45,7 +52,7 @@ def bench(config: RunConfig, methods: list[str], updates: int, seed: int = 0) ->
         peak = gemm_peak(device, _dtype(precision))
         plain = plain_step(cfg, data, updates, accelerator)
         share = encoder_share(cfg, data)  # of the base model: the same for every method's bound
-        rows = {name: method_step(cfg, data, name, seed, share) for name in methods}
+        rows = {name: method_step(cfg, data, name, seed, share, trace_dir) for name in methods}
         unit = rows["ncl"]["flops_per_update"] if "ncl" in rows else mlm_update_flops(cfg, data, seed, share)
     for row in [plain, *rows.values()]:
         _derive(row, peak, unit, plain)
@@ -66,27 +73,70 @@ def bench(config: RunConfig, methods: list[str], updates: int, seed: int = 0) ->
     }
 
 
-def method_step(cfg: RunConfig, data: RunData, name: str, seed: int, share: float) -> dict[str, Any]:
-    """A method's second-domain stage: its timing and peak memory, FLOPs of one counted update, and its declared
-    bound given the encoder's ``share`` of an MLM update."""
+def method_step(
+    cfg: RunConfig, data: RunData, name: str, seed: int, share: float, trace_dir: Path | None = None
+) -> dict[str, Any]:
+    """A method's second-domain stage: its timing and peak memory, FLOPs of one counted update, its declared bound
+    given the encoder's ``share`` of an MLM update, and (with ``trace_dir``) a profiler record of a few updates."""
     run = ContinualRun(cfg, data, name, seed, show_progress=False)
     if not run.schedule.trains():
         return {"trains": False}
     run.stages.run(0)
     stats = run.stages.run(1)
-    counted = dataclasses.replace(cfg, dap=dataclasses.replace(cfg.dap, steps=1, log_every=1))
-    again = ContinualRun(counted, data, name, seed, show_progress=False)
-    again.stages.run(0)
-    again.stages.count_flops = True
-    flops = again.stages.run(1)["flops_per_update"]
-    return {
+    counted, counter = _second_stage(cfg, data, name, seed, 1, lambda _: FlopCounterMode(display=False))
+    row = {
         "trains": True,
         "step_seconds": stats["step_seconds"],
         "tokens_per_second": stats["tokens_per_second"],
-        "flops_per_update": flops,
-        "bound_passes": again.method.flop_bound(share),
+        "flops_per_update": counter.get_total_flops(),
+        "bound_passes": counted.method.flop_bound(share),
         "peak_memory_mb": stats["peak_memory_mb"],
     }
+    if trace_dir is not None:
+        row["trace"] = trace_updates(cfg, data, name, seed, trace_dir)
+    return row
+
+
+TRACE_UPDATES = 3
+"""Updates of the second stage a ``--trace`` records (the first carries the stage's one-off work: read it apart)."""
+
+
+def trace_updates(cfg: RunConfig, data: RunData, name: str, seed: int, out: Path) -> dict[str, Any]:
+    """A ``torch.profiler`` record of :data:`TRACE_UPDATES` updates of ``name``'s second stage (CPU activity, and
+    CUDA kernels on a GPU): ``out/<name>.trace.json`` (Chrome trace; open in Perfetto) and ``out/<name>-ops.txt``
+    (operators by self time). Returns the file names and the five operators with the largest share of self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def profiler(device: torch.device):
+        return profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if device.type == "cuda" else [])])
+
+    run, profiler = _second_stage(cfg, data, name, seed, TRACE_UPDATES, profiler)
+    gpu = run.parts.accelerator.device.type == "cuda"
+    out.mkdir(parents=True, exist_ok=True)
+    profiler.export_chrome_trace(str(out / f"{name}.trace.json"))
+    key = "self_device_time_total" if gpu else "self_cpu_time_total"
+    ops = profiler.key_averages()
+    (out / f"{name}-ops.txt").write_text(ops.table(sort_by=key, row_limit=40), encoding="utf-8")
+    total = sum(getattr(op, key) for op in ops) or 1
+    top = sorted(ops, key=lambda op: getattr(op, key), reverse=True)[:5]
+    return {
+        "updates": TRACE_UPDATES,
+        "files": [f"{name}.trace.json", f"{name}-ops.txt"],
+        "self_time": "device" if gpu else "cpu",
+        "top_ops": {op.key: round(getattr(op, key) / total, 3) for op in top},
+    }
+
+
+def _second_stage(cfg: RunConfig, data: RunData, name: str, seed: int, updates: int, make: Callable) -> tuple:
+    """A fresh run of ``name`` with ``updates`` updates per stage whose second stage's updates run inside the context
+    ``make(device)`` returns; the run and that context, after the stage."""
+    short = dataclasses.replace(cfg, dap=dataclasses.replace(cfg.dap, steps=updates, log_every=updates))
+    run = ContinualRun(short, data, name, seed, show_progress=False)
+    run.stages.run(0)
+    instrument = make(run.parts.accelerator.device)
+    run.stages.instrument = lambda: instrument
+    run.stages.run(1)
+    return run, instrument
 
 
 def encoder_share(cfg: RunConfig, data: RunData) -> float:
@@ -102,7 +152,7 @@ def encoder_share(cfg: RunConfig, data: RunData) -> float:
     encoder = encoder_of(model)
 
     def counted(loss) -> int:
-        with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False) as counter:
             loss().backward()
         return counter.get_total_flops()
 
@@ -145,7 +195,7 @@ def plain_step(cfg: RunConfig, data: RunData, updates: int, accelerator) -> dict
     model.train()
     update()  # warm-up: allocation, kernel selection
     reset_peak_memory()
-    with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False) as counter:
         update()
     _synchronise(accelerator.device)
     start = time.perf_counter()
@@ -245,8 +295,6 @@ def _synchronise(device: torch.device) -> None:
 
 def _portable(model: str) -> str:
     """A hub id as given; a local model directory by its name only (no machine paths in committed files)."""
-    from pathlib import Path
-
     return Path(model).name if Path(model).exists() else model
 
 

@@ -65,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_run_arguments(bench)
     bench.add_argument("--steps", type=int, default=20, help="timed updates per method")
     bench.add_argument("--save", metavar="DIR", help="write the JSON report to DIR/<device>-<profile>.json")
+    bench.add_argument(
+        "--trace", metavar="DIR", help="also record a torch.profiler trace of a few updates per method under DIR"
+    )
     bench.set_defaults(func=cmd_bench)
 
     study = sub.add_parser("study", help="a method's named measurement, e.g. study das importance-stability")
@@ -240,7 +243,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     config = materialise(_config(args), show_progress=not args.quiet, echo=print)
     check_inputs(config)
-    report = bench(config, list(config.methods), args.steps)
+    trace = Path(args.trace) if args.trace else None
+    report = bench(config, list(config.methods), args.steps, trace_dir=trace)
     print(markdown_table(report))
     if args.save:
         path = Path(args.save) / f"{device_slug(report['device'])}-{config.profile}.json"
@@ -248,6 +252,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"bench: {path}")
     else:
         print(json.dumps(report, indent=2))
+    if trace:
+        print(f"bench: profiler traces (Chrome format, open in Perfetto) and operator tables under {trace}")
     return 0
 
 

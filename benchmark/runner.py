@@ -156,7 +156,7 @@ class StageRunner:
     def __init__(self, parts: RunParts, models: StageModels, base: BaseEvaluation):
         self.parts, self.models, self.base = parts, models, base
         self.general_probe = GeneralProbe(parts)
-        self.count_flops = False  # set by `dapbench bench` (DapTrainer.count_flops)
+        self.instrument = None  # set by `dapbench bench` (DapTrainer.instrument)
 
     def run(self, t: int) -> dict[str, Any]:
         """Run stage ``t`` and write its statistics (whose file marks it finished); return them."""
@@ -192,7 +192,7 @@ class StageRunner:
         )
         trainable = sum(q.numel() for _, q in p.method.trainable_parameters(model))
         p.method.before_domain(ctx)
-        trainer = DapTrainer(p.method, dap, p.data.tokenizer, p.accelerator, p.seed, p.show_progress, self.count_flops)
+        trainer = DapTrainer(p.method, dap, p.data.tokenizer, p.accelerator, p.seed, p.show_progress, self.instrument)
         dataset = p.data.training_set(p.schedule.training_domains(t))
         desc = f"{p.method.name} {p.data.domains[t]}"
         stats = trainer.train(model, dataset, p.schedule.updates(), t, p.schedule.step_offset(t), desc)

@@ -14,13 +14,12 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
-from torch.utils.flop_counter import FlopCounterMode
 from tqdm.auto import tqdm
 
 from benchmark.config import DapConfig
@@ -41,8 +40,9 @@ class DapTrainer:
     seed: int
     """The run's seed: with the stage, it names every draw of the stage's stream (:mod:`benchmark.sampling`)."""
     show_progress: bool = True
-    count_flops: bool = False
-    """Add ``flops_per_update`` (``torch.utils.flop_counter``; slow: ``dapbench bench`` only) to the statistics."""
+    instrument: Callable[[], contextlib.AbstractContextManager] | None = None
+    """Makes a context entered around the stage's updates only (not its setup or evaluation): ``dapbench bench``
+    counts FLOPs (``torch.utils.flop_counter``) and records ``torch.profiler`` traces with it."""
 
     def train(self, model, dataset: Dataset, steps: int, t: int, step_offset: int, desc: str) -> dict:
         """Run ``steps`` updates on ``dataset`` and return the stage's training statistics."""
@@ -54,15 +54,12 @@ class DapTrainer:
         step, optimizer = acc.prepare(DapStep(model, self.method), optimizer)
         accum = max(1, dap.batch_size // (dap.per_device_batch_size * acc.num_processes))
         ctx = StepContext(model, t, 0, steps, step_offset, acc, optimizer)
-        counter, start = FlopCounterMode(display=False) if self.count_flops else None, time.perf_counter()
-        with counter or contextlib.nullcontext():
+        start = time.perf_counter()
+        with self.instrument() if self.instrument else contextlib.nullcontext():
             log = self._loop(ctx, step, scheduler, iter(stream), accum, desc)
         seconds = time.perf_counter() - start
         tokens = steps * accum * dap.per_device_batch_size * dap.seq_len * acc.num_processes
-        stats = stage_statistics(steps, tokens, seconds, log)
-        if counter is not None:
-            stats["flops_per_update"] = counter.get_total_flops() // steps
-        return stats
+        return stage_statistics(steps, tokens, seconds, log)
 
     def _loop(
         self, ctx: StepContext, step_module, scheduler, batches: Iterator[tuple[int, dict]], accum: int, desc: str

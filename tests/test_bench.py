@@ -65,6 +65,24 @@ def test_the_bench_report_measures_every_method_against_the_plain_step(tiny_conf
     json.dumps(report)  # what --save writes
 
 
+def test_a_trace_records_exactly_the_updates_of_the_second_stage(tiny_config, tmp_path):
+    from benchmark.bench import TRACE_UPDATES, trace_updates
+    from benchmark.inputs import prepare_data
+
+    config = dataclasses.replace(tiny_config, work_dir=str(tmp_path / "work"))
+    data = prepare_data(config)
+    data = dataclasses.replace(data, domains=data.domains[:2])
+    info = trace_updates(config, data, "ncl", 0, tmp_path / "trace")
+    events = json.loads((tmp_path / "trace" / "ncl.trace.json").read_text())["traceEvents"]
+    names = [event.get("name", "") for event in events]
+    # Only the stage's updates are inside the profiler: one AdamW step each, none of stage 0 or of the evaluation.
+    assert sum(name.startswith("Optimizer.step#AdamW") for name in names) == TRACE_UPDATES
+    assert any(name in ("aten::addmm", "aten::mm") for name in names)
+    assert "Self CPU" in (tmp_path / "trace" / "ncl-ops.txt").read_text()
+    assert info["files"] == ["ncl.trace.json", "ncl-ops.txt"] and info["self_time"] == "cpu"
+    assert len(info["top_ops"]) == 5 and 0 < sum(info["top_ops"].values()) <= 1
+
+
 @pytest.mark.parametrize("precision", ["no", "bf16"])
 def test_gemm_peak_is_a_positive_rate(precision):
     from benchmark.bench import _dtype, gemm_peak
