@@ -158,7 +158,7 @@ def encoder_share(cfg: RunConfig, data: RunData) -> float:
 
     whole = counted(lambda: mlm_loss(model, batch))
     alone = counted(
-        lambda: encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state.sum()
+        lambda: encoder(input_ids=batch["input_ids"]).last_hidden_state.sum()  # full chunks: no attention mask
     )
     return alone / whole
 

@@ -15,7 +15,7 @@ import torch
 
 from benchmark.errors import NonFiniteError
 from benchmark.metrics import anisotropy, linear_cka, mean_cosine
-from benchmark.modeling import encoder_of, mlm_loss
+from benchmark.modeling import encoder_of, mean_pool, mlm_loss
 
 Batches = Mapping[str, list[dict[str, torch.Tensor]]]
 View = Callable[[str], contextlib.AbstractContextManager]
@@ -78,10 +78,9 @@ def heldout_features(model, heldout: Batches, device, view: View = _as_is, proce
             rows = []
             with view(name):
                 for batch in DeviceBatches(_share(batches, processes), device):
-                    mask = batch["attention_mask"]
+                    mask = batch.get("attention_mask")
                     hidden = encoder(input_ids=batch["original_ids"], attention_mask=mask).last_hidden_state.float()
-                    weights = mask.to(hidden.dtype).unsqueeze(-1)
-                    rows.append(((hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)).cpu().numpy())
+                    rows.append(mean_pool(hidden, mask).cpu().numpy())
             out[name] = np.concatenate(_in_batch_order(rows, processes))
             if not np.isfinite(out[name]).all():
                 raise NonFiniteError(

@@ -188,6 +188,15 @@ def mlm_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[to
     return loss, hidden, logits
 
 
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean of the last hidden state over non-padding tokens (over all tokens without a mask: full packed chunks,
+    bit-identical to an all-ones mask)."""
+    if attention_mask is None:
+        return hidden.mean(dim=1)
+    mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
+
+
 def mlm_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Mean MLM cross-entropy at the masked positions (see :func:`mlm_forward`)."""
     return mlm_forward(model, batch)[0]

@@ -59,9 +59,9 @@ import torch
 
 from benchmark.errors import DapbenchError
 from benchmark.method import ContinualMethod, DomainContext, MethodConfig, StepContext, StepOutput
-from benchmark.modeling import encoder_of, layer_modules
+from benchmark.modeling import encoder_of, layer_modules, mean_pool
 from methods._shared import importance_study
-from methods._shared.contrast import info_nce, mean_pool, reference_pairing
+from methods._shared.contrast import info_nce, reference_pairing
 from methods._shared.importance import gate_importance, kl_proxy_loss, mlm_importance_loss, reference_kl_proxy_loss
 from methods._shared.softmask import (
     NORMALISATIONS,

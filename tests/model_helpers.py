@@ -24,7 +24,7 @@ def tiny_mlm(arch: str = "bert", dtype=torch.float32):
 
 
 def toy_batch(seed: int = 0, batch: int = 3, length: int = 10):
-    """A batch in the collator's format with five fixed masked positions (mask id 4)."""
+    """A batch in the collator's format (full chunks, no attention mask), five fixed masked positions (mask id 4)."""
     g = torch.Generator().manual_seed(seed)
     original = torch.randint(5, 50, (batch, length), generator=g)
     masked = original.clone()
@@ -33,7 +33,6 @@ def toy_batch(seed: int = 0, batch: int = 3, length: int = 10):
     return {
         "input_ids": masked,
         "original_ids": original,
-        "attention_mask": torch.ones_like(original),
         "mlm_positions": positions,
         "mlm_targets": original.view(-1)[positions],
     }

@@ -8,9 +8,9 @@ from model_helpers import tiny_mlm, toy_batch
 
 from benchmark.errors import DapbenchError
 from benchmark.inputs import prepare_data
-from benchmark.modeling import layer_modules, mlm_loss
+from benchmark.modeling import layer_modules, mean_pool, mlm_loss
 from benchmark.runner import ContinualRun
-from methods._shared.contrast import info_nce, mean_pool, reference_pairing
+from methods._shared.contrast import info_nce, reference_pairing
 from methods._shared.importance import gate_importance, kl_proxy_loss, mlm_importance_loss, reference_kl_proxy_loss
 from methods._shared.softmask import (
     accumulate_importance,

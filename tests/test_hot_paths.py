@@ -56,7 +56,7 @@ def test_soft_mask_hook(benchmark):
     from methods._shared.units import unit_shapes
 
     model = tiny_mlm()
-    model(**{k: toy_batch()[k] for k in ("input_ids", "attention_mask")}).logits.sum().backward()
+    model(input_ids=toy_batch()["input_ids"]).logits.sum().backward()
     importance = {"head": torch.rand(2, 4), "intermediate": torch.rand(2, 24), "output": torch.rand(2, 16)}
     layers, head_dim = layer_modules(model), unit_shapes(model).head_dim
     benchmark(soft_mask_gradients, layers, importance, head_dim)

@@ -137,6 +137,32 @@ def test_mlm_loss_matches_the_full_vocabulary_loss(tiny_model):
         assert mlm_loss(model, batch).item() == pytest.approx(reference.item(), rel=1e-5)
 
 
+def test_packed_chunks_carry_no_attention_mask_and_train_as_with_an_all_ones_mask(tiny_model):
+    """Full chunks go to the encoder without a mask (no mask built, no host check of an all-ones mask on a GPU): the
+    loss, hidden states and gradients, dropout included, are bit-identical to an all-ones mask's."""
+    from transformers import AutoTokenizer
+
+    from benchmark.data import MlmCollator
+    from benchmark.modeling import load_masked_lm, mlm_forward
+
+    model, _ = load_masked_lm(str(tiny_model))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    ids = tokenizer(["the cat was very happy today and we left"] * 4, return_special_tokens_mask=True)
+    batch = MlmCollator(tokenizer, 0.3, generator=torch.Generator().manual_seed(0))(
+        [{k: torch.tensor(v[i]) for k, v in ids.items()} for i in range(4)]
+    )
+    assert "attention_mask" not in batch
+    model.train()
+    results = []
+    for inputs in (batch, {**batch, "attention_mask": torch.ones_like(batch["input_ids"])}):
+        torch.manual_seed(0)  # the same dropout masks
+        loss, hidden, _ = mlm_forward(model, inputs)
+        loss.backward()
+        results.append([loss.detach(), hidden.detach(), *(p.grad.clone() for p in model.parameters())])
+        model.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
 def test_heldout_batches_are_bit_identical_whatever_the_global_rng_did(tiny_config):
     import random
 

@@ -6,14 +6,6 @@ import torch
 import torch.nn.functional as F
 
 
-def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """Mean of the last hidden state over non-padding tokens."""
-    if attention_mask is None:
-        return hidden.mean(dim=1)
-    mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
-    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
-
-
 def info_nce(anchor: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor, temperature: float) -> torch.Tensor:
     """Cross-entropy over [cos(anchor_i, positive_j)]_j ++ [cos(anchor_i, negatives_k)]_k, target j = i.
 

@@ -59,9 +59,8 @@ def attach_prompt(model: nn.Module, num_tokens: int, init: str = "SAMPLE_VOCAB")
         vectors = prompt(torch.arange(num_tokens, device=input_ids.device)).to(word_embeddings.weight.dtype)
         bound["inputs_embeds"] = torch.cat([vectors.expand(batch, -1, -1), word_embeddings(input_ids)], dim=1)
         mask = bound.get("attention_mask")
-        if mask is None:
-            mask = torch.ones_like(input_ids)
-        bound["attention_mask"] = torch.cat([mask.new_ones(batch, num_tokens), mask], dim=1)
+        if mask is not None:  # without one (full chunks) every position, prompts included, is attended
+            bound["attention_mask"] = torch.cat([mask.new_ones(batch, num_tokens), mask], dim=1)
         if bound.get("token_type_ids") is not None:
             types = bound["token_type_ids"]
             bound["token_type_ids"] = torch.cat([types.new_zeros(batch, num_tokens), types], dim=1)

@@ -73,5 +73,4 @@ def collate_replay(items: list[ReplayItem], device) -> dict[str, torch.Tensor]:
         "mlm_targets": torch.cat([item.targets for item in items]),
         "stored_outputs": torch.cat([item.outputs for item in items]),
     }
-    batch["attention_mask"] = torch.ones_like(batch["input_ids"])
     return {key: value.to(device) for key, value in batch.items()}
