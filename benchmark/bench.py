@@ -78,12 +78,10 @@ def method_step(
 ) -> dict[str, Any]:
     """A method's second-domain stage: its timing and peak memory, FLOPs of one counted update, its declared bound
     given the encoder's ``share`` of an MLM update, and (with ``trace_dir``) a profiler record of a few updates."""
-    run = ContinualRun(cfg, data, name, seed, show_progress=False)
-    if not run.schedule.trains():
+    timed, stats, _ = _second_stage(cfg, data, name, seed, cfg.dap.steps, lambda _: contextlib.nullcontext())
+    if timed is None:
         return {"trains": False}
-    run.stages.run(0)
-    stats = run.stages.run(1)
-    counted, counter = _second_stage(cfg, data, name, seed, 1, lambda _: FlopCounterMode(display=False))
+    counted, _, counter = _second_stage(cfg, data, name, seed, 1, lambda _: FlopCounterMode(display=False))
     row = {
         "trains": True,
         "step_seconds": stats["step_seconds"],
@@ -110,7 +108,7 @@ def trace_updates(cfg: RunConfig, data: RunData, name: str, seed: int, out: Path
     def profiler(device: torch.device):
         return profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if device.type == "cuda" else [])])
 
-    run, profiler = _second_stage(cfg, data, name, seed, TRACE_UPDATES, profiler)
+    run, _, profiler = _second_stage(cfg, data, name, seed, TRACE_UPDATES, profiler)
     gpu = run.parts.accelerator.device.type == "cuda"
     out.mkdir(parents=True, exist_ok=True)
     profiler.export_chrome_trace(str(out / f"{name}.trace.json"))
@@ -129,14 +127,16 @@ def trace_updates(cfg: RunConfig, data: RunData, name: str, seed: int, out: Path
 
 def _second_stage(cfg: RunConfig, data: RunData, name: str, seed: int, updates: int, make: Callable) -> tuple:
     """A fresh run of ``name`` with ``updates`` updates per stage whose second stage's updates run inside the context
-    ``make(device)`` returns; the run and that context, after the stage."""
+    ``make(device)`` returns: the run, the stage's statistics and that context, after the stage (three Nones for a
+    method that does not train)."""
     short = dataclasses.replace(cfg, dap=dataclasses.replace(cfg.dap, steps=updates, log_every=updates))
     run = ContinualRun(short, data, name, seed, show_progress=False)
+    if not run.schedule.trains():
+        return None, None, None
     run.stages.run(0)
     instrument = make(run.parts.accelerator.device)
     run.stages.instrument = lambda: instrument
-    run.stages.run(1)
-    return run, instrument
+    return run, run.stages.run(1), instrument
 
 
 def encoder_share(cfg: RunConfig, data: RunData) -> float:

@@ -267,9 +267,7 @@ class DAS(ContinualMethod):
         views, and the o_prev view through the importance-gated network once an importance exists."""
         if self.config.ablation == "no_contrast" or self.config.contrast_lambda == 0:
             return 1.0
-        # o_prev needs the importance _contrast_gates would gate with (read here without moving it to a device).
-        prev = self.domain_importance if self.config.ablation == "domain_contrast" else self.importance
-        views = 2 + (1 if self._masks and prev is not None else 0)
+        views = 2 + (1 if self._masks and self._contrast_importance() is not None else 0)
         return 1.0 + views * encoder_share
 
     def training_loss(
@@ -284,12 +282,16 @@ class DAS(ContinualMethod):
             return {}
         return {"contrast": self.config.contrast_lambda * self._contrast(batch, prev_gates, ctx)}
 
+    def _contrast_importance(self) -> dict[str, torch.Tensor] | None:
+        """The importance the o_prev view is gated with: this domain's own under ``domain_contrast``, else the
+        accumulated one (None: no o_prev view yet)."""
+        return self.domain_importance if self.config.ablation == "domain_contrast" else self.importance
+
     def _contrast_gates(self, device) -> dict[str, torch.Tensor] | None:
-        if self.config.ablation == "domain_contrast":
-            if self.domain_importance is None:
-                return None
-            return {u: v.to(device) for u, v in self.domain_importance.items()}
-        return self._on_device(device)
+        if self.config.ablation != "domain_contrast":
+            return self._on_device(device)  # the accumulated importance, moved to the device once
+        importance = self._contrast_importance()
+        return None if importance is None else {u: v.to(device) for u, v in importance.items()}
 
     def _contrast(self, batch, prev_gates, ctx: StepContext) -> torch.Tensor:
         module = ctx.unwrapped_model()
