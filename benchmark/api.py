@@ -100,7 +100,7 @@ def _validate_method_options(registry, name: str, options) -> None:
         )
     if not isinstance(options, dict):
         raise DapbenchError(f"--set {name}=… sets no option", f"write --set {name}.<option>=<value>")
-    registry.get(name).config_cls.from_options(options)
+    registry.get(name).config_cls.from_options(options, section=name)
 
 
 def materialise(config: RunConfig, show_progress: bool = False, echo: Echo = _silent) -> RunConfig:
@@ -278,18 +278,15 @@ def _job_succeeded(job, run: GridRun, echo: Echo) -> bool:
 def planned_run_ids(config: RunConfig) -> dict[tuple[str, int], str]:
     """The run id of every method x seed of ``config`` (which reads and checksums its inputs): the names its
     records will have under ``results/<profile>/`` and its work directories under ``<work_dir>/runs/``."""
-    from benchmark.identity import run_id
+    from benchmark.identity import run_identity
     from benchmark.inputs import prepare_data
     from benchmark.registry import default_registry
 
     config = materialise(config)
     data = prepare_data(config)
     registry = default_registry()
-    return {
-        (m, s): run_id(config, m, s, data.domains, data.checksums, registry.get(m).version)
-        for m in config.methods
-        for s in config.seeds
-    }
+    identities = {m: run_identity(config, registry.get(m), data.domains, data.checksums) for m in config.methods}
+    return {(m, s): identities[m].run_id(s, config.sequence) for m in config.methods for s in config.seeds}
 
 
 def _run_once(run, path: Path, echo: Echo) -> RunRecord | None:

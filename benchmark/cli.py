@@ -13,12 +13,21 @@ from benchmark.config import RunConfig
 from benchmark.errors import DapbenchError
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``dapbench`` console script."""
+def console_main() -> int:
+    """Entry point of the ``dapbench`` console script (and ``python -m benchmark.cli``): :func:`main`, after which
+    an interrupted process keeps ignoring further signals while the interpreter winds down."""
+    return main(console=True)
+
+
+def main(argv: list[str] | None = None, *, console: bool = False) -> int:
+    """Run one ``dapbench`` command in this process and return its exit code (0 ok, 1 a check failed, 2 bad input,
+    130/143 interrupted); signal handlers are restored afterwards unless ``console``."""
     parser = _parser()
     args = parser.parse_args(argv)
     _quiet_libraries()
-    previous = signal.signal(signal.SIGTERM, _terminated) if _main_thread() else None
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if _main_thread() else {}
+    if handlers:
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         return args.func(args)
     except DapbenchError as exc:
@@ -26,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (KeyboardInterrupt, _Terminated) as exc:
         # Every finished domain and fine-tune is already on disk (atomic writes); the unfinished unit is redone.
+        # A second signal while the process winds down (libraries' finalisers run then) would print a traceback.
+        _ignore_further_signals()
         code = 143 if isinstance(exc, _Terminated) else 130
         print(
             f"dapbench: {'terminated' if code == 143 else 'interrupted'}; finished domains and fine-tunes are kept:"
@@ -34,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return code
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        if not console:  # an in-process caller (a Slurm job, a test) gets its own handlers back
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
 
 
 class _Terminated(Exception):
@@ -44,6 +56,13 @@ class _Terminated(Exception):
 
 def _terminated(signum, frame) -> None:
     raise _Terminated
+
+
+def _ignore_further_signals() -> None:
+    """Ignore SIGINT and SIGTERM from now on (the run is already stopping), where this thread may set handlers."""
+    if _main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def _main_thread() -> bool:
@@ -360,4 +379,4 @@ def cmd_pretrain_base(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any
 
 from benchmark.errors import DapbenchError
+from benchmark.settings import check_settings, setting
 
 #: The paper's fine-tuning epochs per end task (reference ``utils/model.py:345-352``).
 PAPER_FINETUNE_EPOCHS = {
@@ -23,67 +24,55 @@ PAPER_FINETUNE_EPOCHS = {
 }
 
 
+SEED_LIMIT = 2**31 - 1
+"""The largest run seed: stage and fine-tune seeds are derived by adding small offsets to it, and numpy's and
+transformers' seeding accept at most 2**32 - 1."""
+
+
 @dataclass(frozen=True)
 class DapConfig:
     """Domain-adaptive pre-training of one domain (MLM on its corpus)."""
 
-    steps: int = 2580
+    steps: int = setting(2580, low=1)
     """Optimizer updates per domain (the paper: 640000 samples // 248 = 2580)."""
-    batch_size: int = 248
+    batch_size: int = setting(248, low=1)
     """Sequences per update across all processes (gradient accumulation fills the rest)."""
-    per_device_batch_size: int = 62
+    per_device_batch_size: int = setting(62, low=1)
     """Sequences per forward pass on one device."""
-    seq_len: int = 164
+    seq_len: int = setting(164, low=2)
     """Tokens per packed chunk."""
-    lr: float = 1e-4
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.0
-    adam_eps: float = 1e-6
+    lr: float = setting(1e-4, low=0, low_open=True, high=1)
+    warmup_ratio: float = setting(0.1, low=0, high=1, high_open=True)
+    weight_decay: float = setting(0.0, low=0, high=1)
+    adam_eps: float = setting(1e-6, low=0, low_open=True, high=1)
     """transformers' AdamW default, which the reference uses; it sets how strong soft-masking is."""
-    max_grad_norm: float | None = None
-    """The reference clips nothing."""
-    mlm_probability: float = 0.15
-    mixed_precision: str = "fp16"
+    max_grad_norm: float | None = setting(None, low=0, low_open=True)
+    """Clip the gradient norm to this (None: no clipping, as the reference; 0 or less would update nothing or
+    reverse the step)."""
+    mlm_probability: float = setting(0.15, low=0, low_open=True, high=1, high_open=True)
+    mixed_precision: str = setting("fp16", choices=("no", "fp16", "bf16"))
     """``no``, ``fp16`` or ``bf16`` (passed to accelerate; ignored on CPU)."""
-    max_corpus_lines: int | None = None
+    max_corpus_lines: int | None = setting(None, low=1)
     """Read at most this many training lines of each corpus (None: all)."""
-    heldout_fraction: float = 0.05
+    heldout_fraction: float = setting(0.05, low=0, low_open=True, high=1, high_open=True)
     """Share of each corpus's lines (its first lines, as the reference's validation split) kept out of training."""
-    heldout_chunks: int = 256
+    heldout_chunks: int = setting(256, low=1)
     """Held-out chunks per corpus on which the MLM-loss matrix is measured."""
-    probe_chunks: int = 10000
+    heldout_mask_draws: int = setting(1, low=1, high=64)
+    """Independent mask draws of every held-out chunk (each a fixed, seeded draw): more masked tokens per chunk,
+    so a smaller evaluation-sample error at the cost of one forward pass per chunk and draw."""
+    feature_chunks: int | None = setting(None, low=1)
+    """Held-out chunks per set (the first ones) whose mean-pooled features measure representation drift (None: all
+    ``heldout_chunks``): CKA needs fewer inputs than the loss's evaluation-sample error does."""
+    probe_chunks: int = setting(10000, low=1)
     """Size of the fixed probe subset (first chunks of the training set) handed to methods."""
-    probe_batch_size: int = 100
-    log_every: int = 50
-    loader_workers: int = 0
+    probe_batch_size: int = setting(100, low=1)
+    log_every: int = setting(50, low=1)
+    loader_workers: int = setting(0, low=0, high=64)
     """DataLoader workers masking training micro-batches ahead of use; not in the run id (changes no number)."""
 
     def __post_init__(self):
-        _check_ranges(
-            "dap",
-            self,
-            positive=(
-                "steps",
-                "batch_size",
-                "per_device_batch_size",
-                "seq_len",
-                "heldout_chunks",
-                "probe_chunks",
-                "probe_batch_size",
-                "log_every",
-                "lr",
-                "adam_eps",
-            ),
-            non_negative=("warmup_ratio", "weight_decay", "loader_workers"),
-            open_unit=("mlm_probability", "heldout_fraction"),
-        )
-        _check_choice("dap.mixed_precision", self.mixed_precision, ("no", "fp16", "bf16"))
-        if self.warmup_ratio >= 1:
-            raise DapbenchError(
-                f"dap.warmup_ratio={self.warmup_ratio} leaves no update after warm-up", "use 0 <= warmup_ratio < 1"
-            )
-        if self.max_corpus_lines is not None and self.max_corpus_lines < 1:
-            raise DapbenchError(f"dap.max_corpus_lines={self.max_corpus_lines} must be >= 1", "or null for all lines")
+        check_settings("dap", self)
 
 
 FINETUNE_PROTOCOLS = ("finetune", "linear_probe")
@@ -93,124 +82,134 @@ FINETUNE_PROTOCOLS = ("finetune", "linear_probe")
 class FinetuneConfig:
     """End-task evaluation of one checkpoint on one end task: fine-tuning (the paper) or a linear probe."""
 
-    protocol: str = "finetune"
+    protocol: str = setting("finetune", choices=FINETUNE_PROTOCOLS)
     """``finetune``: train the whole classifier (the paper's protocol). ``linear_probe``: freeze the method's
     fine-tuning model, mean-pool its last hidden states and fit a logistic regression (scikit-learn) on the
     training split: several times cheaper and seed-free, so it measures what DAP left in the representations
     on budgets where full fine-tuning of a small model stays at the majority class."""
-    probe_c: float = 1.0
+    probe_c: float = setting(1.0, low=0, low_open=True, high=1e6)
     """Inverse L2 strength of the probe's logistic regression (on standardised features)."""
-    lr: float = 3e-5
-    batch_size: int = 16
-    max_length: int = 164
-    weight_decay: float = 0.01
-    adam_eps: float = 1e-6
-    epochs: dict[str, float] = field(default_factory=lambda: dict(PAPER_FINETUNE_EPOCHS))
-    """Epochs per end task (paper defaults)."""
-    default_epochs: float = 3.0
+    lr: float = setting(3e-5, low=0, low_open=True, high=1)
+    batch_size: int = setting(16, low=1)
+    max_length: int = setting(164, low=2)
+    weight_decay: float = setting(0.01, low=0, high=1)
+    adam_eps: float = setting(1e-6, low=0, low_open=True, high=1)
+    epochs: dict[str, float] = setting(factory=lambda: dict(PAPER_FINETUNE_EPOCHS), low=0, low_open=True, high=1000,
+                                       keys="end task")  # fmt: skip
+    """Epochs per end task (paper defaults); keys are end-task names (checked against the run's tasks)."""
+    default_epochs: float = setting(3.0, low=0, low_open=True, high=1000)
     """Epochs of an end task that ``epochs`` does not name (custom suites)."""
-    epoch_scale: float = 1.0
+    epoch_scale: float = setting(1.0, low=0, low_open=True, high=1000)
     """Multiplies every entry of ``epochs`` (reduced budgets)."""
-    max_train_examples: int | None = None
+    max_train_examples: int | None = setting(None, low=1)
     """Subsample the training split to at most this many examples (fixed, seed-independent subset)."""
-    max_test_examples: int | None = None
+    max_test_examples: int | None = setting(None, low=1)
     """Subsample the test split to at most this many examples (fixed, seed-independent subset)."""
-    eval_batch_size: int = 64
+    eval_batch_size: int = setting(64, low=1)
     group_by_length: bool = False
     """Draw training batches of similar length (transformers' ``LengthGroupedSampler``: random megabatches,
     each sorted by length) instead of uniformly shuffled ones. The paper shuffles uniformly; grouping cuts
     padding about 40% on these end tasks, which reduced budgets use."""
-    seed_offset: int = 0
+    seed_offset: int = setting(0, low=0, high=1000)
     """Fine-tune seed = run seed + offset (the paper fine-tunes with seed 2021)."""
 
     def __post_init__(self):
-        _check_ranges(
-            "finetune",
-            self,
-            positive=(
-                "probe_c",
-                "lr",
-                "batch_size",
-                "max_length",
-                "adam_eps",
-                "default_epochs",
-                "epoch_scale",
-                "eval_batch_size",
-            ),
-            non_negative=("weight_decay",),
-            open_unit=(),
-        )
-        _check_choice("finetune.protocol", self.protocol, FINETUNE_PROTOCOLS)
-        for task, epochs in self.epochs.items():
-            if isinstance(epochs, bool) or not isinstance(epochs, int | float) or epochs <= 0:
-                raise DapbenchError(
-                    f"finetune.epochs.{task}={epochs!r} is not a positive number", f"write finetune.epochs.{task}=3"
-                )
-        for name in ("max_train_examples", "max_test_examples"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise DapbenchError(f"finetune.{name}={value!r} must be a positive integer", "or null for all examples")
+        check_settings("finetune", self)
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything one ``dapbench run`` needs; resolved from a profile plus overrides."""
+    """Everything one ``dapbench run`` needs; resolved from a profile plus overrides. It is the one serialisable
+    value passed between processes (:meth:`to_dict` / :meth:`from_dict`)."""
 
-    profile: str = "paper"
-    model: str = "roberta-base"
+    profile: str = setting("paper", checked_by="the profile table (benchmark.config.PROFILES)")
+    model: str = setting("roberta-base", checked_by="the input checks (benchmark.api.check_inputs)")
     """A hub id or a local directory with a masked LM and its tokenizer."""
-    data_root: str | None = None
+    data_root: str | None = setting(None, checked_by="the input checks")
     """Root of the paper's data release layout (or ``DAPBENCH_DATA``)."""
-    general_heldout: str | None = None
+    general_heldout: str | None = setting(None, checked_by="the input checks")
     """A general-domain text file whose MLM loss is tracked after every domain."""
-    general_corpus: str | None = None
+    general_corpus: str | None = setting(None, checked_by="the input checks")
     """General-domain training text for methods that use general data (DAS's general+MLM/KL variants)."""
-    sequence: str = "seq0"
+    sequence: str = setting("seq0", checked_by="the task suite")
     """A named sequence (``seq0``..``seq4``) or a comma-separated list of domains."""
-    methods: tuple[str, ...] = ("none", "ncl", "one")
-    seeds: tuple[int, ...] = (2021,)
-    matrix: str = "full"
+    methods: tuple[str, ...] = setting(("none", "ncl", "one"), checked_by="the method registry")
+    seeds: tuple[int, ...] = setting((2021,), low=0, high=SEED_LIMIT)
+    matrix: str = setting("full", choices=("full", "final"))
     """``full``: the lower triangle A[t][k], k <= t; ``final``: the diagonal plus the last row."""
-    output_dir: str = "."
-    work_dir: str = ".dapbench"
+    output_dir: str = setting(".", checked_by="the output checks")
+    work_dir: str = setting(".dapbench", checked_by="the output checks")
     """Checkpoints and caches (outside ``results/``)."""
     keep_checkpoints: bool = False
     """Keep every domain's checkpoint (default: only the latest, which resuming needs)."""
-    device: str = "auto"
+    device: str = setting("auto", choices=("auto", "cpu"))
     """``auto`` (accelerate's choice) or ``cpu``."""
     dap: DapConfig = field(default_factory=DapConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per-method config overrides, e.g. ``{"das": {"contrast_lambda": 0.5}}``."""
+    """Per-method config overrides, e.g. ``{"das": {"contrast_lambda": 0.5}}`` (checked by each method's config)."""
+
+    def __post_init__(self):
+        check_settings("", self)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dictionary of every field."""
         return dataclasses.asdict(self)
 
-
-def _check_ranges(section: str, config: Any, positive: tuple, non_negative: tuple, open_unit: tuple) -> None:
-    """Raise a named error for the first field of ``config`` outside its range (or of the wrong kind)."""
-    checks = [(name, "> 0", lambda v: v > 0) for name in positive]
-    checks += [(name, ">= 0", lambda v: v >= 0) for name in non_negative]
-    checks += [(name, "strictly between 0 and 1", lambda v: 0 < v < 1) for name in open_unit]
-    for name, wanted, ok in checks:
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+        """The configuration :meth:`to_dict` wrote (or a record's ``config``); fields it lacks take their defaults
+        (a record made before a field existed ran with the default's behaviour), an unknown field is a named error."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
             raise DapbenchError(
-                f"{section}.{name}={value!r} is invalid: it must be a number {wanted}",
-                f"set {section}.{name} to a number {wanted}",
+                f"the configuration has fields this version of dapbench does not know: {', '.join(unknown)}",
+                "check out the commit that wrote it (a record's environment.git_commit) or update dapbench",
             )
+        sections = {"dap": DapConfig, "finetune": FinetuneConfig}
+        values = dict(data)
+        for name, section in sections.items():
+            if name in values:
+                values[name] = _section_from_dict(section, f"{name}", values[name])
+        return cls(**values)
 
 
-def _check_choice(key: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
-        raise DapbenchError(f"invalid {key}={value!r}", f"choose one of: {', '.join(map(str, allowed))}")
+def spelled_config(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A configuration dictionary (``to_dict`` form, or a record's ``config``) with every field in the one spelling of
+    its type (``1`` -> ``1.0`` for a float, lists for tuples) and missing fields at their defaults, without checking
+    ranges: a record of older code stays readable if a range is tightened later. Unknown fields stay as they are."""
+    from typing import get_type_hints
+
+    from benchmark.settings import coerce_value
+
+    out = RunConfig().to_dict()
+    sections = {"dap": DapConfig, "finetune": FinetuneConfig}
+    for key, value in data.items():
+        if key in sections and isinstance(value, Mapping):
+            hints = get_type_hints(sections[key])
+            out[key] = {**out[key], **{k: coerce_value(f"{key}.{k}", hints[k], v) if k in hints else v
+                                        for k, v in value.items()}}  # fmt: skip
+        elif key in (hints := get_type_hints(RunConfig)) and key not in sections:
+            out[key] = coerce_value(key, hints[key], value)
+        else:
+            out[key] = value
+    return json.loads(json.dumps(out))  # tuples as lists: one spelling for hashing
 
 
-def coerce_field(owner: type, name: str, value: Any) -> Any:
-    """Check ``value`` against the annotated type of ``owner.name`` (a dataclass field) and convert lists to
-    tuples; a value of the wrong type is a named error."""
-    return _coerce(owner, name, value)
+def _section_from_dict(section: type, name: str, data: Any):
+    if isinstance(data, section):
+        return data
+    if not isinstance(data, Mapping):
+        raise DapbenchError(f"config section {name} is not a map: {data!r}", "write it as a JSON object")
+    known = {f.name for f in dataclasses.fields(section)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise DapbenchError(
+            f"config section {name} has fields this version of dapbench does not know: {', '.join(unknown)}",
+            "check out the commit that wrote it (a record's environment.git_commit) or update dapbench",
+        )
+    return section(**data)
 
 
 def _mini() -> RunConfig:
@@ -240,7 +239,8 @@ def _mini() -> RunConfig:
             lr=1e-4,
             mixed_precision="no",
             max_corpus_lines=1500,
-            heldout_chunks=32,
+            heldout_chunks=512,
+            feature_chunks=32,
             probe_chunks=64,
             probe_batch_size=16,
             log_every=12,
@@ -278,6 +278,7 @@ def _ci() -> RunConfig:
             lr=1e-4,
             max_corpus_lines=400,
             heldout_chunks=16,
+            feature_chunks=None,
             probe_chunks=16,
             probe_batch_size=8,
             log_every=5,
@@ -414,27 +415,4 @@ def _set_path(obj: Any, path: list[str], value: Any) -> Any:
     current = getattr(obj, head)
     if rest:
         return dataclasses.replace(obj, **{head: _set_path(current, rest, value)})
-    return dataclasses.replace(obj, **{head: _coerce(type(obj), head, value)})
-
-
-def _coerce(owner: type, name: str, value: Any) -> Any:
-    """Check ``value`` against the annotated type of ``owner.name`` and convert lists to tuples."""
-    hint = get_type_hints(owner)[name]
-    text = str(hint)
-    if "tuple" in text:
-        items = value if isinstance(value, list) else str(value).split(",")
-        caster = int if "int" in text else str
-        return tuple(caster(v) for v in items)
-    if value is None and "None" in text:
-        return None
-    for kind in (bool, int, float, str):
-        if hint is kind or text.startswith(kind.__name__):
-            if kind is float and isinstance(value, int) and not isinstance(value, bool):
-                return float(value)
-            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise DapbenchError(
-                    f"config key {name!r} expects {kind.__name__}, got {value!r}",
-                    f"write {name}=<{kind.__name__}>",
-                )
-            return value
-    return value
+    return dataclasses.replace(obj, **{head: value})  # the dataclass coerces and checks it (benchmark.settings)

@@ -363,6 +363,34 @@ def fixed_mlm_batches(dataset, tokenizer, n_chunks: int, batch_size: int, mlm_pr
     return [collator([dataset[i] for i in range(s, min(s + batch_size, n))]) for s in range(0, n, batch_size)]
 
 
+def heldout_mlm_batches(
+    dataset, tokenizer, n_chunks: int, batch_size: int, mlm_probability: float, draws: int = 1
+) -> list[dict[str, torch.Tensor]]:
+    """The fixed held-out evaluation of a corpus: its first ``n_chunks`` chunks masked ``draws`` times, draw d by a
+    generator seeded with d alone (draw 0 is the evaluation of earlier versions, bit for bit), one draw after the
+    other; every batch names the chunks its rows are (``chunk_index``), so losses can be summed per chunk."""
+    out = []
+    for draw in range(draws):
+        batches = fixed_mlm_batches(dataset, tokenizer, n_chunks, batch_size, mlm_probability, seed=draw)
+        start = 0
+        for batch in batches:
+            rows = batch["input_ids"].shape[0]
+            out.append({**batch, "chunk_index": torch.arange(start, start + rows)})
+            start += rows
+    return out
+
+
+def chunk_token_counts(batches: list[dict[str, torch.Tensor]]) -> list[int]:
+    """Masked tokens per chunk over all of ``batches`` (``heldout_mlm_batches``), in chunk order."""
+    counts: dict[int, int] = {}
+    for batch in batches:
+        rows = batch["mlm_positions"] // batch["input_ids"].shape[1]
+        per_row = torch.bincount(rows, minlength=batch["input_ids"].shape[0]).tolist()
+        for chunk, n in zip(batch["chunk_index"].tolist(), per_row, strict=True):
+            counts[chunk] = counts.get(chunk, 0) + n
+    return [counts[c] for c in sorted(counts)]
+
+
 def batches_checksum(batches: list[dict[str, torch.Tensor]]) -> str:
     """A hash of what an evaluation reads from its batches (inputs, selected positions, targets), so two
     records can show that they were measured on bit-identical held-out batches."""

@@ -9,13 +9,15 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from benchmark.errors import NonFiniteError
 from benchmark.metrics import anisotropy, linear_cka, mean_cosine
-from benchmark.modeling import encoder_of, mean_pool, mlm_loss
+from benchmark.modeling import encoder_of, mean_pool, mlm_forward
 
 Batches = Mapping[str, list[dict[str, torch.Tensor]]]
 View = Callable[[str], contextlib.AbstractContextManager]
@@ -41,30 +43,79 @@ class DeviceBatches:
         return len(self.batches)
 
 
+@dataclass
+class HeldoutLosses:
+    """Held-out MLM losses of one model: per set the mean loss per masked token (5 decimals), and per set and
+    held-out chunk the summed loss of the chunk's masked tokens over every mask draw (4 decimals), from which the
+    report bootstraps over chunks (the evaluation sample's own error)."""
+
+    losses: dict[str, float]
+    chunk_sums: dict[str, list[float]]
+
+
 @torch.no_grad()
-def heldout_losses(model, heldout: Batches, device, view: View = _as_is, processes=None) -> dict[str, float]:
-    """Mean MLM loss per masked token of ``model`` on every held-out set (5 decimals).
+def heldout_evaluation(model, heldout: Batches, device, view: View = _as_is, processes=None) -> HeldoutLosses:
+    """Mean MLM loss per masked token of ``model`` on every held-out set, and its per-chunk sums.
 
     With several ``processes`` (accelerate's state) each evaluates every N-th batch and the sums are reduced,
-    so every process returns the loss of the whole set."""
+    so every process returns the numbers of the whole set."""
     with _eval_mode(model):
-        out = {}
+        losses, chunks = {}, {}
         for name, batches in heldout.items():
-            total, count = 0.0, 0
+            total, count, sums = 0.0, 0, {}
             with view(name):
                 for batch in DeviceBatches(_share(batches, processes), device):
+                    loss, token_losses = _batch_losses(model, batch)
                     n = int(batch["mlm_targets"].numel())
-                    total += float(mlm_loss(model, batch)) * n
+                    total += float(loss) * n  # as before per-chunk sums existed: the set's loss keeps its digits
                     count += n
+                    _add_chunk_sums(sums, batch, token_losses)
             if _several(processes):
                 total, count = _summed(processes, total, count, device)
+                sums = _merged(processes, sums)
             if not math.isfinite(total):
                 raise NonFiniteError(
                     f"the held-out MLM loss on {name!r} is not finite",
                     "the model holds NaN or infinite weights: lower dap.lr or check the method",
                 )
-            out[name] = round(total / count, 5)
-    return out
+            losses[name] = round(total / count, 5)
+            chunks[name] = [round(sums[c], 4) for c in sorted(sums)]
+    return HeldoutLosses(losses, chunks)
+
+
+def heldout_losses(model, heldout: Batches, device, view: View = _as_is, processes=None) -> dict[str, float]:
+    """Mean MLM loss per masked token of ``model`` on every held-out set (5 decimals)."""
+    return heldout_evaluation(model, heldout, device, view, processes).losses
+
+
+def _batch_losses(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's mean MLM loss (the training loss's computation) and the loss of every masked token."""
+    loss, _, logits = mlm_forward(model, batch)
+    token_losses = F.cross_entropy(logits.float(), batch["mlm_targets"], reduction="none")
+    return loss, token_losses
+
+
+def _add_chunk_sums(sums: dict[int, float], batch, token_losses: torch.Tensor) -> None:
+    """Add each masked token's loss to its held-out chunk's sum. ``batch["chunk_index"]`` names the rows' chunks
+    (:func:`benchmark.data.heldout_mlm_batches`); batches without it count as new chunks, one per row."""
+    size = batch["input_ids"].shape[0]
+    rows = batch["mlm_positions"] // batch["input_ids"].shape[1]
+    per_row = torch.zeros(size, dtype=torch.float64, device=token_losses.device)
+    per_row.index_add_(0, rows, token_losses.double())
+    chunks = batch["chunk_index"].tolist() if "chunk_index" in batch else range(len(sums), len(sums) + size)
+    for chunk, value in zip(chunks, per_row.tolist(), strict=True):
+        sums[chunk] = sums.get(chunk, 0.0) + value
+
+
+def _merged(processes, sums: dict[int, float]) -> dict[int, float]:
+    """Every process's per-chunk sums, added (a chunk's draws may sit in batches of different processes)."""
+    from accelerate.utils import gather_object
+
+    merged: dict[int, float] = {}
+    for part in gather_object([sums]):
+        for chunk, value in part.items():
+            merged[chunk] = merged.get(chunk, 0.0) + value
+    return merged
 
 
 @torch.no_grad()

@@ -98,6 +98,7 @@ def finetune_and_evaluate(
     accelerator.free_memory()
     return {
         **scores,
+        "predictions": predictions,
         "n_train": len(task.train),
         "n_test": len(task.test),
         "epochs": epochs,
@@ -197,6 +198,7 @@ def probe_and_evaluate(model: nn.Module, task: EncodedTask, tokenizer, cfg: Fine
     scores = classification_scores(task.test_labels, predictions, task.num_labels)
     return {
         **scores,
+        "predictions": [int(p) for p in predictions],
         "n_train": len(task.train),
         "n_test": len(task.test),
         "protocol": "linear_probe",

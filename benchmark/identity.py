@@ -18,7 +18,9 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from benchmark.config import RunConfig
 from benchmark.errors import DapbenchError
@@ -33,8 +35,8 @@ micro-batch (:mod:`benchmark.sampling`), the same for any number of processes.""
 LOCATION_FIELDS = ("output_dir", "work_dir", "keep_checkpoints", "methods", "seeds", "device", "profile")
 """Config fields that say where or what to run, not what a run computes."""
 
-NUMERICS_NEUTRAL_DAP_FIELDS = ("loader_workers",)
-"""``dap`` fields that change how fast a run goes, not what it computes."""
+NUMERICS_NEUTRAL_FIELDS = {"dap": ("loader_workers",)}
+"""Fields of each section that change how fast a run goes, not what it computes (tested to change no number)."""
 
 INPUT_PATH_FIELDS = ("model", "data_root", "general_heldout", "general_corpus")
 """Config fields that locate inputs: their contents enter the identity (as checksums), their paths do not."""
@@ -109,40 +111,129 @@ def _model_directory(name_or_path: str) -> Path:
         ) from exc
 
 
-def identity_payload(
-    config: RunConfig, method: str, domains: tuple[str, ...], inputs: Mapping[str, str], method_version: int = 1
-) -> dict:
-    """Everything the run id of ``method`` in ``config`` hashes (see the module docstring)."""
-    resolved = config.to_dict()
-    for key in (*LOCATION_FIELDS, *INPUT_PATH_FIELDS, "sequence"):
-        resolved.pop(key)
-    for key in NUMERICS_NEUTRAL_DAP_FIELDS:
-        resolved["dap"].pop(key)
-    resolved["method_options"] = dict(config.method_options.get(method, {}))
-    return {
-        "config": resolved,
-        "domains": list(domains),
-        "method": method,
-        "code": {"results_version": RESULTS_VERSION, "method_version": method_version},
-        "inputs": dict(sorted(inputs.items())),
-    }
+def canonical_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What of a resolved configuration (``RunConfig.to_dict()``, or a record's ``config``) determines a run's
+    numbers, in one spelling: without locations, inputs (their checksums stand for them), the sequence (the domain
+    order stands for it), method options (each method's canonical options stand for its own) and fields that change
+    only speed; and without any field equal to its default. So a field added later at a default that keeps the
+    earlier behaviour changes no run id and no leaderboard group, while any other value enters both."""
+    from benchmark.config import spelled_config
+
+    data = spelled_config(config)  # one spelling of every value, missing fields at their defaults
+    dropped = (*LOCATION_FIELDS, *INPUT_PATH_FIELDS, "sequence", "method_options")
+    out = {key: value for key, value in data.items() if key not in dropped}
+    for section in ("dap", "finetune"):
+        out[section] = {k: v for k, v in out[section].items() if k not in NUMERICS_NEUTRAL_FIELDS.get(section, ())}
+    return _without_defaults(out, spelled_config({}))
 
 
-def run_id(
-    config: RunConfig,
-    method: str,
-    seed: int,
-    domains: tuple[str, ...],
-    inputs: Mapping[str, str],
-    method_version: int = 1,
-) -> str:
-    """``<method>-<sequence>-seed<seed>-<hash>``: the name of a run's record and of its work directory.
+def _without_defaults(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in values.items():
+        default = defaults.get(key, _NO_DEFAULT)
+        if isinstance(value, dict) and isinstance(default, dict) and key in SECTIONS:
+            nested = _without_defaults(value, default)
+            if nested:
+                out[key] = nested
+        elif value != default:
+            out[key] = value
+    return out
 
-    The number of processes is not in it: N processes draw the training stream one process draws
-    (:mod:`benchmark.sampling`), so they compute the same run up to the order of floating-point sums."""
-    payload = identity_payload(config, method, domains, inputs, method_version)
-    digest = hashlib.sha256(json.dumps({**payload, "seed": seed}, sort_keys=True).encode()).hexdigest()[:10]
-    return f"{method}-{sequence_tag(config.sequence, domains)}-seed{seed}-{digest}"
+
+_NO_DEFAULT = object()
+SECTIONS = ("dap", "finetune")
+"""Nested configuration sections, whose fields are compared with their defaults one by one."""
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What a run id hashes (see the module docstring), and the leaderboard group it belongs to."""
+
+    config: dict[str, Any]
+    """:func:`canonical_config` of the run's configuration."""
+    domains: tuple[str, ...]
+    inputs: dict[str, str]
+    """Content checksums of every input (``RunData.checksums``, a record's ``data_checksums``)."""
+    method: str
+    method_options: dict[str, Any]
+    """The method's canonical options (:meth:`~benchmark.method.MethodConfig.canonical_options`)."""
+    method_version: int = 1
+    results_version: int = RESULTS_VERSION
+    processes: int | None = None
+    """The process count, only where the method's options make the numbers depend on it."""
+
+    def payload(self) -> dict[str, Any]:
+        """Everything the run id hashes, except the seed."""
+        out = {
+            **self.group_payload(),
+            "method": self.method,
+            "method_options": self.method_options,
+            "code": {"results_version": self.results_version, "method_version": self.method_version},
+        }
+        out.pop("results_version")
+        if self.processes is not None:
+            out["processes"] = self.processes
+        return out
+
+    def group_payload(self) -> dict[str, Any]:
+        """What the records of one leaderboard group share: everything but the method, its options and the seed."""
+        return {
+            "config": self.config,
+            "domains": list(self.domains),
+            "inputs": dict(sorted(self.inputs.items())),
+            "results_version": self.results_version,
+        }
+
+    def group_id(self) -> str:
+        """A short hash of :meth:`group_payload`."""
+        return _digest(self.group_payload())[:10]
+
+    def run_id(self, seed: int, sequence: str) -> str:
+        """``<method>-<sequence tag>-seed<seed>-<hash>``: the name of the run's record and work directory."""
+        digest = _digest({**self.payload(), "seed": seed})[:10]
+        return f"{self.method}-{sequence_tag(sequence, self.domains)}-seed{seed}-{digest}"
+
+
+def _digest(payload: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def run_identity(
+    config: RunConfig, method_cls, domains: tuple[str, ...], inputs: Mapping[str, str], processes: int = 1
+) -> RunIdentity:
+    """The identity of ``method_cls`` run in ``config`` on ``domains`` with inputs of checksums ``inputs``.
+
+    The number of processes is left out unless the method's options make the numbers depend on it: N processes
+    draw the training stream one process draws (:mod:`benchmark.sampling`), so they compute the same run up to
+    the order of floating-point sums."""
+    options = method_cls.config_cls.from_options(config.method_options.get(method_cls.name, {}), method_cls.name)
+    return RunIdentity(
+        config=canonical_config(config.to_dict()),
+        domains=tuple(domains),
+        inputs=dict(inputs),
+        method=method_cls.name,
+        method_options=options.canonical_options(),
+        method_version=method_cls.version,
+        processes=processes if options.numerics_depend_on_processes() else None,
+    )
+
+
+def record_identity(record: Mapping[str, Any]) -> RunIdentity | None:
+    """The identity a record of schema 3 or later was made under, rebuilt from its own fields (None for older
+    records, whose ids hashed another payload)."""
+    identity = record.get("identity") or {}
+    if "method_options" not in identity:
+        return None
+    return RunIdentity(
+        config=canonical_config(record["config"]),
+        domains=tuple(record["sequence"]),
+        inputs=dict(record["data_checksums"]),
+        method=record["method"],
+        method_options=identity["method_options"],
+        method_version=identity["method_version"],
+        results_version=identity["results_version"],
+        processes=identity.get("processes"),
+    )
 
 
 def sequence_tag(sequence: str, domains: tuple[str, ...]) -> str:

@@ -15,7 +15,8 @@ from benchmark.data import (
     Corpus,
     TaskSuite,
     batches_checksum,
-    fixed_mlm_batches,
+    chunk_token_counts,
+    heldout_mlm_batches,
     load_corpus,
     load_heldout_text,
     load_suite,
@@ -39,9 +40,14 @@ class RunData:
     tokenizer: Any
     corpora: dict[str, Corpus]
     heldout_batches: dict[str, list[dict]]
-    """Fixed-mask held-out MLM batches per domain corpus (and ``general`` when given)."""
+    """Fixed-mask held-out MLM batches per domain corpus (and ``general`` when given): every mask draw of the
+    held-out chunks in turn, each batch naming its rows' chunks (``chunk_index``)."""
     tasks: dict[str, EncodedTask]
     checksums: dict[str, str] = field(default_factory=dict)
+    heldout_draws: int = 1
+    """Mask draws per held-out chunk (``dap.heldout_mask_draws``)."""
+    feature_chunks: int | None = None
+    """Held-out chunks per set whose features measure representation drift (``dap.feature_chunks``; None: all)."""
 
     def training_set(self, domain_indices: list[int]) -> Dataset:
         """The training chunks of the given domains (one domain, or the union for joint training)."""
@@ -51,6 +57,20 @@ class RunData:
     def heldout_checksums(self) -> dict[str, str]:
         """Per held-out set, a hash of its masked batches: equal hashes mean bit-identical evaluations."""
         return {name: batches_checksum(batches) for name, batches in self.heldout_batches.items()}
+
+    def feature_batches(self) -> dict[str, list[dict]]:
+        """Per held-out set, the batches whose unmasked inputs measure representation drift: the first draw's (every
+        chunk once; the unmasked input is the same in every draw), cut to ``dap.feature_chunks`` chunks."""
+        limit = self.feature_chunks
+        out = {}
+        for name, batches in self.heldout_batches.items():
+            first = batches[: len(batches) // self.heldout_draws]
+            out[name] = [b for b in first if limit is None or int(b["chunk_index"][0]) < limit]
+        return out
+
+    def heldout_chunk_counts(self) -> dict[str, list[int]]:
+        """Per held-out set and chunk, its masked tokens summed over the draws (the same for every model)."""
+        return {name: chunk_token_counts(batches) for name, batches in self.heldout_batches.items()}
 
 
 def prepare_data(config: RunConfig) -> RunData:
@@ -86,7 +106,9 @@ def prepare_data(config: RunConfig) -> RunData:
         )
         heldout[GENERAL] = _heldout_batches(general, tokenizer, dap)
     checksums.update(_file_checksums(config))
-    return RunData(suite, domains, tokenizer, corpora, heldout, tasks, checksums)
+    return RunData(
+        suite, domains, tokenizer, corpora, heldout, tasks, checksums, dap.heldout_mask_draws, dap.feature_chunks
+    )
 
 
 def _file_checksums(config: RunConfig) -> dict[str, str]:
@@ -107,4 +129,6 @@ def _file_checksums(config: RunConfig) -> dict[str, str]:
 def _heldout_batches(dataset, tokenizer, dap: DapConfig) -> list[dict]:
     if len(dataset) == 0:
         raise DapbenchError("a held-out corpus slice yields no full chunk", "lower dap.seq_len or use more text")
-    return fixed_mlm_batches(dataset, tokenizer, dap.heldout_chunks, dap.per_device_batch_size, dap.mlm_probability)
+    return heldout_mlm_batches(
+        dataset, tokenizer, dap.heldout_chunks, dap.per_device_batch_size, dap.mlm_probability, dap.heldout_mask_draws
+    )

@@ -17,30 +17,52 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from benchmark.errors import DapbenchError
-
 
 @dataclass(frozen=True)
 class MethodConfig:
-    """Base class of every method's typed configuration (a frozen dataclass)."""
+    """Base class of every method's typed configuration (a frozen dataclass whose fields are declared with
+    :func:`benchmark.settings.setting`: type and range where they are defined)."""
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> MethodConfig:
-        """Build the config from user options, rejecting unknown keys with the list of valid ones."""
-        import difflib
+    def from_options(cls, options: Mapping[str, Any], section: str | None = None) -> MethodConfig:
+        """Build the config from user options (``--set <section>.<option>=value``), rejecting unknown keys with the
+        list of valid ones and values outside their declared range."""
+        from benchmark.errors import error_context
+        from benchmark.settings import check_known_keys
 
-        from benchmark.config import coerce_field
+        section = section or cls.section()
+        check_known_keys(section, options, [f.name for f in dataclasses.fields(cls)], "option")
+        with error_context(f"--set {section}.…"):
+            return cls(**options)
 
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - names)
-        if unknown:
-            close = difflib.get_close_matches(unknown[0], names, n=2)
-            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
-            raise DapbenchError(
-                f"unknown option(s) {unknown} for {cls.__name__}{hint}",
-                f"valid options: {', '.join(sorted(names)) or '(none)'}",
-            )
-        return cls(**{name: coerce_field(cls, name, value) for name, value in options.items()})
+    @classmethod
+    def section(cls) -> str:
+        """How errors name these options: the class name without ``Config``, lower case (``das``, ``adapter``)."""
+        return cls.__name__.removesuffix("Config").lower()
+
+    def __post_init__(self):
+        from benchmark.settings import check_settings
+
+        check_settings(self.section(), self)  # coerces every declared field and checks it against its range
+
+    def canonical_options(self) -> dict[str, Any]:
+        """The options that determine the method's numbers, in one spelling: a value equal to its default is left
+        out, lists are JSON lists. Two configs that compute the same thing give the same dict (the run id hashes
+        it); a method whose options have several spellings of one behaviour (DAS's presets) overrides this."""
+        return {
+            f.name: _plain(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != _default_of(f)
+        }
+
+    def numerics_depend_on_processes(self) -> bool:
+        """Whether these options make the numbers depend on the number of processes (then the run id names it)."""
+        return False
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready spelling of an option value (tuples as lists)."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 @dataclass(frozen=True)
@@ -164,12 +186,9 @@ class MethodDeclaration:
         self.env = env
 
     def variant(self) -> str:
-        """The options that differ from the defaults (``fidelity=reference``), to label records."""
-        return ",".join(
-            f"{f.name}={getattr(self.config, f.name)}"
-            for f in dataclasses.fields(self.config)
-            if getattr(self.config, f.name) != _default_of(f)
-        )
+        """The options that differ from the defaults (``fidelity=reference``), to label records: the canonical
+        options (:meth:`MethodConfig.canonical_options`), so one behaviour has one label."""
+        return ",".join(f"{k}={_label_value(v)}" for k, v in self.config.canonical_options().items())
 
     def label(self) -> str:
         """Name plus non-default options, e.g. ``das[fidelity=reference]``: one leaderboard row each."""
@@ -241,6 +260,11 @@ class ContinualMethod(MethodDeclaration):
         """Restore what :meth:`state_dict` returned."""
 
 
+def _label_value(value: Any) -> str:
+    """An option value as a label writes it: list items joined by ``+`` (a comma separates options)."""
+    return "+".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
 def _default_of(field: dataclasses.Field) -> Any:
     if field.default is not dataclasses.MISSING:
         return field.default
@@ -251,4 +275,4 @@ def _default_of(field: dataclasses.Field) -> Any:
 
 def build_method(cls: type[ContinualMethod], options: Mapping[str, Any], env: RunEnv) -> ContinualMethod:
     """Instantiate a method class with its typed config built from ``options``."""
-    return cls(cls.config_cls.from_options(options), env=env)
+    return cls(cls.config_cls.from_options(options, section=cls.name), env=env)

@@ -12,6 +12,14 @@ Schema history:
   ``data_checksums`` also covers the base model's files and the general training corpus;
   ``finetune.protocol``, ``mlm_loss.metrics``, ``representation`` and ``majority_class`` are always present
   (the last two None in records migrated from schema 1 that lack them).
+- 3: the run id hashes the canonical identity (``benchmark.identity.RunIdentity``): ``identity`` also holds the
+  method's canonical options (and the process count where it matters), so the id can be re-derived from the record
+  itself; ``mlm_loss.chunks`` holds every held-out chunk's summed loss (and masked-token count), from which the
+  report bootstraps over the evaluation sample; ``comparison_role``, ``leaderboard_note`` and ``model_kind`` carry
+  what the report says about the method, so records render the same whatever plugins are installed;
+  ``predictions`` and ``test_labels`` hold every end-task test prediction (the end-task evaluation sample).
+  Records of schema 2 migrate with ``chunks``, ``predictions`` and ``test_labels`` None (no evaluation-sample
+  error known) and the rest from their fields.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from benchmark.config import shared_root
 from benchmark.errors import DapbenchError
 from benchmark.io import read_json, safe_name
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class LossMetrics(TypedDict):
@@ -41,6 +49,15 @@ class LossMetrics(TypedDict):
     """L[T-1][general] - base[general]."""
 
 
+class ChunkLosses(TypedDict):
+    """Per held-out set and chunk: the summed loss of the chunk's masked tokens over every mask draw (nats), and
+    the masked-token count (the same for every model): the evaluation sample the report bootstraps over."""
+
+    counts: dict[str, list[int]]
+    base: dict[str, list[float]]
+    after_domain: list[dict[str, list[float]] | None]
+
+
 class MlmLossBlock(TypedDict):
     """Held-out MLM losses, nats per masked token, on fixed masked batches (identical for every method)."""
 
@@ -53,6 +70,8 @@ class MlmLossBlock(TypedDict):
     batch_checksums: dict[str, str]
     """Per held-out set, a hash of its masked batches: equal hashes mean bit-identical evaluations."""
     metrics: LossMetrics
+    chunks: ChunkLosses | None
+    """Per-chunk sums (schema 3); None in migrated records made before they were kept."""
 
 
 class Timing(TypedDict):
@@ -73,8 +92,19 @@ class Timing(TypedDict):
     """``cuda_max_allocated`` or ``cpu_peak_rss_per_domain``."""
 
 
+class RunIdentityBlock(TypedDict, total=False):
+    """The code and options a run id hashed besides the record's config, sequence and checksums."""
+
+    results_version: int
+    method_version: int
+    method_options: dict[str, Any]
+    """The method's canonical options (default values left out)."""
+    processes: int
+    """Present only where the method's options make the numbers depend on the process count."""
+
+
 class RunRecord(TypedDict):
-    """One method x seed run (schema 2). Scores are fractions in [0, 1]; losses are nats."""
+    """One method x seed run (schema 3). Scores are fractions in [0, 1]; losses are nats."""
 
     schema: int
     run_id: str
@@ -86,6 +116,12 @@ class RunRecord(TypedDict):
     """The method name plus its non-default options, e.g. ``das[mask_target=update]``: one leaderboard row."""
     method_config: dict[str, Any]
     capabilities: dict[str, bool]
+    comparison_role: str | None
+    """``naive_continual`` or ``no_dap`` for the leaderboard's reference methods (their default options only)."""
+    leaderboard_note: str
+    """What the method says its numbers mean (printed once per method by the leaderboard's reading)."""
+    model_kind: str
+    """``masked``: a masked LM, its held-out loss the MLM loss at the masked positions."""
     seed: int
     profile: str
     sequence: list[str]
@@ -93,12 +129,17 @@ class RunRecord(TypedDict):
     config: dict[str, Any]
     """The resolved ``RunConfig`` with portable input paths and no output locations."""
     config_fingerprint: str
-    identity: dict[str, int] | None
-    """The numerics versions the run id hashed (``results_version``, ``method_version``)."""
+    identity: RunIdentityBlock | None
+    """What the run id hashed besides config, sequence and checksums; None for migrated schema-1 records."""
     matrices: dict[str, list[list[float | None]]]
     """``acc``, ``macro_f1``, ``micro_f1``: A[t][k] after domain t on end task k (None: not computed)."""
     summary: dict[str, dict[str, float | None] | None]
     """Per score: ``final``, ``forgetting``, ``bwt`` (``benchmark.metrics.summarize_matrix``)."""
+    predictions: dict[str, list[int]] | None
+    """Per computed cell ``t/k``: the predicted label of every test example of end task k (schema 3; None before)."""
+    test_labels: dict[str, dict[str, Any]] | None
+    """Per end task: its number of ``classes`` and the test examples' ``labels`` in the order of ``predictions``
+    (schema 3; None before)."""
     majority_class: dict[str, float] | None
     """What always predicting each task's most frequent test label scores (mean ``acc`` and ``macro_f1`` over
     end tasks); None for the schema-1 records made before it was recorded."""
@@ -184,6 +225,8 @@ def migrate_record(record: dict[str, Any], source: str) -> dict[str, Any]:
         )
     if version == 1:
         record = _from_schema_1(record)
+    if record["schema"] == 2:
+        record = _from_schema_2(record)
     return record
 
 
@@ -200,16 +243,46 @@ def _from_schema_1(record: dict[str, Any]) -> dict[str, Any]:
     record.setdefault("majority_class", None)
     record["mlm_loss"] = {**record["mlm_loss"], "metrics": record_loss_metrics(record)}
     record["mlm_loss"].setdefault("batch_checksums", {})
-    record["schema"] = SCHEMA_VERSION
+    record["schema"] = 2
+    return record
+
+
+def _from_schema_2(record: dict[str, Any]) -> dict[str, Any]:
+    """Schema 2 -> 3: no per-chunk losses (the evaluation sample's error is unknown for it); the method's
+    comparison role and note from the installed plugin where the record's label is the method at its defaults."""
+    record = {**record, "schema": SCHEMA_VERSION, "model_kind": "masked", "predictions": None, "test_labels": None}
+    record["mlm_loss"] = {**record["mlm_loss"], "chunks": None}
+    role, note = None, ""
+    try:
+        from benchmark.registry import default_registry
+
+        cls = default_registry().get(record["method"])
+        role = cls.comparison_role if record["method_label"] == record["method"] else None
+        note = cls.leaderboard_note
+    except DapbenchError:  # a plugin not installed here: the record keeps no role and no note
+        pass
+    record["comparison_role"], record["leaderboard_note"] = role, note
     return {key: record[key] for key in REQUIRED}
 
 
 def load_record(path: str | Path) -> RunRecord:
-    """Read, migrate and check one run record file."""
+    """Read, migrate and check one run record file: its schema, that its run id is its file name, method and seed
+    (and, for schema 3, the hash of its own identity fields), and that every derived number is what its raw
+    numbers give (:func:`benchmark.record_checks.check_record`)."""
+    from benchmark.record_checks import check_record
+
+    path = Path(path)
+    if path.is_symlink():
+        raise DapbenchError(
+            f"{path} is a symbolic link: records are read only as plain files inside the results folder",
+            "replace the link by a copy of the record, or remove it",
+        )
     data = read_json(path, "run record")
     if not isinstance(data, dict):
         raise DapbenchError(f"{path} is not a run record (not a JSON object)", "remove it from results/")
-    return validate_record(migrate_record(data, str(path)), str(path))
+    record = validate_record(migrate_record(data, str(path)), str(path))
+    check_record(record, path)
+    return record
 
 
 OTHER_REPORTS = ("bench",)
@@ -236,25 +309,27 @@ def load_records(results_dir: str | Path) -> list[RunRecord]:
 def build_record(
     *,
     run_id: str,
+    identity,
     method,
     seed: int,
     config,
     data,
     stage_stats: list[dict[str, Any] | None],
-    matrices: dict[str, list[list[float | None]]],
+    cells: tuple[dict[str, list[list[float | None]]], dict[str, list[int]]],
     base_losses: dict[str, float],
+    base_chunk_sums: dict[str, list[float]],
     base_anisotropy: dict[str, float],
     timing: Timing,
     environment: dict[str, Any],
 ) -> RunRecord:
-    """The record of a finished run. ``stage_stats[t]`` is domain t's progress file (None: no model at t)."""
+    """The record of a finished run. ``stage_stats[t]`` is domain t's progress file (None: no model at t);
+    ``cells`` the matrices A[t][k] per score and each cell's test predictions."""
     import dataclasses
 
-    from benchmark.identity import RESULTS_VERSION
-
-    caps = method.capabilities
+    caps, (matrices, predictions) = method.capabilities, cells
     after_domain = [None if s is None else s["mlm_loss"] for s in stage_stats]
-    present = [s for s in stage_stats if s is not None]
+    chunk_rows = [None if s is None else s["mlm_loss_chunks"] for s in stage_stats]
+    present = [{k: v for k, v in s.items() if k != "mlm_loss_chunks"} for s in stage_stats if s is not None]
     return {
         "schema": SCHEMA_VERSION,
         "run_id": run_id,
@@ -263,17 +338,22 @@ def build_record(
         "method_label": method.label(),
         "method_config": dataclasses.asdict(method.config),
         "capabilities": dataclasses.asdict(caps),
+        "comparison_role": None if method.variant() else method.comparison_role,
+        "leaderboard_note": method.leaderboard_note,
+        "model_kind": "masked",
         "seed": seed,
         "profile": config.profile,
         "sequence": list(data.domains),
         "end_tasks": [data.tasks[d].name for d in data.domains],
         "config": portable_config(config.to_dict()),
         "config_fingerprint": run_id.rsplit("-", 1)[-1],
-        "identity": {"results_version": RESULTS_VERSION, "method_version": method.version},
+        "identity": _identity_block(identity),
         "matrices": matrices,
         "summary": {metric: _summary(m, caps) for metric, m in matrices.items()},
+        "predictions": predictions,
+        "test_labels": _test_labels(data),
         "majority_class": _majority_class([data.tasks[d] for d in data.domains]),
-        "mlm_loss": _mlm_loss_block(data, base_losses, after_domain, caps),
+        "mlm_loss": _mlm_loss_block(data, base_losses, after_domain, caps, _chunks(data, base_chunk_sums, chunk_rows)),
         "representation": {
             # Drift of the held-out features from the base model's after every stage (None: no model).
             "base_anisotropy": base_anisotropy,
@@ -287,6 +367,40 @@ def build_record(
     }
 
 
+def _identity_block(identity) -> RunIdentityBlock:
+    """What the run id hashed besides the record's config, sequence and checksums."""
+    block: RunIdentityBlock = {
+        "results_version": identity.results_version,
+        "method_version": identity.method_version,
+        "method_options": identity.method_options,
+    }
+    if identity.processes is not None:
+        block["processes"] = identity.processes
+    return block
+
+
+def _test_labels(data) -> dict[str, dict[str, Any]]:
+    return {
+        data.tasks[d].name: {"classes": data.tasks[d].num_labels, "labels": list(data.tasks[d].test_labels)}
+        for d in data.domains
+    }
+
+
+def _chunks(data, base: dict[str, list[float]], rows: list[dict[str, list[float]] | None]) -> ChunkLosses:
+    return {"counts": data.heldout_chunk_counts(), "base": base, "after_domain": rows}
+
+
+def summary_of(matrix: list[list[float | None]], capabilities: dict[str, bool]) -> dict[str, float | None] | None:
+    """A record's ``summary`` block of one score's matrix, from its capabilities as the record stores them."""
+    from types import SimpleNamespace
+
+    caps = SimpleNamespace(
+        independent_per_domain=capabilities.get("independent_per_domain", False),
+        joint_training=capabilities.get("joint_training", False),
+    )
+    return _summary(matrix, caps)
+
+
 def _summary(matrix: list[list[float | None]], caps) -> dict[str, float | None] | None:
     """``summarize_matrix`` of one score's matrix, None when a cell it needs was not computed."""
     import numpy as np
@@ -298,21 +412,23 @@ def _summary(matrix: list[list[float | None]], caps) -> dict[str, float | None] 
     return summarize_matrix(np.asarray(matrix, dtype=float), caps.independent_per_domain, caps.joint_training)
 
 
-def _mlm_loss_block(data, base_losses: dict[str, float], after_domain: list, caps) -> MlmLossBlock:
+def _mlm_loss_block(data, base_losses: dict[str, float], after_domain: list, caps, chunks: ChunkLosses) -> MlmLossBlock:
     from benchmark.metrics import loss_metrics
 
+    metrics = loss_metrics(
+        base_losses,
+        after_domain,
+        data.domains,
+        independent_per_domain=caps.independent_per_domain,
+        final_row_only=caps.joint_training,
+    )
     return {
         "columns": list(data.heldout_batches),
         "base": base_losses,
         "after_domain": after_domain,
         "batch_checksums": data.heldout_checksums(),
-        "metrics": loss_metrics(
-            base_losses,
-            after_domain,
-            data.domains,
-            independent_per_domain=caps.independent_per_domain,
-            final_row_only=caps.joint_training,
-        ),
+        "metrics": metrics,
+        "chunks": chunks,
     }
 
 

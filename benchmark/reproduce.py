@@ -2,21 +2,26 @@
 
 ``dapbench reproduce RECORD`` rebuilds the record's configuration, checks that the data on this
 machine is the data the record was made from (checksums), runs the method and seed again in a fresh
-work directory and lists every reported number (summary, A[t][k] matrices, MLM-loss matrix) that
-differs by more than the tolerance. The CI key-number check uses the same comparison.
+work directory and lists every reported number that differs by more than its kind's tolerance. Every
+numeric field of a record is classified (:data:`KIND_RULES`): a result of some kind (scores, held-out losses and
+the metrics derived from them, per-chunk loss sums, representation drift, what a method reports about itself,
+training-loss logs, exact counts) or, with a stated reason, not a result (compute cost, settings); a field that
+no rule classifies fails ``tests/test_reproduce.py``, so a field added later is never left out of the
+comparison. The CI key-number check uses the same comparison.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmark.config import DapConfig, FinetuneConfig, RunConfig, profile_config
+from benchmark.config import RunConfig, profile_config
 from benchmark.errors import DapbenchError
 
 PATH_FIELDS = ("model", "data_root", "general_heldout", "general_corpus")
@@ -29,7 +34,20 @@ class Tolerance:
     score: float
     """Accuracy / F1 entries and their summaries (fractions in [0, 1])."""
     loss: float
-    """Held-out MLM losses (nats per masked token)."""
+    """Held-out MLM losses, the loss metrics derived from them and logged training losses (nats per token);
+    per-chunk loss sums get this per masked token of the chunk."""
+    drift: float = 0.002
+    """Representation drift: cosine, linear CKA and anisotropy (unitless, in [-1, 1])."""
+    report: float = 0.002
+    """What a method reports about itself (importance summaries, measured damping; unitless)."""
+
+    def allowed(self, kind: str, tokens: int = 1) -> float:
+        """The tolerance of a number of ``kind`` (``tokens``: masked tokens behind a per-chunk sum)."""
+        if kind == "exact":
+            return 0.0
+        if kind == "chunk":
+            return self.loss * tokens
+        return getattr(self, kind)
 
 
 CI_TOLERANCE = Tolerance(score=0.01, loss=0.005)
@@ -43,6 +61,44 @@ held-out MLM losses (~0.1% of a loss of ~5). It stays tight enough to catch beha
 DAP update per domain (``dap.steps`` 10 -> 11) moves the MLM losses by up to 0.065.
 """
 DEFAULT_TOLERANCE = CI_TOLERANCE
+
+NOT_RESULTS = {
+    "timing/*": "compute cost: it depends on the machine and its load, not on the code's numerics",
+    "domains/*/train_seconds": "compute cost",
+    "domains/*/tokens_per_second": "compute cost",
+    "domains/*/step_seconds": "compute cost",
+    "domains/*/peak_memory_mb": "compute cost (memory)",
+    "environment/*": "facts about the machine that ran it",
+    "schema": "the record format",
+    "seed": "part of the run id (checked when the record is read)",
+    "config/*": "settings, part of the run id (checked when the record is read)",
+    "method_config/*": "settings, part of the run id",
+    "identity/*": "what the run id hashed (checked when the record is read)",
+    "predictions/*": "single test predictions: the scores made of them are compared, within the score tolerance",
+    "test_labels/*": "data (its checksum is part of the run id)",
+}
+"""Numeric fields of a record that are not results, and why reproduce does not compare them."""
+
+KIND_RULES = (
+    ("summary/*", "score"),
+    ("matrices/*", "score"),
+    ("majority_class/*", "score"),
+    ("mlm_loss/chunks/counts/*", "exact"),
+    ("mlm_loss/chunks/*", "chunk"),
+    ("mlm_loss/*", "loss"),
+    ("representation/*", "drift"),
+    ("domains/*/representation/*", "drift"),
+    ("domains/*/mlm_loss/*", "loss"),
+    ("domains/*/method_report/*", "report"),
+    ("domains/*/loss_log/*/step", "exact"),
+    ("domains/*/loss_log/*", "loss"),
+    ("domains/*/steps", "exact"),
+    ("domains/*/tokens", "exact"),
+    ("domains/*/trainable_parameters", "exact"),
+    ("trainable_parameters", "exact"),
+)
+"""The kind (a :class:`Tolerance` field, or ``exact``/``chunk``) of every reported number, by path pattern; the
+first matching pattern decides."""
 
 
 @dataclass(frozen=True)
@@ -61,79 +117,73 @@ class Mismatch:
         return f"{self.name}: expected {show(self.expected)}, got {show(self.actual)} (tolerance {self.allowed})"
 
 
-def config_from_dict(data: dict[str, Any]) -> RunConfig:
-    """Rebuild a :class:`RunConfig` from its ``to_dict`` form (the ``config`` of a record)."""
-    try:
-        return RunConfig(
-            **{
-                **{k: v for k, v in data.items() if k not in ("output_dir", "work_dir")},
-                "dap": DapConfig(**data["dap"]),
-                "finetune": FinetuneConfig(**data["finetune"]),
-                "methods": tuple(data["methods"]),
-                "seeds": tuple(data["seeds"]),
-            }
-        )
-    except (TypeError, KeyError) as exc:
-        raise DapbenchError(
-            f"the record's config does not match this version of dapbench: {exc}",
-            "check out the commit named in the record's environment.git_commit and reproduce there",
-        ) from exc
+def numeric_fields(value: Any, path: str = "") -> Iterator[tuple[str, float]]:
+    """Every number of a record as ``(path, value)``, the path's parts joined by ``/`` (booleans are not numbers)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from numeric_fields(item, f"{path}/{key}" if path else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from numeric_fields(item, f"{path}/{index}")
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        yield path, value
 
 
-def key_numbers(record: dict) -> dict[str, float | None]:
-    """Every number a record reports about results, flattened to ``section/key`` names."""
-    out: dict[str, float | None] = {}
-    for metric, block in record["summary"].items():
-        for key, value in (block or {}).items():
-            out[f"summary/{metric}/{key}"] = value
-    for metric, matrix in record["matrices"].items():
-        for t, row in enumerate(matrix):
-            for k, value in enumerate(row):
-                if value is not None:
-                    out[f"matrix/{metric}/{t}/{k}"] = value
-    losses = record["mlm_loss"]
-    for column, value in losses["base"].items():
-        out[f"mlm_loss/base/{column}"] = value
-    for t, row in enumerate(losses["after_domain"]):
-        for column, value in (row or {}).items():
-            out[f"mlm_loss/{t}/{column}"] = value
-    return out
+def kind_of(path: str) -> str | None:
+    """The kind of the number at ``path``; None for a field that is not a result (:data:`NOT_RESULTS`). A path no
+    rule covers is a named error: a new field must be classified before it can be compared."""
+    if any(fnmatch.fnmatchcase(path, pattern) for pattern in NOT_RESULTS):
+        return None
+    for pattern, kind in KIND_RULES:
+        if fnmatch.fnmatchcase(path, pattern):
+            return kind
+    raise DapbenchError(
+        f"the record field {path} is neither a result kind nor listed as not a result",
+        "classify it in benchmark.reproduce.KIND_RULES or NOT_RESULTS",
+    )
+
+
+def key_numbers(record: dict) -> dict[str, float]:
+    """Every number a record reports about results, by path (see :data:`KIND_RULES`)."""
+    return {path: value for path, value in numeric_fields(record) if kind_of(path) is not None}
 
 
 def compare_records(expected: dict, actual: dict, tolerance: Tolerance) -> list[Mismatch]:
-    """The numbers of ``actual`` that differ from ``expected`` by more than the tolerance."""
+    """The numbers of ``actual`` that differ from ``expected`` by more than their kind's tolerance, and those that
+    exist in only one of them."""
     want, got = key_numbers(expected), key_numbers(actual)
     mismatches = []
     for name in sorted(set(want) | set(got)):
-        allowed = tolerance.loss if _kind(name) == "loss" else tolerance.score
+        allowed = tolerance.allowed(kind_of(name), _chunk_tokens(expected, actual, name))
         a, b = want.get(name), got.get(name)
-        if a is None and b is None:
-            continue
         if a is None or b is None or not math.isclose(a, b, rel_tol=0.0, abs_tol=allowed):
             mismatches.append(Mismatch(name, a, b, allowed))
     return mismatches
 
 
+def _chunk_tokens(expected: dict, actual: dict, path: str) -> int:
+    """The masked tokens behind a per-chunk loss sum (``mlm_loss/chunks/<row...>/<set>/<chunk>``); 1 otherwise."""
+    parts = path.split("/")
+    if kind_of(path) != "chunk":
+        return 1
+    chunks = expected["mlm_loss"].get("chunks") or actual["mlm_loss"].get("chunks")
+    counts = chunks["counts"].get(parts[-2])
+    return max(1, counts[int(parts[-1])]) if counts and int(parts[-1]) < len(counts) else 1
+
+
 def largest_differences(expected: dict, actual: dict) -> dict[str, tuple[str, float]]:
-    """Per kind (``score``, ``loss``): the number present in both records that moved most, and by how much.
+    """Per kind (``score``, ``loss``, ...): the number present in both records that moved most, and by how much.
 
     What a tolerance is measured from: run the same record twice (or on two machines) and read these.
     """
     want, got = key_numbers(expected), key_numbers(actual)
     largest: dict[str, tuple[str, float]] = {}
     for name in sorted(set(want) & set(got)):
-        if want[name] is None or got[name] is None:
-            continue
-        kind = _kind(name)
+        kind = kind_of(name)
         diff = abs(want[name] - got[name])
         if kind not in largest or diff > largest[kind][1]:
             largest[kind] = (name, diff)
     return largest
-
-
-def _kind(name: str) -> str:
-    """``loss`` for held-out MLM losses, ``score`` for accuracies and F1s (a :class:`Tolerance` field)."""
-    return "loss" if name.startswith("mlm_loss/") else "score"
 
 
 def recorded_cpu_threads(record: dict) -> int | None:
@@ -173,7 +223,7 @@ def reproduction_config(record: dict, output_dir: str | Path, paths: dict[str, s
     from benchmark.config import PROFILES
     from benchmark.records import resolve_portable
 
-    config = config_from_dict(record["config"])
+    config = RunConfig.from_dict(record["config"])
     defaults = profile_config(config.profile) if config.profile in PROFILES else None
     replaced = {}
     for name in PATH_FIELDS:

@@ -7,27 +7,26 @@ fine-tunes are files in the run's :class:`~benchmark.layout.RunLayout`, skipped 
 
 :class:`ContinualRun` drives the parts, which share one :class:`RunParts`: :class:`StageModels` (which
 model a stage starts from), :class:`BaseEvaluation` (the base model's held-out numbers), :class:`StageRunner`
-(train, evaluate, checkpoint one stage) and :class:`EndTaskRunner` (the cells of A[t][k]).
+(train, evaluate, checkpoint one stage) and :class:`EndTaskRunner` (the cells of A[t][k]); the base model's
+held-out numbers and the general probe are :mod:`benchmark.heldout`'s.
 """
 
 from __future__ import annotations
 
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from benchmark.config import RunConfig
-from benchmark.data import fixed_mlm_batches, load_heldout_text
+from benchmark.data import fixed_mlm_batches
 from benchmark.environment import environment_facts, make_accelerator, memory_kind, peak_memory_mb, reset_peak_memory
-from benchmark.errors import CorruptStateError, error_context
-from benchmark.evaluation import DeviceBatches, heldout_features, heldout_losses, representation_drift
+from benchmark.errors import error_context
+from benchmark.evaluation import DeviceBatches, heldout_evaluation, heldout_features, representation_drift
 from benchmark.finetune import evaluate_end_task
-from benchmark.identity import run_id
+from benchmark.heldout import BaseEvaluation, GeneralProbe
+from benchmark.identity import run_identity
 from benchmark.inputs import RunData
-from benchmark.io import atomic_write_bytes, atomic_write_json, read_json
+from benchmark.io import atomic_write_json, read_json
 from benchmark.layout import RunClock, RunLayout
 from benchmark.method import ContinualMethod, DomainContext, FinetuneContext, RunEnv, build_method
 from benchmark.metrics import anisotropy
@@ -89,67 +88,6 @@ class StageModels:
         return model
 
 
-class BaseEvaluation:
-    """The base model's held-out losses and features, measured once per run directory."""
-
-    def __init__(self, parts: RunParts):
-        self.parts = parts
-
-    def losses(self) -> dict[str, float]:
-        """Per held-out set, the base model's MLM loss."""
-        self._measure()
-        return read_json(self.parts.layout.base_losses, "base MLM-loss file")
-
-    def features(self) -> dict[str, np.ndarray]:
-        """Per held-out set, the base model's mean-pooled features (inputs x hidden)."""
-        self._measure()
-        path = self.parts.layout.base_features
-        try:
-            with np.load(path, allow_pickle=False) as saved:  # a zip archive: each array's CRC is checked
-                return {name: saved[name] for name in saved.files}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-            raise CorruptStateError(
-                f"base feature file {path} is corrupt ({exc})", "delete it and run again: it is measured anew"
-            ) from exc
-
-    def _measure(self) -> None:
-        layout, heldout, device = self.parts.layout, self.parts.data.heldout_batches, self.parts.accelerator.device
-        if layout.base_losses.exists() and layout.base_features.exists():
-            return
-        model, _ = load_masked_lm(self.parts.config.model)
-        model, processes = model.to(device), self.parts.accelerator
-        features, losses = (f(model, heldout, device, processes=processes) for f in (heldout_features, heldout_losses))
-        if processes.is_main_process:
-            atomic_write_bytes(layout.base_features, lambda tmp: np.savez(tmp, **features))
-            atomic_write_json(layout.base_losses, losses)
-        processes.wait_for_everyone()
-
-
-class GeneralProbe:
-    """A fixed masked subset of the general training corpus (``general_corpus``), loaded on first use; what
-    ``DomainContext.general_probe`` returns (None when no general corpus is configured)."""
-
-    def __init__(self, parts: RunParts):
-        self.parts = parts
-        self._batches: list[dict] | None = None
-
-    def __call__(self) -> DeviceBatches | None:
-        """The probe batches on the run's device (None without a general corpus)."""
-        p, dap = self.parts, self.parts.config.dap
-        if not p.config.general_corpus:
-            return None
-        if self._batches is None:
-            cache = Path(p.config.work_dir) / "cache"
-            dataset, _ = load_heldout_text(
-                "general-train", p.config.general_corpus, p.data.tokenizer, dap.seq_len, cache,
-                max_lines=dap.max_corpus_lines,
-            )  # fmt: skip
-            self._batches = fixed_mlm_batches(
-                dataset, p.data.tokenizer, dap.probe_chunks, dap.probe_batch_size, dap.mlm_probability, seed=999
-            )
-        return DeviceBatches(self._batches, p.accelerator.device)
-
-
 class StageRunner:
     """One stage: train (if the method pre-trains), evaluate on held-out text, checkpoint, mark it finished."""
 
@@ -169,8 +107,9 @@ class StageRunner:
         if p.schedule.trains():
             stats = {**stats, **self._train(model, t)}
         view = self._heldout_view(model)
-        stats["mlm_loss"] = heldout_losses(model, p.data.heldout_batches, device, view, p.accelerator)
-        features = heldout_features(model, p.data.heldout_batches, device, view, p.accelerator)
+        evaluation = heldout_evaluation(model, p.data.heldout_batches, device, view, p.accelerator)
+        stats["mlm_loss"], stats["mlm_loss_chunks"] = evaluation.losses, evaluation.chunk_sums
+        features = heldout_features(model, p.data.feature_batches(), device, view, p.accelerator)
         stats["representation"] = representation_drift(self.base.features(), features)
         stats["peak_memory_mb"] = peak_memory_mb()
         if p.accelerator.is_main_process:  # once; the other processes hold the same model and numbers
@@ -238,16 +177,19 @@ class EndTaskRunner:
             on_cell_done()
         acc.wait_for_everyone()  # every cell of the row is on disk before anyone reads the matrix or trains on
 
-    def matrices(self) -> dict[str, list[list[float | None]]]:
-        """A[t][k] per score from the finished cells (None where the matrix mode skips a cell)."""
+    def matrices(self) -> tuple[dict[str, list[list[float | None]]], dict[str, list[int]]]:
+        """A[t][k] per score from the finished cells (None where the matrix mode skips a cell), and each cell's
+        test predictions keyed ``t/k`` (what the report bootstraps the test sample over)."""
         p, size = self.parts, len(self.parts.data.domains)
         out: dict[str, list[list[float | None]]] = {m: [[None] * size for _ in range(size)] for m in SCORES}
+        predictions = {}
         for t in p.schedule.stages():
             for k in p.schedule.row_tasks(t):
                 cell = read_json(p.layout.finetune_cell(p.schedule.row_key(t), k), "fine-tune result")
                 for metric in out:
                     out[metric][t][k] = cell[metric]
-        return out
+                predictions[f"{t}/{k}"] = cell["predictions"]
+        return out, predictions
 
 
 class ContinualRun:
@@ -255,7 +197,8 @@ class ContinualRun:
 
     def __init__(self, config: RunConfig, data: RunData, method_name: str, seed: int, show_progress: bool = True):
         cls, accelerator = default_registry().get(method_name), make_accelerator(config)
-        self.run_id = run_id(config, method_name, seed, data.domains, data.checksums, cls.version)
+        self.identity = run_identity(config, cls, data.domains, data.checksums, accelerator.num_processes)
+        self.run_id = self.identity.run_id(seed, config.sequence)
         env = RunEnv(len(data.domains), data.domains, seed, base_model=config.model)
         self.parts = RunParts(
             config, data, build_method(cls, config.method_options.get(method_name, {}), env), seed,
@@ -292,8 +235,9 @@ class ContinualRun:
             stats[t] = read_json(p.layout.domain_done(t), "domain progress file")
         present = [s for s in stats if s is not None]
         return build_record(
-            run_id=self.run_id, method=p.method, seed=p.seed, config=p.config, data=p.data, stage_stats=stats,
-            matrices=self.end_tasks.matrices(), base_losses=self.base.losses(),
+            run_id=self.run_id, identity=self.identity, method=p.method, seed=p.seed, config=p.config, data=p.data,
+            stage_stats=stats, cells=self.end_tasks.matrices(), base_losses=self.base.losses(),
+            base_chunk_sums=self.base.chunk_sums(),
             base_anisotropy={name: round(anisotropy(v), 5) for name, v in self.base.features().items()},
             timing=run_timing(clock, present, memory_kind()), environment=environment_facts(p.accelerator),
         )  # fmt: skip

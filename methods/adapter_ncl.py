@@ -16,8 +16,8 @@ from typing import ClassVar
 
 from torch import nn
 
-from benchmark.errors import DapbenchError
 from benchmark.method import ContinualMethod, FinetuneContext, MethodConfig
+from benchmark.settings import setting
 from methods._shared.adapters import (
     adapter_parameters,
     classifier_with_dap_encoder,
@@ -33,12 +33,8 @@ ADAPTER = "adapter"
 class AdapterConfig(MethodConfig):
     """Adapter options."""
 
-    reduction_factor: int = 16
+    reduction_factor: int = setting(16, low=1, high=4096)
     """Adapter rank = hidden_size // reduction_factor (the reference's default 16: 48 for roberta-base)."""
-
-    def __post_init__(self):
-        if self.reduction_factor < 1:
-            raise DapbenchError("adapter reduction_factor must be >= 1", "set reduction_factor to e.g. 16")
 
 
 class AdapterNCL(ContinualMethod):

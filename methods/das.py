@@ -23,9 +23,20 @@ switch                         paper (default)                     reference cod
 ``importance_accumulation``    ``per_batch`` (grads zeroed)        ``cumulative`` (never zeroed)
 ``qkv_mask_axis``              ``output`` (per-head rows)          ``input`` (columns)
 ``mask_attn_out_bias``         False                               True (head vector on hidden dims)
+``contrast_negatives``         ``micro_batch``                     ``all_processes`` (all-gathered views)
 =============================  ==================================  ======================================
 
 ``importance_abs=per_batch`` (|grad| of each batch's mean loss) sits between the two.
+
+The reference's KL proxy (``kl_proxy=eval_hidden``) is computed as the reference computes it: two identical
+eval-mode passes, ``kl_div(log_softmax(teacher), softmax(student))`` over the token axis of the final hidden
+states, summed and divided by the batch size. The two passes are equal, so the loss is zero up to rounding, but
+``log(softmax(x))`` and ``log_softmax(x)`` round differently: the gate gradients are rounding noise, and the
+reference's normalisation (``importance_norm=abs_tanh``: per-layer z-score without an epsilon, tanh, abs) spreads
+that noise over [0, 1). So in reference mode the general-knowledge importance is noise, not zero: it soft-masks
+the first domain and floors every later maximum, as in the reference code. ``contrast_negatives=all_processes``
+all-gathers the three views of every process as the reference does (the local rows keep their gradient), so its
+numbers depend on the process count, which then enters the run id; with one process it is the micro-batch.
 ``importance_norm=positive_tanh`` is tanh of the per-layer z-score with units below their layer's mean
 at 0: the paper's |tanh(z)| on the units that matter, without the abs that makes units far *below* the
 mean important too (which leaves almost no rank order between raw and normalised scores).
@@ -51,6 +62,7 @@ general corpus with the MLM loss or the KL proxy, the paper's Wiki+MLM / Wiki+KL
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -60,8 +72,9 @@ import torch
 from benchmark.errors import DapbenchError
 from benchmark.method import ContinualMethod, DomainContext, MethodConfig, StepContext, StepOutput
 from benchmark.modeling import encoder_of, layer_modules, mean_pool
+from benchmark.settings import setting
 from methods._shared import importance_study
-from methods._shared.contrast import info_nce, reference_pairing
+from methods._shared.contrast import gathered, info_nce, reference_pairing
 from methods._shared.importance import gate_importance, kl_proxy_loss, mlm_importance_loss, reference_kl_proxy_loss
 from methods._shared.softmask import (
     NORMALISATIONS,
@@ -86,6 +99,7 @@ PAPER = {
     "importance_accumulation": "per_batch",
     "qkv_mask_axis": "output",
     "mask_attn_out_bias": False,
+    "contrast_negatives": "micro_batch",
 }
 REFERENCE = {
     "contrast_pairing": "adjacent",
@@ -96,6 +110,7 @@ REFERENCE = {
     "importance_accumulation": "cumulative",
     "qkv_mask_axis": "input",
     "mask_attn_out_bias": True,
+    "contrast_negatives": "all_processes",
 }
 CHOICES = {
     "contrast_pairing": ("same_input", "adjacent"),
@@ -106,7 +121,9 @@ CHOICES = {
     "importance_accumulation": ("per_batch", "cumulative"),
     "qkv_mask_axis": ("output", "input"),
     "mask_attn_out_bias": (False, True),
+    "contrast_negatives": ("micro_batch", "all_processes"),
 }
+PRESETS = {"paper": PAPER, "reference": REFERENCE}
 ABLATIONS = (
     "none",
     "no_init",
@@ -123,57 +140,72 @@ ABLATIONS = (
 class DASConfig(MethodConfig):
     """DAS options; a switch left at None takes its value from the ``fidelity`` preset."""
 
-    fidelity: str = "paper"
+    fidelity: str = setting("paper", choices=("paper", "reference"))
     """``paper`` (default) or ``reference`` (the public code's behaviour)."""
-    ablation: str = "none"
-    contrast_lambda: float = 1.0
-    temperature: float = 0.05
-    units: tuple[str, ...] = UNIT_TYPES
-    contrast_pairing: str | None = None
-    kl_proxy: str | None = None
-    mlm_importance_input: str | None = None
-    importance_abs: str | None = None
-    importance_norm: str | None = None
-    importance_accumulation: str | None = None
-    qkv_mask_axis: str | None = None
+    ablation: str = setting("none", choices=ABLATIONS)
+    contrast_lambda: float = setting(1.0, low=0, high=1000)
+    temperature: float = setting(0.05, low=0, low_open=True, high=100)
+    units: tuple[str, ...] = setting(UNIT_TYPES, choices=UNIT_TYPES)
+    contrast_pairing: str | None = setting(None, choices=CHOICES["contrast_pairing"])
+    kl_proxy: str | None = setting(None, choices=CHOICES["kl_proxy"])
+    mlm_importance_input: str | None = setting(None, choices=CHOICES["mlm_importance_input"])
+    importance_abs: str | None = setting(None, choices=CHOICES["importance_abs"])
+    importance_norm: str | None = setting(None, choices=CHOICES["importance_norm"])
+    importance_accumulation: str | None = setting(None, choices=CHOICES["importance_accumulation"])
+    qkv_mask_axis: str | None = setting(None, choices=CHOICES["qkv_mask_axis"])
     mask_attn_out_bias: bool | None = None
-    mask_target: str = "gradient"
+    contrast_negatives: str | None = setting(None, choices=CHOICES["contrast_negatives"])
+    mask_target: str = setting("gradient", choices=("gradient", "update"))
     """``gradient`` (the paper: grad *= 1 - I before the optimizer) or ``update`` (beyond the paper: the
     optimizer's step is scaled by 1 - I after it is taken)."""
-    other_params: str = "train"
+    other_params: str = setting("train", choices=("train", "freeze"))
     """Parameters no unit owns (embeddings, LayerNorms, MLM head): ``train`` them freely (paper) or ``freeze``."""
 
     def __post_init__(self):
-        if self.fidelity not in ("paper", "reference"):
-            raise DapbenchError(f"unknown fidelity {self.fidelity!r}", "use fidelity=paper or fidelity=reference")
-        if self.ablation not in ABLATIONS:
-            raise DapbenchError(f"unknown ablation {self.ablation!r}", f"choose one of {', '.join(ABLATIONS)}")
-        for name, allowed in CHOICES.items():
-            value = getattr(self, name)
-            if value is not None and value not in allowed:
-                raise DapbenchError(f"invalid {name}={value!r}", f"choose one of {allowed}")
-        for name, allowed in (("mask_target", ("gradient", "update")), ("other_params", ("train", "freeze"))):
-            if getattr(self, name) not in allowed:
-                raise DapbenchError(f"invalid {name}={getattr(self, name)!r}", f"choose one of {allowed}")
+        super().__post_init__()
         if self.switch("importance_abs") == "per_example" and self.switch("importance_accumulation") == "cumulative":
             raise DapbenchError(
                 "importance_abs=per_example cannot accumulate cumulatively (that is the reference's per-batch defect)",
                 "use importance_accumulation=per_batch, or importance_abs=per_batch/after_tanh",
             )
-        unknown = set(self.units) - set(UNIT_TYPES)
-        if unknown or not self.units:
-            raise DapbenchError(f"invalid units {self.units}", f"choose among {UNIT_TYPES}")
+        if not self.units or len(set(self.units)) != len(self.units):
+            raise DapbenchError(f"invalid units {self.units}", f"name each of {UNIT_TYPES} at most once")
 
     def switch(self, name: str) -> Any:
         """The effective value of a fidelity switch."""
         value = getattr(self, name)
         return value if value is not None else (PAPER if self.fidelity == "paper" else REFERENCE)[name]
 
+    def canonical_options(self) -> dict[str, Any]:
+        """One spelling per behaviour: the switches' effective values against the preset they differ least from
+        (``fidelity=reference`` rather than eight reference switches; a switch set to its preset's value is left
+        out), then every other option that differs from its default."""
+        effective = {name: self.switch(name) for name in PAPER}
+        away = {name: sum(effective[k] != preset[k] for k in PAPER) for name, preset in PRESETS.items()}
+        preset = min(PRESETS, key=lambda name: (away[name], name != "paper"))
+        out: dict[str, Any] = {"fidelity": preset} if preset != "paper" else {}
+        for field in dataclasses.fields(self):
+            if field.name == "fidelity":
+                continue
+            if field.name in PAPER:
+                if effective[field.name] != PRESETS[preset][field.name]:
+                    out[field.name] = effective[field.name]
+            elif getattr(self, field.name) != field.default:
+                value = getattr(self, field.name)
+                out[field.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def numerics_depend_on_processes(self) -> bool:
+        """All-gathered contrastive negatives make the numbers depend on the process count."""
+        return self.switch("contrast_negatives") == "all_processes"
+
 
 class DAS(ContinualMethod):
     """Soft-masking of units by accumulated importance plus contrastive knowledge integration."""
 
     name: ClassVar[str] = "das"
+    version: ClassVar[int] = 2
+    """2: the reference's KL proxy and normalisation as the reference computes them (rounding noise, no epsilon)."""
     multi_process: ClassVar[bool] = True
     config_cls: ClassVar[type[MethodConfig]] = DASConfig
     studies: ClassVar[dict] = {
@@ -238,14 +270,16 @@ class DAS(ContinualMethod):
 
     def _gate_importance(self, model, batches, loss_fn) -> dict[str, torch.Tensor]:
         grain = self.config.switch("importance_abs")
+        cumulative = self.config.switch("importance_accumulation") == "cumulative"
         return gate_importance(
             model,
             batches,
             loss_fn,
             tuple(self.config.units),
             absolute=grain != "after_tanh",
-            cumulative=self.config.switch("importance_accumulation") == "cumulative",
+            cumulative=cumulative,
             per_example=grain == "per_example",
+            per_token=cumulative,  # the reference's accumulation divides by the tokens it saw
         )
 
     def _normalised(self, raw: dict[str, torch.Tensor], ctx: DomainContext) -> dict[str, torch.Tensor]:
@@ -308,9 +342,12 @@ class DAS(ContinualMethod):
                 prev = mean_pool(encoder(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
         if self.config.switch("contrast_pairing") == "adjacent":
             first, second = reference_pairing(first, second)
-        # Negatives are the other rows of this micro-batch, with one process or many: a run over N processes
-        # then computes exactly what one process computes with gradient accumulation over the same micro-batches
-        # (the reference code all-gathers them across GPUs; DAS_REFERENCE.md, section 3).
+        if self.config.switch("contrast_negatives") == "all_processes":
+            # The reference all-gathers the views of every process (DAS_REFERENCE.md, section 3.9): N processes
+            # then compute another loss than one process accumulating the same micro-batches.
+            first, second, prev = (gathered(views) for views in (first, second, prev))
+        # By default the negatives are the other rows of this micro-batch, with one process or many: a run over N
+        # processes then computes exactly what one process computes with gradient accumulation.
         return info_nce(first, second, prev, self.config.temperature)
 
     def _masked_tensors(self, model) -> list[MaskedTensor]:

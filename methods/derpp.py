@@ -30,6 +30,7 @@ from accelerate.utils import gather_object
 
 from benchmark.method import Capabilities, ContinualMethod, DomainContext, MethodConfig, StepContext, StepOutput
 from benchmark.modeling import mlm_forward
+from benchmark.settings import setting
 from methods._shared.replay import ReplayItem, Reservoir, collate_replay
 
 
@@ -37,9 +38,9 @@ from methods._shared.replay import ReplayItem, Reservoir, collate_replay
 class DERPPConfig(MethodConfig):
     """DER++ options."""
 
-    alpha: float = 0.5
-    beta: float = 0.5
-    tokens_per_domain: int = 16400
+    alpha: float = setting(0.5, low=0, high=1e6)
+    beta: float = setting(0.5, low=0, high=1e6)
+    tokens_per_domain: int = setting(16400, low=1)
     """Buffer budget per domain (the DAS paper's)."""
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from benchmark.method import Capabilities, DomainContext, MethodConfig
+from benchmark.settings import setting
+from methods._shared.units import UNIT_TYPES
 from methods.das import DAS, DASConfig
 
 
@@ -22,7 +24,7 @@ from methods.das import DAS, DASConfig
 class DGAConfig(DASConfig):
     """DAS's options, restricted to attention heads."""
 
-    units: tuple[str, ...] = ("head",)
+    units: tuple[str, ...] = setting(("head",), choices=UNIT_TYPES)
 
 
 class DGA(DAS):

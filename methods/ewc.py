@@ -18,6 +18,7 @@ import torch
 
 from benchmark.method import ContinualMethod, DomainContext, MethodConfig, StepContext, StepOutput
 from benchmark.modeling import mlm_loss
+from benchmark.settings import setting
 from methods._shared.ewc import diagonal_fisher, ewc_penalty, merge_fisher
 
 
@@ -25,7 +26,7 @@ from methods._shared.ewc import diagonal_fisher, ewc_penalty, merge_fisher
 class EWCConfig(MethodConfig):
     """EWC options."""
 
-    strength: float = 5000.0
+    strength: float = setting(5000.0, low=0, high=1e12)
     """lambda of the penalty (the reference's value; its comments mention a 500..50000 grid)."""
 
 

@@ -18,9 +18,9 @@ from typing import ClassVar
 
 import torch
 
-from benchmark.errors import DapbenchError
 from benchmark.method import ContinualMethod, DomainContext, MethodConfig, StepContext, StepOutput
 from benchmark.modeling import encoder_of, mlm_forward
+from benchmark.settings import setting
 from methods._shared.distill import distillation_loss, reference_hidden_kl
 
 
@@ -28,16 +28,10 @@ from methods._shared.distill import distillation_loss, reference_hidden_kl
 class KDConfig(MethodConfig):
     """KD options."""
 
-    temperature: float = 2.0
-    weight: float = 1.0
-    target: str = "mlm_logits"
+    temperature: float = setting(2.0, low=0, low_open=True, high=100)
+    weight: float = setting(1.0, low=0, high=1e6)
+    target: str = setting("mlm_logits", choices=("mlm_logits", "hidden_states"))
     """``mlm_logits`` (default) or ``hidden_states`` (the reference code)."""
-
-    def __post_init__(self):
-        if self.target not in ("mlm_logits", "hidden_states"):
-            raise DapbenchError(f"invalid kd target {self.target!r}", "use mlm_logits or hidden_states")
-        if self.temperature <= 0:
-            raise DapbenchError("kd temperature must be positive", "set kd.temperature to a value > 0")
 
 
 class KD(ContinualMethod):

@@ -19,8 +19,8 @@ from typing import ClassVar
 
 from torch import nn
 
-from benchmark.errors import DapbenchError
 from benchmark.method import Capabilities, ContinualMethod, FinetuneContext, MethodConfig
+from benchmark.settings import setting
 from methods._shared.adapters import classifier_with_dap_encoder, train_only
 from methods._shared.prompts import attach_prompt, prompt_parameters
 
@@ -31,16 +31,10 @@ INITS = ("SAMPLE_VOCAB", "RANDOM")
 class PromptConfig(MethodConfig):
     """Prompt options."""
 
-    num_tokens: int = 100
+    num_tokens: int = setting(100, low=1, high=4096)
     """Prompt vectors per domain (the paper's n_tokens)."""
-    init: str = "SAMPLE_VOCAB"
+    init: str = setting("SAMPLE_VOCAB", choices=INITS)
     """peft's ``PromptTuningInit``: ``SAMPLE_VOCAB`` or ``RANDOM``."""
-
-    def __post_init__(self):
-        if self.num_tokens < 1:
-            raise DapbenchError("prompt num_tokens must be >= 1", "set num_tokens to e.g. 100")
-        if self.init not in INITS:
-            raise DapbenchError(f"invalid prompt init {self.init!r}", f"use one of {', '.join(INITS)}")
 
 
 class PromptONE(ContinualMethod):

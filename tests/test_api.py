@@ -30,7 +30,7 @@ def test_run_benchmark_returns_typed_records_and_a_table(tiny_config):
 
 def test_a_schema_1_record_is_migrated_on_load(tmp_path):
     # A schema-1 record as the first mini leaderboard wrote it (its machine paths replaced by /data/...).
-    source = Path(__file__).parent / "fixtures" / "schema1-record.json"
+    source = Path(__file__).parent / "fixtures" / "pool-seq0-seed2021-ce864fc608.json"
     copy = tmp_path / "results" / "mini" / source.name
     copy.parent.mkdir(parents=True)
     shutil.copy(source, copy)
@@ -60,7 +60,7 @@ def test_a_record_of_a_newer_schema_is_refused(tmp_path):
 def test_a_rerun_supersedes_its_migrated_schema_1_record_and_the_leaderboard_says_so():
     from benchmark.report import drop_superseded, leaderboard_markdown
 
-    old = load_record(Path(__file__).parent / "fixtures" / "schema1-record.json")
+    old = load_record(Path(__file__).parent / "fixtures" / "pool-seq0-seed2021-ce864fc608.json")
     new = {**old, "run_id": "pool-seq0-seed2021-0123456789", "identity": {"results_version": 2, "method_version": 1}}
     other_seed = {**old, "seed": 7}
     kept, dropped = drop_superseded([old, new, other_seed])

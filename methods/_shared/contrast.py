@@ -26,3 +26,17 @@ def reference_pairing(first: torch.Tensor, second: torch.Tensor) -> tuple[torch.
     """
     tiled = torch.cat([first, second], dim=0)
     return tiled[1::2], tiled[0::2]
+
+
+def gathered(rows: torch.Tensor) -> torch.Tensor:
+    """Every process's ``rows`` in rank order, this process's own keeping their gradient and the others' carrying
+    none: the reference's all-gather of the contrastive views (``DAS_REFERENCE.md`` section 3.9). Without a
+    process group, or with one process, ``rows`` as they are."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return rows
+    parts = [torch.empty_like(rows) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, rows.detach().contiguous())
+    parts[dist.get_rank()] = rows
+    return torch.cat(parts)

@@ -24,6 +24,7 @@ def gate_importance(
     absolute: bool = True,
     cumulative: bool = False,
     per_example: bool = False,
+    per_token: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Mean over batches of |dL/dg| for every gate g (layers x units per unit type).
 
@@ -32,15 +33,16 @@ def gate_importance(
     times the batch size (its own mean loss when examples carry equally many loss tokens).
     ``absolute=False`` sums signed gradients and ``cumulative=True`` adds the running total of the
     gradients at every batch, as the reference does by never zeroing the gates' ``.grad``
-    (a linearly decaying weighting of batches). Gradients are taken with ``torch.autograd.grad``,
-    so nothing leaks into the parameters' ``.grad``.
+    (a linearly decaying weighting of batches). ``per_token=True`` divides by the number of input tokens instead
+    of the number of batches, as the reference does (a constant, which the per-layer z-score cancels up to
+    rounding). Gradients are taken with ``torch.autograd.grad``, so nothing leaks into the parameters' ``.grad``.
     """
     if per_example and (cumulative or not absolute):
         raise ValueError("per-example importance is |gradient| per example: use absolute=True, cumulative=False")
     shapes = unit_shapes(model)
     totals = {u: torch.zeros(shapes.shape(u), device=next(model.parameters()).device) for u in units}
     running = {u: torch.zeros_like(t) for u, t in totals.items()}
-    count = 0
+    count, tokens = 0, 0
     for batch in batches:
         size = int(batch["original_ids"].shape[0]) if per_example else None
         gates = ones_gates(model, units, batch_size=size)
@@ -57,6 +59,7 @@ def gate_importance(
                 grad = running[unit]
             totals[unit] += grad.abs() if absolute else grad
         count += size or 1
+        tokens += int(batch["input_ids"].numel())
     if count == 0:
         raise ValueError("importance needs at least one batch")
     if not all(bool(torch.isfinite(t).all()) for t in totals.values()):
@@ -64,7 +67,7 @@ def gate_importance(
             "unit importance is not finite (a gate gradient overflowed or the model holds NaN weights)",
             "lower dap.lr, or compute importance in float32",
         )
-    return {u: (t / count).cpu() for u, t in totals.items()}
+    return {u: (t / (tokens if per_token else count)).cpu() for u, t in totals.items()}
 
 
 def kl_proxy_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -82,17 +85,20 @@ def kl_proxy_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.
 
 
 def reference_kl_proxy_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The reference code's proxy (``DAS_REFERENCE.md`` 3.3): eval mode, masked input, softmax over the
-    *token* axis of the final hidden states of two identical passes. Both passes are equal, so the
-    loss and its gradients are exactly zero."""
+    """The reference code's proxy, computed as it computes it (``DAS_REFERENCE.md`` 3.3): eval mode, masked input,
+    two passes of the same weights (the reference's student and teacher copies), and its ``DistillKL(T=1)`` of the
+    teacher's and the student's final hidden states: ``kl_div(log_softmax(teacher), softmax(student))`` over the
+    *token* axis, summed, divided by the batch size. The passes are equal, so the loss is zero up to rounding, but
+    ``kl_div`` takes the log of the softmax, which rounds differently from ``log_softmax``: the gate gradients
+    are rounding noise, as in the reference."""
     was_training = model.training
     model.eval()
     encoder = encoder_of(model)
     student = encoder(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).last_hidden_state
     teacher = encoder(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).last_hidden_state
     model.train(was_training)
-    log_s, log_t = F.log_softmax(student.float(), dim=1), F.log_softmax(teacher.float(), dim=1)
-    return (log_s.exp() * (log_s - log_t)).sum() / student.shape[0]
+    log_teacher, p_student = F.log_softmax(teacher, dim=1), F.softmax(student, dim=1)
+    return F.kl_div(log_teacher, p_student, reduction="sum") / student.shape[0]
 
 
 def mlm_importance_loss(unmasked: bool = False) -> LossFn:

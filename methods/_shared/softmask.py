@@ -4,8 +4,8 @@ functions on tensors).
 Normalisation (per layer): ``positive_tanh`` (the default) keeps the order of the raw scores:
 tanh of the z-score, with units below their layer's mean at 0. ``abs_tanh`` is the reference's
 (``softmask.py:35-42``): z-score, tanh, abs, so units far *below* the layer mean also count as
-important, which scrambles the ranking. Both add an epsilon to the standard deviation, which the
-reference lacks (a constant layer would give NaN there).
+important, which scrambles the ranking. ``positive_tanh`` adds an epsilon to the standard deviation;
+``abs_tanh`` does not, as the reference (a constant layer is a named error there, where the reference gets NaN).
 
 AdamW and soft-masking: for a constant per-element scale c of the gradient, Adam's update equals
 the unscaled update with eps replaced by eps / c (m -> c m, sqrt(v) -> c sqrt(v)). With the
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmark.errors import NonFiniteError
 from benchmark.modeling import LayerModules
 
 NORMALISATIONS = ("positive_tanh", "abs_tanh")
@@ -30,13 +31,23 @@ IMPORTANCE_BINS = 10
 
 def normalize_importance(raw: torch.Tensor, kind: str = "positive_tanh", eps: float = 1e-12) -> torch.Tensor:
     """Per-layer (row) z-score with unbiased std, then ``tanh`` of it clipped at 0 (``positive_tanh``:
-    order-preserving) or ``abs(tanh)`` (``abs_tanh``: the reference). Values in [0, 1)."""
+    order-preserving, with ``eps`` added to the std) or ``abs(tanh)`` (``abs_tanh``: the reference's ``impt_norm``,
+    exactly, without an epsilon). Values in [0, 1); a layer whose units are all equal has no z-score under
+    ``abs_tanh`` (the reference divides by zero) and is a named error rather than a NaN mask."""
     if kind not in NORMALISATIONS:
         raise ValueError(f"unknown importance normalisation {kind!r}; choose one of {NORMALISATIONS}")
     mean = raw.mean(dim=1, keepdim=True)
     std = raw.std(dim=1, keepdim=True) if raw.shape[1] > 1 else torch.zeros_like(mean)
-    z = (raw - mean) / (std + eps)
-    return torch.tanh(z).abs() if kind == "abs_tanh" else torch.tanh(z.clamp_min(0))
+    if kind == "abs_tanh":
+        normalised = torch.tanh((raw - mean) / std).abs()
+        if not bool(torch.isfinite(normalised).all()):
+            raise NonFiniteError(
+                "the reference's importance normalisation (abs_tanh) divides by a zero standard deviation: a layer's"
+                " units all have the same importance",
+                "use importance_norm=positive_tanh (the paper's default), which adds an epsilon",
+            )
+        return normalised
+    return torch.tanh(((raw - mean) / (std + eps)).clamp_min(0))
 
 
 def shuffle_within_layers(importance: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

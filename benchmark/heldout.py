@@ -1,0 +1,82 @@
+"""The held-out numbers a run compares against (the base model's losses, per-chunk sums and features, measured once
+per run directory) and the fixed probe of the general corpus that methods may read (``DomainContext.general_probe``).
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmark.data import fixed_mlm_batches, load_heldout_text
+from benchmark.errors import CorruptStateError
+from benchmark.evaluation import DeviceBatches, heldout_evaluation, heldout_features
+from benchmark.io import atomic_write_bytes, atomic_write_json, read_json
+from benchmark.modeling import load_masked_lm
+
+
+class BaseEvaluation:
+    """The base model's held-out losses (per set, and per chunk) and features, measured once per run directory."""
+
+    def __init__(self, parts):
+        self.parts = parts
+
+    def losses(self) -> dict[str, float]:
+        """Per held-out set, the base model's MLM loss."""
+        return self._measured()["losses"]
+
+    def chunk_sums(self) -> dict[str, list[float]]:
+        """Per held-out set and chunk, the base model's summed loss of the chunk's masked tokens."""
+        return self._measured()["chunk_sums"]
+
+    def features(self) -> dict[str, np.ndarray]:
+        """Per held-out set, the base model's mean-pooled features (inputs x hidden)."""
+        self._measured()
+        path = self.parts.layout.base_features
+        try:
+            with np.load(path, allow_pickle=False) as saved:  # a zip archive: each array's CRC is checked
+                return {name: saved[name] for name in saved.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            raise CorruptStateError(
+                f"base feature file {path} is corrupt ({exc})", "delete it and run again: it is measured anew"
+            ) from exc
+
+    def _measured(self) -> dict[str, Any]:
+        layout, data, device = self.parts.layout, self.parts.data, self.parts.accelerator.device
+        if not (layout.base_losses.exists() and layout.base_features.exists()):
+            model, _ = load_masked_lm(self.parts.config.model)
+            model, processes = model.to(device), self.parts.accelerator
+            features = heldout_features(model, data.feature_batches(), device, processes=processes)
+            losses = heldout_evaluation(model, data.heldout_batches, device, processes=processes)
+            if processes.is_main_process:
+                atomic_write_bytes(layout.base_features, lambda tmp: np.savez(tmp, **features))
+                atomic_write_json(layout.base_losses, vars(losses))
+            processes.wait_for_everyone()
+        return read_json(layout.base_losses, "base MLM-loss file")
+
+
+class GeneralProbe:
+    """A fixed masked subset of the general training corpus (``general_corpus``), loaded on first use; what
+    ``DomainContext.general_probe`` returns (None when no general corpus is configured)."""
+
+    def __init__(self, parts):
+        self.parts = parts
+        self._batches: list[dict] | None = None
+
+    def __call__(self) -> DeviceBatches | None:
+        """The probe batches on the run's device (None without a general corpus)."""
+        p, dap = self.parts, self.parts.config.dap
+        if not p.config.general_corpus:
+            return None
+        if self._batches is None:
+            cache = Path(p.config.work_dir) / "cache"
+            dataset, _ = load_heldout_text(
+                "general-train", p.config.general_corpus, p.data.tokenizer, dap.seq_len, cache,
+                max_lines=dap.max_corpus_lines,
+            )  # fmt: skip
+            self._batches = fixed_mlm_batches(
+                dataset, p.data.tokenizer, dap.probe_chunks, dap.probe_batch_size, dap.mlm_probability, seed=999
+            )
+        return DeviceBatches(self._batches, p.accelerator.device)

@@ -1,0 +1,140 @@
+"""Checks a run record passes before any reader uses it: its name is its identity, and every number it derives is
+what its raw numbers give.
+
+A record names its own run id in its file name, its method and seed inside that id, and (schema 3) everything the
+id hashes in its own fields, so :func:`check_record` re-derives the id and refuses a record whose configuration,
+checksums or options were changed after the run. Derived numbers (the loss metrics, the end-task summary, the set
+losses that the per-chunk sums add up to) are recomputed from the raw ones, so an edited headline number is named
+instead of shown on a leaderboard. Numbers a record cannot re-derive (held-out losses, scores, drift) are what
+``dapbench reproduce`` re-runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmark.errors import DapbenchError
+
+DERIVED_TOLERANCE = 1e-9
+"""Derived numbers are recomputed with the code that wrote them: equal up to float printing."""
+CHUNK_TOLERANCE = 1e-3
+"""Nats by which the set loss may differ from its chunks' sums (each rounded to 4 decimals) over their tokens."""
+
+
+def check_record(record: dict[str, Any], path: Path | None = None) -> None:
+    """Refuse, with a named error, a record whose id or derived numbers are not its own (see the module docstring)."""
+    source = str(path) if path is not None else record["run_id"]
+    problems = [*_identity_problems(record, path), *_non_finite(record), *_derived_problems(record)]
+    if problems:
+        raise DapbenchError(
+            f"{source} is not what its run wrote: {'; '.join(problems[:3])}"
+            + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""),
+            "restore the record from version control, or delete it and run it again",
+        )
+
+
+def _identity_problems(record: dict[str, Any], path: Path | None) -> list[str]:
+    from benchmark.identity import record_identity, sequence_tag
+
+    run_id, out = record["run_id"], []
+    if path is not None and path.stem != run_id:
+        out.append(f"its file name {path.name} is not its run id {run_id}")
+    if not run_id.startswith(f"{record['method']}-") or f"-seed{record['seed']}-" not in run_id:
+        out.append(f"its run id {run_id} does not name its method {record['method']!r} and seed {record['seed']}")
+    identity = record_identity(record)
+    if identity is not None:
+        tag = sequence_tag(record["config"].get("sequence", ""), tuple(record["sequence"]))
+        expected = identity.run_id(record["seed"], record["config"].get("sequence", ""))
+        if expected != run_id:
+            out.append(f"its configuration, inputs or options hash to {expected}, not to its run id ({tag})")
+    return out
+
+
+def _non_finite(record: dict[str, Any]) -> list[str]:
+    return [f"{name} is {value}" for name, value in _numbers(record) if not math.isfinite(value)]
+
+
+def _numbers(value: Any, name: str = "") -> Iterator[tuple[str, float]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _numbers(item, f"{name}.{key}" if name else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _numbers(item, f"{name}[{index}]")
+    elif isinstance(value, float):
+        yield name, value
+
+
+def _derived_problems(record: dict[str, Any]) -> list[str]:
+    from benchmark.metrics import record_loss_metrics
+    from benchmark.records import summary_of
+
+    out = []
+    metrics = record_loss_metrics(record)
+    for key, value in record["mlm_loss"]["metrics"].items():
+        if not _same(value, metrics.get(key)):
+            out.append(f"mlm_loss.metrics.{key} {value} is not what its held-out losses give ({metrics.get(key)})")
+    for score, block in record["summary"].items():
+        expected = summary_of(record["matrices"][score], record["capabilities"])
+        for key in set(block or {}) | set(expected or {}):
+            got, want = (block or {}).get(key), (expected or {}).get(key)
+            if not _same(got, want):
+                out.append(f"summary.{score}.{key} {got} is not what its matrix gives ({want})")
+    return out + _chunk_problems(record) + _prediction_problems(record)
+
+
+def _prediction_problems(record: dict[str, Any]) -> list[str]:
+    """Every scored cell's scores are what its test predictions give against the task's test labels."""
+    from benchmark.metrics import classification_scores
+
+    predictions, labels = record.get("predictions"), record.get("test_labels")
+    if not predictions or not labels:
+        return []
+    out = []
+    for cell, predicted in predictions.items():
+        t, k = map(int, cell.split("/"))
+        task = labels[record["end_tasks"][k]]
+        if len(predicted) != len(task["labels"]):
+            out.append(f"predictions {cell} do not cover the test set of {record['end_tasks'][k]}")
+            continue
+        scores = classification_scores(task["labels"], predicted, task["classes"])
+        for score, value in scores.items():
+            recorded = record["matrices"][score][t][k]
+            if not _same(recorded, value):
+                out.append(f"matrices.{score}[{t}][{k}] {recorded} is not what its predictions give ({value})")
+    matrix = record["matrices"]["acc"]
+    computed = {f"{t}/{k}" for t, row in enumerate(matrix) for k, v in enumerate(row) if v is not None}
+    if computed != set(predictions):
+        out.append("the scored cells and the cells with predictions differ")
+    return out
+
+
+def _chunk_problems(record: dict[str, Any]) -> list[str]:
+    losses = record["mlm_loss"]
+    chunks = losses.get("chunks")
+    if not chunks:
+        return []
+    out = []
+    rows = [("base", losses["base"], chunks["base"])]
+    rows += [(f"after_domain[{t}]", row, chunks["after_domain"][t]) for t, row in enumerate(losses["after_domain"])]
+    for name, row, sums in rows:
+        if (row is None) != (sums is None):
+            out.append(f"mlm_loss.{name} and its per-chunk sums do not exist together")
+            continue
+        for column, value in (row or {}).items():
+            counts = chunks["counts"].get(column)
+            per_chunk = (sums or {}).get(column)
+            if not counts or per_chunk is None or len(per_chunk) != len(counts):
+                out.append(f"mlm_loss.chunks.{name}.{column} does not match its chunk counts")
+            elif abs(sum(per_chunk) / sum(counts) - value) > CHUNK_TOLERANCE:
+                out.append(f"mlm_loss.{name}.{column} {value} is not what its per-chunk sums give")
+    return out
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return math.isclose(a, b, rel_tol=0.0, abs_tol=DERIVED_TOLERANCE)
