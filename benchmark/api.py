@@ -1,26 +1,27 @@
-"""The library entry point: everything the ``dapbench`` command does, as calls a notebook or another tool can use.
+"""The library entry point: every ``dapbench`` command is one call here (the CLI only parses arguments into them).
 
 >>> from benchmark.api import resolve_config, run_benchmark, leaderboard_table
 >>> config = resolve_config("synthetic", methods=["ncl", "one"], output_dir="out")
->>> records = run_benchmark(config)           # list of RunRecord (typed dicts, benchmark.records)
+>>> records = run_benchmark(config)           # list of RunRecord (typed dicts, benchmark.records.schema)
 >>> leaderboard_table("out/results")          # one pandas row per record
-
-The CLI (``benchmark.cli``) only parses arguments into these calls and prints what they return.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmark.config import RunConfig, apply_overrides, profile_config
+from benchmark.config import DEFAULT_OUTPUT, RunConfig, apply_overrides, profile_config
 from benchmark.errors import DapbenchError
-from benchmark.io import atomic_write_json, path_inside, safe_name
-from benchmark.launch import GridRun, SlurmOptions
-from benchmark.records import RunRecord, load_record, load_records
+from benchmark.io import atomic_write_json, path_inside, read_json, safe_name
+from benchmark.preflight import check_inputs, require_multi_process
+from benchmark.records.schema import RunRecord
+from benchmark.records.store import load_record, load_records
+from benchmark.tools.launch import GridRun, SlurmOptions
 
 Echo = Callable[[str], None]
 
@@ -51,18 +52,25 @@ def resolve_config(
 ) -> RunConfig:
     """Profile defaults <- ``fields`` (``methods``, ``seeds``, ``model``, ``data_root``, ``sequence``, ``matrix``,
     ``output_dir``, ``device``, ...; None means "the profile's") <- ``section.key=value`` overrides, checked
-    (:func:`validate_config`) before anything runs."""
+    (:func:`validate_config`) before anything runs. Method names may be written in any case."""
     config = profile_config(profile)
     given = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items() if v is not None}
     output_dir = given.get("output_dir", config.output_dir)
     config = dataclasses.replace(config, **given, work_dir=work_dir or str(Path(output_dir) / ".dapbench"))
     config = apply_overrides(config, list(overrides))
+    config = dataclasses.replace(config, methods=tuple(_method_name(m) for m in config.methods))
     validate_config(config)
     return config
 
 
+def _method_name(name: str) -> str:
+    from benchmark.registry import default_registry
+
+    return default_registry().canonical_name(name)
+
+
 def validate_config(config: RunConfig) -> None:
-    """Every check that needs no data: methods, their options, the matrix mode, the DAP budget, seeds, names."""
+    """Every check that needs no data: methods, their options, the DAP budget, seeds, names that become paths."""
     from benchmark.registry import default_registry
 
     registry = default_registry()
@@ -70,14 +78,12 @@ def validate_config(config: RunConfig) -> None:
         registry.get(name)  # unknown names fail here, before any work
     for name, options in config.method_options.items():
         _validate_method_options(registry, name, options)
-    if config.matrix not in ("full", "final"):
-        raise DapbenchError(f"invalid matrix mode {config.matrix!r}", "use full or final")
     dap = config.dap
-    if dap.steps < 1 or dap.per_device_batch_size < 1 or dap.batch_size % dap.per_device_batch_size:
+    if dap.batch_size % dap.per_device_batch_size:
         raise DapbenchError(
-            f"invalid DAP budget: steps={dap.steps}, batch_size={dap.batch_size}, "
-            f"per_device_batch_size={dap.per_device_batch_size}",
-            "steps >= 1 and batch_size a multiple of per_device_batch_size",
+            f"dap.batch_size={dap.batch_size} is not a multiple of"
+            f" dap.per_device_batch_size={dap.per_device_batch_size}",
+            "set dap.per_device_batch_size to a divisor of dap.batch_size",
         )
     if not config.seeds:
         raise DapbenchError("no seeds given", "pass --seeds 2021 (comma-separated)")
@@ -87,7 +93,7 @@ def validate_config(config: RunConfig) -> None:
 
 def _validate_method_options(registry, name: str, options) -> None:
     """``--set <method>.<option>=value``: the section must be a registered method and every option one of its
-    config class's fields with a value of the field's type."""
+    config class's fields with a value of the field's type and range."""
     import difflib
 
     if name not in registry.names():
@@ -104,58 +110,10 @@ def _validate_method_options(registry, name: str, options) -> None:
 
 
 def materialise(config: RunConfig, show_progress: bool = False, echo: Echo = _silent) -> RunConfig:
-    """``config`` with its inputs in place: for the synthetic profile, the generated world and its tiny base
-    model (built once, cached in the work folder); any other config as it is."""
-    if config.profile != "synthetic" or config.model != "synthetic":
-        return config
-    from benchmark.synthetic import VERSION, build_world, pretrain_synthetic_base, write_world
+    """``config`` with its inputs in place (the synthetic world and base model, built once; others as they are)."""
+    from benchmark.data.synthetic import materialise as build
 
-    root = Path(config.work_dir) / f"synthetic-v{VERSION}"
-    data_root, model_dir = root / "data", root / "base-model"
-    if not data_root.exists():
-        write_world(build_world(seed=0), data_root)
-    if not model_dir.exists():
-        echo("synthetic: pre-training the tiny base model on the general corpus (once)")
-        pretrain_synthetic_base(data_root, model_dir, show_progress=show_progress)
-    return dataclasses.replace(
-        config,
-        model=str(model_dir),
-        data_root=str(data_root),
-        general_heldout=str(data_root / "general_heldout.txt"),
-        general_corpus=str(data_root / "general.txt"),
-    )
-
-
-def check_inputs(config: RunConfig) -> None:
-    """What would otherwise fail after training: an unwritable output folder, a corrupt record already under
-    ``results/`` (the leaderboard is rebuilt from all of them), a missing data root, a model directory that is
-    missing or truncated."""
-    import tempfile
-
-    from benchmark.data import require_data_root
-    from benchmark.modeling import check_model_files
-
-    results = path_inside(config.output_dir, "results", config.profile)
-    existing = next(p for p in (results, *results.parents) if p.exists())  # nothing is created here
-    try:
-        tempfile.TemporaryFile(dir=existing).close()
-    except OSError as exc:
-        raise DapbenchError(
-            f"cannot write results under {results}: {exc.strerror}", "pass a writable --output-dir"
-        ) from exc
-    if results.parent.is_dir():
-        load_records(results.parent)  # a corrupt record is named now, not after hours of training
-    if config.data_root:
-        require_data_root(config.data_root)
-    for field in ("general_heldout", "general_corpus"):
-        source = getattr(config, field)
-        if source and not source.startswith("hub:") and not Path(source).is_file():
-            raise DapbenchError(
-                f"{field} {source!r} is not a file",
-                f"pass an existing text file, one passage per line (--{field.replace('_', '-')} PATH"
-                f" or --set {field}=PATH), or a hub:NAME dataset",
-            )
-    check_model_files(config.model)
+    return build(config, show_progress, echo)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -166,11 +124,10 @@ def run_benchmark(
 ) -> list[RunRecord]:
     """Run every method x seed of ``config`` (resuming finished work, keeping finished records), write one record
     per run under ``<output_dir>/results/<profile>/`` and, unless told not to, the leaderboard; return the
-    records of this grid (a run that another process holds is skipped: that process writes its record).
-    Like the CLI it hides transformers'/datasets' load reports and per-file bars (:func:`quiet_libraries`)."""
-    from benchmark.environment import process_state
-    from benchmark.inputs import prepare_data
-    from benchmark.runner import ContinualRun
+    records of this grid (a run that another process holds is skipped: that process writes its record)."""
+    from benchmark.engine.environment import process_state
+    from benchmark.engine.runner import ContinualRun, run_once
+    from benchmark.report.summary import one_line
 
     quiet_libraries()
     processes = process_state(config)  # one, or those of `accelerate launch` / `torchrun`, who share every run
@@ -178,15 +135,13 @@ def run_benchmark(
     echo = echo if processes.is_main_process else _silent
     with processes.main_process_first():  # one process builds the synthetic world and the data caches
         config = materialise(config, show_progress, echo)
-        check_inputs(config)
-        data = prepare_data(config)
+        (data,) = check_inputs([config])
     records = []
     for method in config.methods:
         for seed in config.seeds:
             run = ContinualRun(config, data, method, seed, show_progress=show_progress)
-            record = _run_once(
-                run, path_inside(config.output_dir, "results", config.profile, f"{run.run_id}.json"), echo
-            )
+            path = path_inside(config.output_dir, "results", config.profile, f"{run.run_id}.json")
+            record = run_once(run, path, echo, describe=one_line)
             if record is not None:
                 records.append(record)
     if records and write_leaderboard and processes.is_main_process:
@@ -194,63 +149,52 @@ def run_benchmark(
     return records
 
 
-def require_multi_process(config: RunConfig, num_processes: int) -> None:
-    """Refuse, before any work, a multi-process run of a method not verified for it (``multi_process``)."""
-    from benchmark.environment import require_multi_process_support, require_supported_engine
-    from benchmark.registry import default_registry
-
-    require_supported_engine()
-    for method in config.methods:
-        require_multi_process_support(default_registry().get(method), num_processes)
-    dap = config.dap
-    if dap.batch_size % (dap.per_device_batch_size * num_processes):
-        fitting = dap.batch_size // num_processes
-        raise DapbenchError(
-            f"dap.batch_size={dap.batch_size} is not a multiple of dap.per_device_batch_size="
-            f"{dap.per_device_batch_size} x {num_processes} processes: the global batch would not be the profile's",
-            f"set --set dap.per_device_batch_size=N with N dividing {fitting}"
-            if dap.batch_size % num_processes == 0
-            else f"use a process count that divides dap.batch_size={dap.batch_size}",
-        )
+def run_config_file(path: str | Path) -> list[RunRecord]:
+    """Run the configuration a grid launcher wrote (``RunConfig.to_dict`` as JSON) without a leaderboard: the
+    single-run entry point of local grid processes and Slurm jobs."""
+    config = RunConfig.from_dict(read_json(path, "run configuration"))
+    validate_config(config)
+    return run_benchmark(config, write_leaderboard=False)
 
 
 def launch_grid(
     configs: Sequence[RunConfig],
     launcher: str,
     *,
-    overrides: Sequence[str] = (),
     slurm: SlurmOptions | None = None,
     wait: bool = True,
     echo: Echo = _silent,
 ) -> list[GridRun]:
     """Run the unfinished method x seed runs of ``configs`` (one per sequence) through ``launcher``: ``local:N``
-    (N processes at a time, see :mod:`benchmark.launch`) or ``slurm`` (one submitit job each; ``wait`` blocks
-    until they end). Finished runs are kept; the leaderboard is written once every launched run has ended.
-    Returns the runs that failed. ``overrides`` are the ``--set`` strings each run is given."""
-    from benchmark.launch import launch_local, plan_grid, run_command, submit_slurm
+    (N processes at a time) or ``slurm`` (one submitit job each; ``wait`` blocks until they end). Each run gets
+    its resolved configuration as a file. Finished runs are kept; the leaderboard is written once every launched
+    run has ended. Returns the runs that failed."""
+    from benchmark.tools.launch import child_command, launch_local, plan_grid, submit_slurm, write_child_config
 
     kind, processes = _parse_launcher(launcher)
     configs = [materialise(config, echo=echo) for config in configs]
-    check_inputs(configs[0])  # the configs differ only in their sequence; the inputs checked are shared
+    check_inputs(configs)
     by_sequence, todo = {config.sequence: config for config in configs}, {}
+    work_dir = Path(configs[0].work_dir)
     for run in plan_grid(configs):
         if run.record.is_file():
             echo(f"{run.name}: complete, kept {run.record} (delete it to run again)")
         else:
-            todo[run] = run_command(by_sequence[run.sequence], run, overrides)
-    output_dir, work_dir = Path(configs[0].output_dir), Path(configs[0].work_dir)
+            todo[run] = write_child_config(by_sequence[run.sequence], run, work_dir / "grid-configs")
+    output_dir = Path(configs[0].output_dir)
     if kind == "local":
-        failed = launch_local(todo, processes, work_dir / "grid-logs", echo) if todo else []
+        commands = {run: child_command(path) for run, path in todo.items()}
+        failed = launch_local(commands, processes, work_dir / "grid-logs", echo) if todo else []
     else:
-        jobs = submit_slurm(todo, slurm or SlurmOptions(), work_dir / "slurm") if todo else {}
+        jobs = submit_slurm(todo, slurm or SlurmOptions(), work_dir / "slurm", run_config_file) if todo else {}
         for run, job in jobs.items():
             echo(f"{run.name}: submitted as job {job.job_id}")
         if not wait:
             echo(f"when the jobs have ended: dapbench report --output-dir {output_dir}")
             return []
         failed = [run for run, job in jobs.items() if not _job_succeeded(job, run, echo)]
-    report(output_dir)
-    echo(f"leaderboard: {output_dir / 'leaderboard.md'}" + (f"; {len(failed)} run(s) failed" if failed else ""))
+    if len(failed) < len(todo) or not todo:
+        report(output_dir)
     return failed
 
 
@@ -276,72 +220,72 @@ def _job_succeeded(job, run: GridRun, echo: Echo) -> bool:
 
 
 def planned_run_ids(config: RunConfig) -> dict[tuple[str, int], str]:
-    """The run id of every method x seed of ``config`` (which reads and checksums its inputs): the names its
-    records will have under ``results/<profile>/`` and its work directories under ``<work_dir>/runs/``."""
-    from benchmark.identity import run_identity
-    from benchmark.inputs import prepare_data
-    from benchmark.registry import default_registry
+    """The run id of every method x seed of ``config`` (which reads and checksums its inputs)."""
+    from benchmark.tools.launch import planned_run_ids as planned
 
-    config = materialise(config)
-    data = prepare_data(config)
-    registry = default_registry()
-    identities = {m: run_identity(config, registry.get(m), data.domains, data.checksums) for m in config.methods}
-    return {(m, s): identities[m].run_id(s, config.sequence) for m in config.methods for s in config.seeds}
-
-
-def _run_once(run, path: Path, echo: Echo) -> RunRecord | None:
-    """The record of ``run``: kept if it exists, else made now; None if another command holds the run. With
-    several processes, the main one takes the lock and decides for all, and only it writes the record."""
-    from accelerate import PartialState
-
-    from benchmark.layout import run_lock
-
-    name, main = f"{run.method.name} seed {run.seed}", PartialState().is_main_process
-    with run_lock(run.layout.root) if main else contextlib.nullcontext(True) as locked:
-        decision = _main_decides("run" if locked and not path.is_file() else "kept" if locked else "held")
-        if decision == "held":
-            echo(f"{name}: in progress in another process, skipped (its record lands in {path})")
-            return None
-        if decision == "kept":  # a finished run is not redone, rewritten or counted again
-            echo(f"{name}: complete, kept {path} (delete it to run again)")
-            return load_record(path)
-        record = run.execute()
-        if main:
-            atomic_write_json(path, record)
-            echo(f"{name}: {one_line(record)} -> {path}")
-        return record
-
-
-def _main_decides(decision: str) -> str:
-    """The main process's ``decision``, on every process of a multi-process run (itself when alone)."""
-    from accelerate import PartialState
-    from accelerate.utils import broadcast_object_list
-
-    if PartialState().num_processes == 1:
-        return decision
-    return broadcast_object_list([decision], from_process=0)[0]
-
-
-def one_line(record: RunRecord) -> str:
-    """A record's headline numbers in one line."""
-    s = record["summary"]
-    parts = [f"final acc {100 * s['acc']['final']:.1f}", f"final MF1 {100 * s['macro_f1']['final']:.1f}"]
-    if s["acc"]["forgetting"] is not None:
-        parts.append(f"forgetting(acc) {100 * s['acc']['forgetting']:.1f}")
-    return ", ".join(parts)
+    return planned(config)
 
 
 def run_study(config: RunConfig, method: str, study: str, options: Mapping[str, str] | None = None) -> dict:
     """A method's named measurement (``ContinualMethod.studies``), e.g. DAS's ``importance-stability``."""
     from benchmark.registry import default_registry
 
-    cls = default_registry().get(method)
+    cls = default_registry().get(_method_name(method))
     if study not in cls.studies:
         raise DapbenchError(
-            f"method {method!r} offers no study {study!r}",
+            f"method {cls.name!r} offers no study {study!r}",
             f"its studies: {', '.join(cls.studies) or '(none)'}; `dapbench list` shows every method's",
         )
     return cls.studies[study](materialise(config), dict(options or {}))
+
+
+def bench(config: RunConfig, steps: int, trace_dir: str | Path | None = None, show_progress: bool = False) -> dict:
+    """Each method's DAP update against the GEMM peak and a plain transformers step (:mod:`benchmark.tools.bench`)."""
+    from benchmark.tools.bench import bench as measure
+
+    quiet_libraries()
+    config = materialise(config, show_progress)
+    check_inputs([config])
+    return measure(config, list(config.methods), steps, trace_dir=Path(trace_dir) if trace_dir else None)
+
+
+def pretrain_base(corpus: str | Path, out_dir: str | Path, spec=None) -> Path:
+    """A small base masked LM (and its tokenizer) trained on ``corpus`` (``dapbench pretrain-base``)."""
+    from benchmark.data.pretrain import BaseModelSpec
+    from benchmark.data.pretrain import pretrain_base as train
+
+    quiet_libraries()
+    return train(str(corpus), out_dir, spec or BaseModelSpec())
+
+
+def describe(data_root: str | None = None) -> dict:
+    """What ``dapbench list`` shows: methods (first doc line, options with defaults, studies), the task suite
+    (domains, end tasks, sequences) and the profiles."""
+    from benchmark.config import PROFILES
+    from benchmark.data.suite import load_suite
+    from benchmark.registry import default_registry
+
+    registry, suite = default_registry(), load_suite(data_root)
+    methods = {}
+    for name in registry.names():
+        cls = registry.get(name)
+        options = {f.name: _shown(f) for f in dataclasses.fields(cls.config_cls)}
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
+        methods[name] = {"doc": doc, "options": options, "studies": list(cls.studies)}
+    domains = {d.name: {"corpus": d.corpus, "end_task": d.end_task} for d in suite.domains.values()}
+    tasks = {name: len(spec.labels) for name, spec in suite.end_tasks.items()}
+    return {
+        "methods": methods,
+        "domains": domains,
+        "end_tasks": tasks,
+        "sequences": suite.sequences,
+        "profiles": list(PROFILES),
+    }
+
+
+def _shown(field: dataclasses.Field):
+    value = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    return list(value) if isinstance(value, tuple) else value
 
 
 # ----------------------------------------------------------------------------------------------
@@ -379,46 +323,38 @@ def reproduce(
 ) -> Reproduction:
     """Re-run a record's method and seed from scratch (its recorded thread count by default: CPU float
     summation order depends on it) and compare every number it reports within ``tolerance``."""
-    quiet_libraries()
-    from benchmark.inputs import prepare_data
-    from benchmark.reproduce import (
-        DEFAULT_TOLERANCE,
-        check_data,
-        compare_records,
-        cpu_threads,
-        key_numbers,
-        largest_differences,
-        recorded_cpu_threads,
-        reproduction_config,
-    )
-    from benchmark.runner import ContinualRun
+    from benchmark.data.inputs import prepare_data
+    from benchmark.engine.runner import ContinualRun
+    from benchmark.records import reproduce as rep
 
+    quiet_libraries()
     record = load_record(record_path)
     require_current_numerics(record, record_path)
-    threads = threads if threads is not None else recorded_cpu_threads(record)  # float order depends on it
+    threads = threads if threads is not None else rep.recorded_cpu_threads(record)  # float order depends on it
     if threads is not None and threads < 1:
         raise DapbenchError(f"--threads must be >= 1, got {threads}", "pass a positive thread count")
-    out = Path(output_dir) if output_dir else Path("reproduce") / record["run_id"]
-    config = apply_overrides(reproduction_config(record, out, dict(paths or {})), list(overrides))
-    with cpu_threads(threads) if threads else contextlib.nullcontext():
+    out = Path(output_dir) if output_dir else Path(DEFAULT_OUTPUT) / "reproduce" / record["run_id"]
+    config = apply_overrides(rep.reproduction_config(record, out, dict(paths or {})), list(overrides))
+    with rep.cpu_threads(threads) if threads else contextlib.nullcontext():
         config = materialise(config)  # a synthetic base model is rebuilt with the record's thread count too
         data = prepare_data(config)
-        check_data(record, data.checksums)
+        rep.check_data(record, data.checksums)
         run = ContinualRun(config, data, record["method"], record["seed"], show_progress=show_progress)
         new = run.execute()
     path = out / "results" / config.profile / f"{run.run_id}.json"
     atomic_write_json(path, new)
-    tolerance = tolerance or DEFAULT_TOLERANCE
-    compared = len(set(key_numbers(record)) | set(key_numbers(new)))
-    mismatches = compare_records(record, new, tolerance)
-    recorded = recorded_cpu_threads(record)
-    return Reproduction(new, path, threads, recorded, tolerance, compared, mismatches, largest_differences(record, new))
+    tolerance = tolerance or rep.DEFAULT_TOLERANCE
+    compared = len(set(rep.key_numbers(record)) | set(rep.key_numbers(new)))
+    mismatches = rep.compare_records(record, new, tolerance)
+    recorded = rep.recorded_cpu_threads(record)
+    largest = rep.largest_differences(record, new)
+    return Reproduction(new, path, threads, recorded, tolerance, compared, mismatches, largest)
 
 
 def require_current_numerics(record: RunRecord, record_path: str | Path) -> None:
     """Refuse to reproduce a record whose numerics versions (core and method) this checkout does not compute:
     its numbers come from another training stream or method code, so every comparison would fail."""
-    from benchmark.identity import RESULTS_VERSION
+    from benchmark.records.identity import RESULTS_VERSION
     from benchmark.registry import default_registry
 
     made = record.get("identity") or {}
@@ -436,19 +372,26 @@ def require_current_numerics(record: RunRecord, record_path: str | Path) -> None
 # ----------------------------------------------------------------------------------------------
 # Report
 # ----------------------------------------------------------------------------------------------
-def report(output_dir: str | Path = ".") -> dict[str, int]:
-    """Regenerate tables, plots and ``leaderboard.md`` under ``output_dir`` from ``output_dir/results``."""
+def report(output_dir: str | Path = DEFAULT_OUTPUT, show_progress: bool = False) -> dict[str, int]:
+    """Regenerate what changed of the tables, plots and ``leaderboard.md`` under ``output_dir`` from its records."""
     from benchmark.report import write_report
 
-    return write_report(output_dir)
+    return write_report(output_dir, show_progress)
+
+
+def run_summary(records: Sequence[RunRecord], output_dir: str | Path) -> list[str]:
+    """What the leaderboard of ``output_dir`` says about the groups of ``records``, as plain text lines: the
+    same numbers, intervals and verdicts (:mod:`benchmark.report.summary`)."""
+    from benchmark.report.summary import terminal_summary
+
+    return terminal_summary(records, load_records(Path(output_dir) / "results"))
 
 
 def migrate_results(results_dir: str | Path) -> list[Path]:
     """Rewrite every record under ``results_dir`` of an older schema as the current one, in place and atomically
-    (numbers unchanged); return the rewritten files. Readers migrate on load anyway: this makes committed
-    records match the schema on disk (and drops what schema 1 recorded about the machine's paths)."""
-    from benchmark.io import read_json
-    from benchmark.records import SCHEMA_VERSION, migrate_record, record_paths, validate_record
+    (numbers unchanged); return the rewritten files. Readers migrate on load anyway."""
+    from benchmark.records.schema import SCHEMA_VERSION
+    from benchmark.records.store import migrate_record, record_paths, validate_record
 
     rewritten = []
     for path in record_paths(results_dir):
@@ -468,47 +411,6 @@ def leaderboard_table(results_dir: str | Path):
     return leaderboard_frame(load_records(results_dir))
 
 
-def synthetic_reading(records: Sequence[RunRecord]) -> str:
-    """The questions the synthetic profile is built to answer, from its records: does DAP help (per-domain DAP
-    against no DAP), and does naive continual DAP raise the general loss and forget."""
-
-    def mean(pick: Callable[[RunRecord], bool], metric: str, key: str) -> float | None:
-        values = [r["summary"][metric][key] for r in records if pick(r)]
-        return None if not values or None in values else 100 * sum(values) / len(values)
-
-    def per_domain(r: RunRecord) -> bool:
-        return r["capabilities"]["independent_per_domain"] and r["capabilities"]["pretrains"]
-
-    def no_dap(r: RunRecord) -> bool:
-        return not r["capabilities"]["pretrains"]
-
-    def naive(r: RunRecord) -> bool:
-        return r["method"] == _role_method("naive_continual")
-
-    lines = []
-    dap, none = mean(per_domain, "acc", "final"), mean(no_dap, "acc", "final")
-    if dap is not None and none is not None:
-        verdict = "DAP helps" if dap > none else "DAP does not help"
-        lines.append(
-            f"synthetic: per-domain DAP {dap:.1f} vs no DAP {none:.1f} final acc -> {verdict} ({dap - none:+.1f})"
-        )
-    for record in [r for r in records if naive(r)][:1]:
-        losses = record["mlm_loss"]
-        if "general" in losses["columns"]:
-            base, after = losses["base"]["general"], losses["after_domain"][-1]["general"]
-            lines.append(
-                f"synthetic: general held-out MLM loss {base:.2f} (base) -> {after:.2f} after naive continual DAP"
-            )
-    forgetting = mean(naive, "acc", "forgetting")
-    if forgetting is not None:
-        verdict = "it forgets" if forgetting > 0 else "it does not forget"
-        lines.append(f"synthetic: naive continual DAP forgetting rate (acc) {forgetting:.1f} points -> {verdict}")
-    return "\n".join(lines)
-
-
-def _role_method(role: str) -> str | None:
-    """The registered method that declares ``comparison_role == role``."""
-    from benchmark.registry import default_registry
-
-    registry = default_registry()
-    return next((n for n in registry.names() if registry.get(n).comparison_role == role), None)
+def config_json(config: RunConfig) -> str:
+    """The resolved configuration as the JSON every process reads (``RunConfig.to_dict``)."""
+    return json.dumps(config.to_dict(), indent=2)

@@ -1,16 +1,57 @@
-"""The ``dapbench`` command line: argument parsing over :mod:`benchmark.api` (run, report, reproduce, bench,
-study, list, pretrain-base)."""
+"""The ``dapbench`` command line: argument parsing over benchmark.api, one call per command."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import signal
 import sys
 from pathlib import Path
 
-from benchmark.config import RunConfig
+from benchmark.config import DEFAULT_OUTPUT
 from benchmark.errors import DapbenchError
+
+DESCRIPTION = """\
+dapbench: a benchmark for continual domain-adaptive pre-training of language models.
+
+A base model is further pre-trained on a sequence of domain corpora by a continual-learning method; after each
+domain the held-out loss of every domain and of general text, and end-task scores, show what it learned and
+what it forgot. Runs write one record per method and seed, and a leaderboard, under an output folder
+(default: ./dapbench-out)."""
+
+EXAMPLES = {
+    "run": """\
+examples:
+  dapbench run                                   # the offline synthetic world, a few minutes on a CPU
+  dapbench run --profile mini --methods ncl,das --seeds 2021,111,222
+  dapbench run --profile ci --methods ncl --sequence restaurant --output-dir out
+  dapbench run --profile paper --model roberta-base --data-root DATA --sequence seq0..seq4 --launcher local:4""",
+    "report": """\
+examples:
+  dapbench report                                # regenerate ./dapbench-out/leaderboard.md from its records
+  dapbench report --output-dir .                 # the committed leaderboard (maintainers)""",
+    "reproduce": """\
+examples:
+  dapbench reproduce results/ci/ncl-custom-restaurant-acl-phone-seed2021-<hash>.json
+  dapbench reproduce RECORD --model DIR --data-root DIR --general-heldout FILE""",
+    "bench": """\
+examples:
+  dapbench bench --profile mini --methods ncl,das --steps 8 --save results/bench""",
+    "study": """\
+examples:
+  dapbench study das importance-stability --profile mini --option chunks=64,256""",
+    "list": """\
+examples:
+  dapbench list
+  dapbench list --data-root ../shared/data/continuallm-layout""",
+    "migrate": """\
+examples:
+  dapbench migrate --output-dir .""",
+    "pretrain-base": """\
+examples:
+  dapbench pretrain-base ../shared/data/general/train.txt base-model --steps 2000""",
+}
 
 
 def console_main() -> int:
@@ -24,14 +65,17 @@ def main(argv: list[str] | None = None, *, console: bool = False) -> int:
     130/143 interrupted); signal handlers are restored afterwards unless ``console``."""
     parser = _parser()
     args = parser.parse_args(argv)
-    _quiet_libraries()
+    if args.command is None:  # bare `dapbench`: what it can do
+        parser.print_help()
+        return 0
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if _main_thread() else {}
     if handlers:
         signal.signal(signal.SIGTERM, _terminated)
     try:
+        _quiet_libraries()
         return args.func(args)
     except DapbenchError as exc:
-        print(f"dapbench: error: {exc}", file=sys.stderr)
+        print(f"dapbench: error: {_printable(exc)}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, _Terminated) as exc:
         # Every finished domain and fine-tune is already on disk (atomic writes); the unfinished unit is redone.
@@ -71,113 +115,10 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dapbench", description=__doc__)
-    sub = parser.add_subparsers(required=True, dest="command")
+def _printable(value: object) -> str:
+    from benchmark.report.escape import printable
 
-    run = sub.add_parser("run", help="pre-train through a domain sequence, fine-tune, write records")
-    _add_run_arguments(run)
-    _add_launch_arguments(run)
-    run.set_defaults(func=cmd_run)
-
-    bench = sub.add_parser("bench", help="DAP update cost per method: time, FLOPs, MFU, memory, vs a plain step")
-    _add_run_arguments(bench)
-    bench.add_argument("--steps", type=int, default=20, help="timed updates per method")
-    bench.add_argument("--save", metavar="DIR", help="write the JSON report to DIR/<device>-<profile>.json")
-    bench.add_argument(
-        "--trace", metavar="DIR", help="also record a torch.profiler trace of a few updates per method under DIR"
-    )
-    bench.set_defaults(func=cmd_bench)
-
-    study = sub.add_parser("study", help="a method's named measurement, e.g. study das importance-stability")
-    study.add_argument("method", help="a registered method (`dapbench list` shows its studies)")
-    study.add_argument("study", help="the study's name")
-    study.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="e.g. chunks=64,256")
-    _add_run_arguments(study)
-    study.set_defaults(func=cmd_study)
-
-    reproduce = sub.add_parser("reproduce", help="re-run a committed record from scratch and compare its numbers")
-    reproduce.add_argument("record", help="a run record JSON, e.g. results/mini/ncl-seq0-seed2021-<hash>.json")
-    reproduce.add_argument("--output-dir", help="where the new record goes (default: reproduce/<run id>)")
-    for name in ("model", "data-root", "general-heldout", "general-corpus"):
-        reproduce.add_argument(f"--{name}", help=f"replace the recorded {name} path")
-    reproduce.add_argument("--score-tolerance", type=float, help="accepted |difference| of acc/F1 (fraction)")
-    reproduce.add_argument("--loss-tolerance", type=float, help="accepted |difference| of MLM losses")
-    reproduce.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. device=cpu")
-    reproduce.add_argument(
-        "--threads", type=int, help="CPU threads (default: the record's own count; results depend on it)"
-    )
-    reproduce.add_argument("--quiet", action="store_true", help="no progress bars")
-    reproduce.set_defaults(func=cmd_reproduce)
-
-    report = sub.add_parser("report", help="tables, heatmaps and leaderboard.md from results/")
-    report.add_argument("--output-dir", default=".")
-    report.set_defaults(func=cmd_report)
-
-    migrate = sub.add_parser("migrate", help="rewrite older-schema records as the current schema")
-    migrate.add_argument("--output-dir", default=".")
-    migrate.set_defaults(func=cmd_migrate)
-
-    listing = sub.add_parser("list", help="registered methods, tasks, sequences and profiles")
-    listing.add_argument("--data-root", help="list a custom suite instead of the built-in one")
-    listing.set_defaults(func=cmd_list)
-
-    base = sub.add_parser("pretrain-base", help="build a small base masked LM from a general corpus")
-    base.add_argument("corpus", help="text file, one passage per line")
-    base.add_argument("out_dir", help="model directory to write")
-    for field in dataclasses.fields(_base_spec_cls()):
-        base.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
-    base.set_defaults(func=cmd_pretrain_base)
-    return parser
-
-
-def _add_run_arguments(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--profile", default="synthetic", help="synthetic (default), mini, ci or paper")
-    run.add_argument("--methods", help="comma-separated method names (default: the profile's)")
-    run.add_argument("--model", help="hub id or local directory of the base masked LM")
-    run.add_argument("--data-root", help="the paper's data-release folder (or env DAPBENCH_DATA)")
-    run.add_argument("--general-heldout", help="general-domain text whose MLM loss is tracked")
-    run.add_argument(
-        "--sequence", help="seq0 ... seq4, a comma-separated list of domains; for run also seq0..seq4 or seq0+seq3"
-    )
-    run.add_argument("--seeds", help="comma-separated seeds")
-    run.add_argument("--matrix", choices=("full", "final"), help="lower triangle, or diagonal + last row")
-    run.add_argument("--output-dir", default=".", help="where results/ and leaderboard.md go (default: .)")
-    run.add_argument("--work-dir", help="checkpoints and caches (default: <output-dir>/.dapbench)")
-    run.add_argument("--device", choices=("auto", "cpu"), help="auto (accelerate decides) or cpu")
-    run.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override any config field, e.g. dap.steps=100 or das.contrast_lambda=0.5",
-    )
-    run.add_argument("--quiet", action="store_true", help="no progress bars")
-
-
-def _add_launch_arguments(run: argparse.ArgumentParser) -> None:
-    run.add_argument(
-        "--launcher",
-        help="fan the method x seed x sequence grid out: local:N (N runs at a time on this machine, one GPU each"
-        " where there are GPUs) or slurm (one job per run through submitit); default: one run after another here",
-    )
-    run.add_argument("--no-leaderboard", action="store_true", help="write records only (a launcher's runs do)")
-    run.add_argument("--slurm-partition", help="Slurm partition of the grid's jobs")
-    run.add_argument("--slurm-time", type=int, default=24 * 60, help="minutes per job (default 1440)")
-    run.add_argument("--slurm-gpus", type=int, default=1, help="GPUs per job (default 1)")
-    run.add_argument("--slurm-cpus", type=int, default=8, help="CPU cores per job (default 8)")
-    run.add_argument("--slurm-mem", type=int, help="memory per job in GB (default: the partition's)")
-    run.add_argument(
-        "--slurm-executor", choices=("slurm", "local", "debug"), default="slurm",
-        help="submitit's executor: slurm, or local/debug to try the grid's jobs without a cluster",
-    )  # fmt: skip
-    run.add_argument("--wait", action="store_true", help="with slurm: wait for the jobs, then write the leaderboard")
-
-
-def _base_spec_cls():
-    from benchmark.pretrain import BaseModelSpec
-
-    return BaseModelSpec
+    return "\n".join(printable(line) for line in str(value).splitlines())
 
 
 def _quiet_libraries() -> None:
@@ -186,25 +127,128 @@ def _quiet_libraries() -> None:
     quiet_libraries()
 
 
-def _config(args: argparse.Namespace, sequence: str | None = None) -> RunConfig:
-    """The run arguments as a checked :class:`RunConfig` (``benchmark.api.resolve_config``), for ``sequence``
-    where the command names a grid of sequences."""
+# ----------------------------------------------------------------------------------------------
+# Parser
+# ----------------------------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dapbench", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Start with `dapbench run`, then open dapbench-out/leaderboard.md. `dapbench COMMAND --help` for more.",
+    )  # fmt: skip
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def command(name: str, summary: str, func) -> argparse.ArgumentParser:
+        child = sub.add_parser(
+            name, help=summary, description=summary, epilog=EXAMPLES.get(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )  # fmt: skip
+        child.set_defaults(func=func)
+        return child
+
+    run = command(
+        "run", "pre-train through domain sequences, score end tasks, write records and a leaderboard", cmd_run
+    )
+    _add_run_arguments(run)
+    run.add_argument("--config", metavar="FILE", help="run a resolved configuration file (what grid launchers write)")
+    _add_launch_arguments(run)
+
+    bench = command("bench", "DAP update cost per method: time, FLOPs, MFU, memory, against a plain step", cmd_bench)
+    _add_run_arguments(bench)
+    bench.add_argument("--steps", type=int, default=20, help="timed updates per method")
+    bench.add_argument("--save", metavar="DIR", help="write the JSON report to DIR/<device>-<profile>.json")
+    bench.add_argument("--trace", metavar="DIR", help="also record a torch.profiler trace of a few updates per method")
+
+    study = command("study", "a method's named measurement, e.g. DAS's importance-stability", cmd_study)
+    study.add_argument("method", help="a registered method (`dapbench list` shows its studies)")
+    study.add_argument("study", help="the study's name")
+    study.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="e.g. chunks=64,256")
+    _add_run_arguments(study)
+
+    _add_record_commands(command)
+    return parser
+
+
+def _add_record_commands(command) -> None:
+    """The commands that read or re-derive records: reproduce, report, migrate, list, pretrain-base."""
+    reproduce = command("reproduce", "re-run a record from scratch and compare every number it reports", cmd_reproduce)
+    reproduce.add_argument("record", help="a run record JSON file")
+    reproduce.add_argument("--output-dir", help=f"where the new record goes (default: {DEFAULT_OUTPUT}/reproduce/<id>)")
+    for name in ("model", "data-root", "general-heldout", "general-corpus"):
+        reproduce.add_argument(f"--{name}", help=f"this machine's {name} (the record names it portably)")
+    for kind in ("score", "loss", "drift", "report"):
+        reproduce.add_argument(f"--{kind}-tolerance", type=float, help=f"accepted |difference| of {kind} numbers")
+    reproduce.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. device=cpu")
+    reproduce.add_argument("--threads", type=int, help="CPU threads (default: the record's own; results depend on it)")
+    reproduce.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    report = command("report", "regenerate the leaderboard, tables and plots from the records of a folder", cmd_report)
+    report.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"the folder (default: {DEFAULT_OUTPUT})")
+    report.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    migrate = command("migrate", "rewrite older-schema records as the current schema (numbers unchanged)", cmd_migrate)
+    migrate.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"the folder (default: {DEFAULT_OUTPUT})")
+
+    listing = command("list", "registered methods and their options, domains, end tasks, sequences, profiles", cmd_list)
+    listing.add_argument("--data-root", help="list a custom suite instead of the built-in one")
+    listing.add_argument("--json", action="store_true", help="print it as JSON")
+
+    base = command("pretrain-base", "build a small base masked LM (and its tokenizer) from a corpus", cmd_pretrain_base)
+    base.add_argument("corpus", help="text file, one passage per line")
+    base.add_argument("out_dir", help="model directory to write")
+    for field in dataclasses.fields(_base_spec_cls()):
+        base.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
+
+
+def _add_run_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--profile", default="synthetic", help="synthetic (default), mini, ci or paper")
+    run.add_argument("--methods", help="comma-separated method names, any case (default: the profile's)")
+    run.add_argument("--model", help="hub id or local directory of the base model")
+    run.add_argument("--data-root", help="the paper's data-release folder (or env DAPBENCH_DATA)")
+    run.add_argument("--general-heldout", help="general-domain text whose held-out loss is tracked")
+    run.add_argument("--sequence", help="seq0 ... seq4, or domains a,b,c; for run also seq0..seq4 or seq0+seq3")
+    run.add_argument("--seeds", help="comma-separated seeds")
+    run.add_argument("--matrix", choices=("full", "final"), help="lower triangle, or diagonal + last row")
+    run.add_argument(
+        "--output-dir", default=DEFAULT_OUTPUT, help=f"records and leaderboard (default: {DEFAULT_OUTPUT})"
+    )
+    run.add_argument("--work-dir", help="checkpoints and caches (default: <output-dir>/.dapbench)")
+    run.add_argument("--device", choices=("auto", "cpu"), help="auto (accelerate decides) or cpu")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override any setting, e.g. dap.steps=100 or das.contrast_lambda=0.5")  # fmt: skip
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _add_launch_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--launcher", help="fan the grid out: local:N (N runs at a time here) or slurm (submitit)")
+    run.add_argument("--no-leaderboard", action="store_true", help="write records only (a launcher's runs do)")
+    run.add_argument("--slurm-partition", help="Slurm partition of the grid's jobs")
+    run.add_argument("--slurm-time", type=int, default=24 * 60, help="minutes per job (default 1440)")
+    run.add_argument("--slurm-gpus", type=int, default=1, help="GPUs per job (default 1)")
+    run.add_argument("--slurm-cpus", type=int, default=8, help="CPU cores per job (default 8)")
+    run.add_argument("--slurm-mem", type=int, help="memory per job in GB (default: the partition's)")
+    run.add_argument("--slurm-executor", choices=("slurm", "local", "debug"), default="slurm",
+                     help="submitit's executor: slurm, or local/debug to try the jobs without a cluster")  # fmt: skip
+    run.add_argument("--wait", action="store_true", help="with slurm: wait for the jobs, then write the leaderboard")
+
+
+def _base_spec_cls():
+    from benchmark.data.pretrain import BaseModelSpec
+
+    return BaseModelSpec
+
+
+def _config(args: argparse.Namespace, sequence: str | None = None):
+    """The run arguments as a checked ``RunConfig`` (``benchmark.api.resolve_config``), for ``sequence`` where the
+    command names a grid of sequences."""
     from benchmark.api import resolve_config
 
     return resolve_config(
-        args.profile,
-        overrides=args.set,
-        work_dir=args.work_dir,
-        model=args.model,
-        data_root=args.data_root,
-        general_heldout=args.general_heldout,
-        sequence=sequence or args.sequence,
-        matrix=args.matrix,
-        output_dir=args.output_dir,
-        device=args.device,
+        args.profile, overrides=args.set, work_dir=args.work_dir, model=args.model, data_root=args.data_root,
+        general_heldout=args.general_heldout, sequence=sequence or args.sequence, matrix=args.matrix,
+        output_dir=args.output_dir, device=args.device,
         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods else None,
         seeds=_parse_seeds(args.seeds) if args.seeds else None,
-    )
+    )  # fmt: skip
 
 
 def _parse_seeds(text: str) -> tuple[int, ...]:
@@ -214,22 +258,50 @@ def _parse_seeds(text: str) -> tuple[int, ...]:
         raise DapbenchError(f"--seeds {text!r} is not a list of integers", "write e.g. --seeds 2021,111,222") from exc
 
 
+# ----------------------------------------------------------------------------------------------
+# Commands
+# ----------------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
     """``dapbench run``: every method x seed x sequence, here one after another or through a launcher."""
-    from benchmark.api import report, run_benchmark, synthetic_reading
-    from benchmark.launch import expand_sequences
+    from benchmark.api import report, run_benchmark, run_config_file
+    from benchmark.tools.launch import expand_sequences
 
+    if args.config:
+        run_config_file(args.config)
+        return 0
     configs = [_config(args, sequence) for sequence in expand_sequences(args.sequence)]
     if args.launcher:
         return _launch(args, configs)
+    if len(configs) > 1:
+        from benchmark.preflight import check_inputs
+
+        check_inputs([_materialised(c, args) for c in configs])  # every sequence before the first trains
     records = []
     for config in configs:
         records += run_benchmark(config, show_progress=not args.quiet, echo=print, write_leaderboard=False)
     if records and not args.no_leaderboard and _main_process():
-        report(configs[0].output_dir)
-        print(synthetic_reading(records) if configs[0].profile == "synthetic" else "")
-        print(f"leaderboard: {Path(configs[0].output_dir) / 'leaderboard.md'}")
+        report(configs[0].output_dir, show_progress=not args.quiet)
+        _print_outcome(records, configs[0])
     return 0
+
+
+def _materialised(config, args):
+    from benchmark.api import materialise
+
+    return materialise(config, not args.quiet, print)
+
+
+def _print_outcome(records, config) -> None:
+    """What the leaderboard says about these runs, where it is, and what to try next."""
+    from benchmark.api import run_summary
+
+    out = Path(config.output_dir)
+    print("", *run_summary(records, out), sep="\n")
+    print(f"\nleaderboard: {out / 'leaderboard.md'}\nrecords:     {out / 'results' / config.profile}")
+    if config.profile == "synthetic":
+        print("next: dapbench run --profile mini --methods ncl,das --seeds 2021,111,222   (real data, ~1 h per run)")
+    else:
+        print("next: more seeds (--seeds) or methods (dapbench list); dapbench reproduce RECORD re-derives a record")
 
 
 def _main_process() -> bool:
@@ -239,31 +311,34 @@ def _main_process() -> bool:
     return PartialState().is_main_process
 
 
-def _launch(args: argparse.Namespace, configs: list[RunConfig]) -> int:
+def _launch(args: argparse.Namespace, configs: list) -> int:
     """``run --launcher``: the grid's unfinished runs as separate processes or Slurm jobs."""
     from benchmark.api import launch_grid
-    from benchmark.launch import SlurmOptions
+    from benchmark.tools.launch import SlurmOptions
 
     slurm = SlurmOptions(
         partition=args.slurm_partition, time_min=args.slurm_time, gpus=args.slurm_gpus, cpus=args.slurm_cpus,
         mem_gb=args.slurm_mem, executor=args.slurm_executor,
     )  # fmt: skip
-    failed = launch_grid(configs, args.launcher, overrides=args.set, slurm=slurm, wait=args.wait, echo=print)
+    failed = launch_grid(configs, args.launcher, slurm=slurm, wait=args.wait, echo=print)
+    out = Path(configs[0].output_dir)
+    if failed and args.launcher.startswith("local"):
+        logs = Path(configs[0].work_dir) / "grid-logs"
+        print(f"{len(failed)} run(s) failed; their logs are in {logs}")
+    elif args.wait or args.launcher.startswith("local"):
+        print(f"leaderboard: {out / 'leaderboard.md'}")
     return 1 if failed else 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """``dapbench bench``: each method's DAP update against the GEMM peak and a plain transformers step."""
-    import json
-
-    from benchmark.api import check_inputs, materialise
-    from benchmark.bench import bench, device_slug, markdown_table
+    from benchmark.api import bench
     from benchmark.io import atomic_write_json
+    from benchmark.tools.bench import device_slug, markdown_table
 
-    config = materialise(_config(args), show_progress=not args.quiet, echo=print)
-    check_inputs(config)
+    config = _config(args)
     trace = Path(args.trace) if args.trace else None
-    report = bench(config, list(config.methods), args.steps, trace_dir=trace)
+    report = bench(config, args.steps, trace, show_progress=not args.quiet)
     print(markdown_table(report))
     if args.save:
         path = Path(args.save) / f"{device_slug(report['device'])}-{config.profile}.json"
@@ -278,8 +353,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_study(args: argparse.Namespace) -> int:
     """``dapbench study METHOD NAME``: a method's named measurement, printed as JSON."""
-    import json
-
     from benchmark.api import run_study
 
     options = {}
@@ -295,23 +368,17 @@ def cmd_study(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """``dapbench reproduce``: exit 0 if every number matches within tolerance, 1 otherwise."""
     from benchmark.api import reproduce
-    from benchmark.reproduce import DEFAULT_TOLERANCE, Tolerance
+    from benchmark.records.reproduce import DEFAULT_TOLERANCE
 
-    tolerance = Tolerance(
-        score=DEFAULT_TOLERANCE.score if args.score_tolerance is None else args.score_tolerance,
-        loss=DEFAULT_TOLERANCE.loss if args.loss_tolerance is None else args.loss_tolerance,
-    )
+    given = {kind: getattr(args, f"{kind}_tolerance") for kind in ("score", "loss", "drift", "report")}
+    tolerance = dataclasses.replace(DEFAULT_TOLERANCE, **{k: v for k, v in given.items() if v is not None})
+    paths = {name: getattr(args, name) for name in ("model", "data_root", "general_heldout", "general_corpus")}
     result = reproduce(
-        args.record,
-        output_dir=args.output_dir,
-        paths={name: getattr(args, name) for name in ("model", "data_root", "general_heldout", "general_corpus")},
-        overrides=args.set,
-        threads=args.threads,
-        tolerance=tolerance,
-        show_progress=not args.quiet,
-    )
+        args.record, output_dir=args.output_dir, paths=paths, overrides=args.set, threads=args.threads,
+        tolerance=tolerance, show_progress=not args.quiet,
+    )  # fmt: skip
     record = result.record
-    print(f"reproduced {record['method_label']} seed {record['seed']} -> {result.path}")
+    print(f"reproduced {_printable(record['method_label'])} seed {record['seed']} -> {result.path}")
     if result.threads:
         print(f"CPU threads: {result.threads} (the record's: {result.recorded_threads})")
     print(f"{result.compared} numbers compared, {len(result.mismatches)} outside tolerance {tolerance}")
@@ -326,10 +393,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     """``dapbench report``."""
     from benchmark.api import report
 
-    counts = report(args.output_dir)
+    counts = report(args.output_dir, show_progress=not args.quiet)
     print(
-        f"report: {counts['records']} records -> {counts['files']} files; "
-        f"leaderboard: {Path(args.output_dir) / 'leaderboard.md'}"
+        f"report: {counts['records']} records in {counts['groups']} group(s), {counts['files']} file(s) written;"
+        f" leaderboard: {Path(args.output_dir) / 'leaderboard.md'}"
     )
     return 0
 
@@ -344,37 +411,37 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """``dapbench list``."""
-    from benchmark.config import PROFILES
-    from benchmark.data import load_suite
-    from benchmark.registry import default_registry
+    """``dapbench list``: methods (with options), domains and end tasks, sequences and profiles."""
+    from benchmark.api import describe
 
-    registry = default_registry()
-    print("methods:")
-    for name in registry.names():
-        cls = registry.get(name)
-        doc = (cls.__doc__ or "").strip().splitlines()[0]
-        studies = f" [studies: {', '.join(cls.studies)}]" if cls.studies else ""
-        print(f"  {name:12s} {doc}{studies}")
-    suite = load_suite(args.data_root)
+    facts = describe(args.data_root)
+    if args.json:
+        print(json.dumps(facts, indent=2))
+        return 0
+    print("methods (options with their defaults: --set <method>.<option>=value):")
+    for name, method in facts["methods"].items():
+        studies = f" [studies: {', '.join(method['studies'])}]" if method["studies"] else ""
+        print(f"  {name:12s} {method['doc']}{studies}")
+        if method["options"]:
+            print("  " + " " * 13 + ", ".join(f"{k}={v}" for k, v in method["options"].items()))
     print("domains and end tasks:")
-    for domain in suite.domains.values():
-        spec = suite.end_tasks[domain.end_task]
-        print(f"  {domain.name:12s} {domain.corpus:32s} -> {spec.name} ({len(spec.labels)} labels)")
+    for name, domain in facts["domains"].items():
+        task = domain["end_task"]
+        print(f"  {name:12s} {domain['corpus']:32s} -> {task} ({facts['end_tasks'][task]} labels)")
     print("sequences:")
-    for name, order in suite.sequences.items():
+    for name, order in facts["sequences"].items():
         print(f"  {name:12s} {' -> '.join(order)}")
-    print(f"profiles: {', '.join(PROFILES)} (default: synthetic)")
+    print(f"profiles: {', '.join(facts['profiles'])} (default: synthetic)")
     return 0
 
 
 def cmd_pretrain_base(args: argparse.Namespace) -> int:
     """``dapbench pretrain-base``."""
-    from benchmark.pretrain import BaseModelSpec, pretrain_base
+    from benchmark.api import pretrain_base
+    from benchmark.data.pretrain import BaseModelSpec
 
     spec = BaseModelSpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(BaseModelSpec)})
-    out = pretrain_base(args.corpus, args.out_dir, spec)
-    print(f"base model written to {out}")
+    print(f"base model written to {pretrain_base(args.corpus, args.out_dir, spec)}")
     return 0
 
 

@@ -24,6 +24,11 @@ PAPER_FINETUNE_EPOCHS = {
 }
 
 
+DEFAULT_OUTPUT = "dapbench-out"
+"""Where a run writes its records, work folder and leaderboard unless told otherwise: a folder of the working
+directory (ignored by the repository's ``.gitignore``), so a user's run never modifies tracked files. Maintainers
+regenerate the committed records and leaderboard with ``--output-dir .``."""
+
 SEED_LIMIT = 2**31 - 1
 """The largest run seed: stage and fine-tune seeds are derived by adding small offsets to it, and numpy's and
 transformers' seeding accept at most 2**32 - 1."""
@@ -137,8 +142,8 @@ class RunConfig:
     seeds: tuple[int, ...] = setting((2021,), low=0, high=SEED_LIMIT)
     matrix: str = setting("full", choices=("full", "final"))
     """``full``: the lower triangle A[t][k], k <= t; ``final``: the diagonal plus the last row."""
-    output_dir: str = setting(".", checked_by="the output checks")
-    work_dir: str = setting(".dapbench", checked_by="the output checks")
+    output_dir: str = setting(DEFAULT_OUTPUT, checked_by="the output checks")
+    work_dir: str = setting(f"{DEFAULT_OUTPUT}/.dapbench", checked_by="the output checks")
     """Checkpoints and caches (outside ``results/``)."""
     keep_checkpoints: bool = False
     """Keep every domain's checkpoint (default: only the latest, which resuming needs)."""

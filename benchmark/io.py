@@ -43,9 +43,18 @@ def safe_name(value: object, what: str) -> str:
 
 
 def path_inside(root: str | Path, *parts: str) -> Path:
-    """``root/parts...`` after checking each part with :func:`safe_name` and that the result stays inside ``root``."""
+    """``root/parts...`` after checking each part with :func:`safe_name`, that no existing component below ``root``
+    is a symbolic link, and that the result stays inside ``root``."""
     base = Path(root).resolve()
-    path = base.joinpath(*(safe_name(p, "path component") for p in parts)).resolve()
+    walked = base
+    for part in parts:
+        walked = walked / safe_name(part, "path component")
+        if walked.is_symlink():
+            raise DapbenchError(
+                f"{walked} is a symbolic link: dapbench writes and reads its files only inside {base}",
+                "replace the link by a folder of its own (or remove it), or pass another --output-dir",
+            )
+    path = walked.resolve()
     if base != path and base not in path.parents:
         raise DapbenchError(f"{path} is outside {base}", "use plain names for profiles, methods and sequences")
     return path

@@ -127,7 +127,7 @@ class StepContext:
     """The DAP optimizer (read-only for methods: e.g. to measure what a step did from its state)."""
     micro_batch: int = 0
     """Global index of the current micro-batch in the stage's stream, the same whatever the process layout
-    (:mod:`benchmark.sampling`); during an update's micro-batches, the one being computed."""
+    (:mod:`benchmark.data.sampling`); during an update's micro-batches, the one being computed."""
 
     def unwrapped_model(self) -> nn.Module:
         """The model without accelerate's wrappers (for hooks, module maps and copies)."""
@@ -179,7 +179,7 @@ class MethodDeclaration:
     2-process one-update equivalence test (``tests/test_distributed.py``); other methods are refused there."""
     version: ClassVar[int] = 1
     """Bumped when a change of the method changes its numbers for unchanged options: it is part of the run id
-    (``benchmark.identity``), so records of the old code are never taken for the new code's."""
+    (``benchmark.records.identity``), so records of the old code are never taken for the new code's."""
 
     def __init__(self, config: MethodConfig, *, env: RunEnv):
         self.config = config

@@ -117,21 +117,43 @@ def loss_metrics(
     (``final_row_only``: no model after the earlier domains, so no plasticity either) and for T < 2.
     """
     losses = _loss_matrix(after_domain, [*domains, general])
-    start = np.asarray([base[d] for d in domains], dtype=float)
-    t_count = len(domains)
-    diagonal = np.diag(losses[:, :t_count])
-    final = diagonal if independent_per_domain else losses[-1, :t_count]
-    out: dict[str, float | None] = {name: None for name in LOSS_METRICS}
-    out["final_gain"] = float(np.mean(start - final))
+    start = np.asarray([[base[d] for d in domains] + [base.get(general, np.nan)]], dtype=float)
+    arrays = loss_metric_arrays(
+        start,
+        losses[None],
+        independent_per_domain=independent_per_domain,
+        final_row_only=final_row_only,
+        has_general=general in base,
+    )
+    return {name: None if value is None else float(value[0]) for name, value in arrays.items()}
+
+
+def loss_metric_arrays(
+    base: np.ndarray,
+    losses: np.ndarray,
+    *,
+    independent_per_domain: bool = False,
+    final_row_only: bool = False,
+    has_general: bool = True,
+) -> dict[str, np.ndarray | None]:
+    """:func:`loss_metrics` over a leading axis of B replicates (the report's bootstrap over held-out chunks):
+    ``base`` is B x (K + 1) and ``losses`` B x T x (K + 1), the last column the general text; each metric is a
+    length-B array, or None where it is undefined."""
+    t_count = losses.shape[1]
+    diagonal = losses[:, np.arange(t_count), np.arange(t_count)]
+    start = base[:, :t_count]
+    final = diagonal if independent_per_domain else losses[:, -1, :t_count]
+    out: dict[str, np.ndarray | None] = {name: None for name in LOSS_METRICS}
+    out["final_gain"] = np.mean(start - final, axis=-1)
     if not final_row_only:
-        out["plasticity"] = float(np.mean(start - diagonal))
+        out["plasticity"] = np.mean(start - diagonal, axis=-1)
     if t_count >= 2 and not (independent_per_domain or final_row_only):
-        stage_forgetting = [np.mean(losses[t, :t] - diagonal[:t]) for t in range(1, t_count)]
-        out["forgetting"] = float(stage_forgetting[-1])
-        out["max_forgetting"] = float(np.max(stage_forgetting))
-    if general in base:
-        general_after = np.mean(losses[:, t_count]) if independent_per_domain else losses[-1, t_count]
-        out["general_rise"] = float(general_after - base[general])
+        stages = np.stack([np.mean(losses[:, t, :t] - diagonal[:, :t], axis=-1) for t in range(1, t_count)], axis=-1)
+        out["forgetting"] = stages[:, -1]
+        out["max_forgetting"] = np.max(stages, axis=-1)
+    if has_general:
+        general_after = np.mean(losses[:, :, t_count], axis=-1) if independent_per_domain else losses[:, -1, t_count]
+        out["general_rise"] = general_after - base[:, t_count]
     return out
 
 

@@ -141,6 +141,23 @@ def check_model_files(name_or_path: str) -> None:
             raise DapbenchError(
                 f"model weights {weights} are unreadable ({exc})", "the file is truncated or corrupt: copy it again"
             ) from exc
+    for weights in sorted(local.glob("*.bin")):
+        _check_plain_tensors(weights)
+
+
+def _check_plain_tensors(weights: Path) -> None:
+    """A pickled weight file is read with ``weights_only`` (tensors and plain values, no code): one holding anything
+    else, or a corrupt one, is a named error before any work."""
+    import pickle
+
+    try:
+        torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError) as exc:
+        raise DapbenchError(
+            f"model weights {weights} are not plain tensors or are corrupt: refused without running them"
+            f" ({type(exc).__name__})",
+            "convert the checkpoint to safetensors with a trusted copy of its code, or use another model",
+        ) from exc
 
 
 def restore_checkpoint_weights(model: nn.Module, checkpoint_dir: str | Path) -> None:

@@ -33,11 +33,21 @@ class Registry:
             )
         self._targets[name] = target
 
+    def canonical_name(self, name: str) -> str:
+        """The registered spelling of ``name``, whatever its case (``DAS`` -> ``das``); unknown names unchanged
+        (:meth:`get` names them with suggestions)."""
+        self._load_entry_points()
+        if name in self._targets:
+            return name
+        matches = [known for known in self._targets if known.lower() == name.strip().lower()]
+        return matches[0] if len(matches) == 1 else name
+
     def get(self, name: str) -> type:
         """The method class registered as ``name``; unknown names get a did-you-mean error."""
         self._load_entry_points()
         if name not in self._targets:
-            close = difflib.get_close_matches(name, self._targets, n=3)
+            lowered = {known.lower(): known for known in self._targets}
+            close = [lowered[m] for m in difflib.get_close_matches(name.lower(), lowered, n=3)]
             hint = f"did you mean {' or '.join(map(repr, close))}?" if close else ""
             raise DapbenchError(
                 f"unknown method {name!r}. {hint}".strip(),

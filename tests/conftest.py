@@ -10,8 +10,8 @@ import pytest
 
 from benchmark.api import quiet_libraries as _quiet_libraries
 from benchmark.config import RunConfig, profile_config
-from benchmark.pretrain import BaseModelSpec
-from benchmark.synthetic import build_world, pretrain_synthetic_base, write_world
+from benchmark.data.pretrain import BaseModelSpec
+from benchmark.data.synthetic import build_world, pretrain_synthetic_base, write_world
 
 _quiet_libraries()
 SHARED = Path(os.environ.get("DAPBENCH_SHARED", Path(__file__).resolve().parents[2] / "shared"))

@@ -4,7 +4,7 @@
 The runner's own stage code runs unchanged (its sampled stream, masks and dropout, ``before_domain``, the
 updates, ``after_domain``, held-out evaluation, checkpoint): with one process an update accumulates the
 global batch's two micro-batches, with two processes each takes one. The stream is drawn per micro-batch
-(``benchmark.sampling``), so the checkpoints written under ``OUT/<method>`` must agree between the two within
+(``benchmark.data.sampling``), so the checkpoints written under ``OUT/<method>`` must agree between the two within
 float rounding. Every process also writes a digest of its parameters, to show that the processes stay identical.
 
     python tests/distributed_update.py OUT MODEL DATA_ROOT METHOD [METHOD ...]
@@ -25,8 +25,8 @@ def main(out: Path, model: str, data_root: Path, methods: list[str]) -> None:
     from accelerate import PartialState
 
     from benchmark.api import quiet_libraries, resolve_config
-    from benchmark.inputs import prepare_data
-    from benchmark.runner import ContinualRun
+    from benchmark.data.inputs import prepare_data
+    from benchmark.engine.runner import ContinualRun
 
     quiet_libraries()
     state = PartialState(cpu=True)  # gloo processes (what `benchmark.environment.process_state` makes on CPU)
@@ -52,7 +52,7 @@ def main(out: Path, model: str, data_root: Path, methods: list[str]) -> None:
 def _digest_models_as_evaluated(folder: Path, rank: int) -> dict:
     """Wrap the runner's held-out evaluation (which every process runs on its trained model) so that it
     also writes a digest of that model's parameters; returns the holder of the current stage's name."""
-    from benchmark import runner
+    from benchmark.engine import stages as runner
 
     evaluate, stage = runner.heldout_evaluation, {"name": ""}
 

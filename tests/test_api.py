@@ -9,7 +9,8 @@ import pytest
 
 from benchmark.api import leaderboard_table, migrate_results, run_benchmark
 from benchmark.errors import DapbenchError
-from benchmark.records import REQUIRED, SCHEMA_VERSION, load_record, load_records, record_paths
+from benchmark.records.schema import REQUIRED, SCHEMA_VERSION
+from benchmark.records.store import load_record, load_records, record_paths
 
 COMMITTED = Path(__file__).resolve().parents[1] / "results"
 
@@ -58,13 +59,13 @@ def test_a_record_of_a_newer_schema_is_refused(tmp_path):
 
 
 def test_a_rerun_supersedes_its_migrated_schema_1_record_and_the_leaderboard_says_so():
-    from benchmark.report import drop_superseded, leaderboard_markdown
+    from benchmark.report.groups import group_records
 
     old = load_record(Path(__file__).parent / "fixtures" / "pool-seq0-seed2021-ce864fc608.json")
     new = {**old, "run_id": "pool-seq0-seed2021-0123456789", "identity": {"results_version": 2, "method_version": 1}}
     other_seed = {**old, "seed": 7}
-    kept, dropped = drop_superseded([old, new, other_seed])
-    assert kept == [new, other_seed] and dropped == [old["run_id"]]
-    assert f"Left out: 1 schema-1 record(s) re-run since with the current code: `{old['run_id']}`" in (
-        leaderboard_markdown(kept, superseded=dropped)
-    )
+    groups, dropped = group_records([old, new, other_seed])
+    assert [r["run_id"] for g in groups for r in g.records] == [new["run_id"]]
+    # both schema-1 records (numerics unrecorded) are superseded by the group of recorded numerics: left out by name
+    reasons = {d.run_id: d.reason for d in dropped}
+    assert set(reasons) == {old["run_id"]} | {other_seed["run_id"]} and "older numerics" in reasons[old["run_id"]]

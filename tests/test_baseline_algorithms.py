@@ -70,8 +70,8 @@ def test_kd_temperature_scaling():
 def test_baselines_add_their_loss_terms(name, options, term, in_first_domain, tiny_config):
     import dataclasses
 
-    from benchmark.inputs import prepare_data
-    from benchmark.runner import ContinualRun
+    from benchmark.data.inputs import prepare_data
+    from benchmark.engine.runner import ContinualRun
 
     config = dataclasses.replace(tiny_config, method_options={name: options})
     record = ContinualRun(config, prepare_data(config), name, 3, show_progress=False).execute()
@@ -117,8 +117,8 @@ def test_replay_collation_offsets_positions_per_row():
 def test_derpp_buffer_respects_the_token_budget(tiny_config):
     import dataclasses
 
-    from benchmark.inputs import prepare_data
-    from benchmark.runner import ContinualRun
+    from benchmark.data.inputs import prepare_data
+    from benchmark.engine.runner import ContinualRun
 
     config = dataclasses.replace(tiny_config, method_options={"derpp": {"tokens_per_domain": 96}})
     run = ContinualRun(config, prepare_data(config), "derpp", 3, show_progress=False)

@@ -13,10 +13,10 @@ def test_counted_flops_of_an_mlm_update_equal_the_hand_count(tiny_model):
     """Forward matmul FLOPs per layer and token: 8 d^2 (Q, K, V, O) + 4 d f (feed-forward) + 4 L d (scores and
     weighted sum); the head on the M masked tokens: 2 d^2 + 2 d V. The backward of a product is twice its forward
     (gradients of input and weight); attention's backward is 2.5 times, as torch counts a fused kernel's (five
-    products: the scores are recomputed). CPU attention is counted through the formula ``benchmark.bench``
+    products: the scores are recomputed). CPU attention is counted through the formula ``benchmark.tools.bench``
     registers."""
-    from benchmark.bench import _count_cpu_attention
     from benchmark.modeling import load_masked_lm, mlm_loss
+    from benchmark.tools.bench import _count_cpu_attention
 
     _count_cpu_attention()
     model, tokenizer = load_masked_lm(str(tiny_model))
@@ -40,7 +40,7 @@ def test_counted_flops_of_an_mlm_update_equal_the_hand_count(tiny_model):
 
 
 def test_the_bench_report_measures_every_method_against_the_plain_step(tiny_config, tmp_path):
-    from benchmark.bench import bench, device_slug, markdown_table
+    from benchmark.tools.bench import bench, device_slug, markdown_table
 
     config = dataclasses.replace(tiny_config, dap=dataclasses.replace(tiny_config.dap, steps=2))
     report = bench(config, ["ncl", "das", "none"], updates=2)
@@ -66,8 +66,8 @@ def test_the_bench_report_measures_every_method_against_the_plain_step(tiny_conf
 
 
 def test_a_trace_records_exactly_the_updates_of_the_second_stage(tiny_config, tmp_path):
-    from benchmark.bench import TRACE_UPDATES, trace_updates
-    from benchmark.inputs import prepare_data
+    from benchmark.data.inputs import prepare_data
+    from benchmark.tools.bench import TRACE_UPDATES, trace_updates
 
     config = dataclasses.replace(tiny_config, work_dir=str(tmp_path / "work"))
     data = prepare_data(config)
@@ -85,7 +85,7 @@ def test_a_trace_records_exactly_the_updates_of_the_second_stage(tiny_config, tm
 
 @pytest.mark.parametrize("precision", ["no", "bf16"])
 def test_gemm_peak_is_a_positive_rate(precision):
-    from benchmark.bench import _dtype, gemm_peak
+    from benchmark.tools.bench import _dtype, gemm_peak
 
     assert gemm_peak(torch.device("cpu"), _dtype(precision), size=128, repeats=2) > 0
 
@@ -102,6 +102,6 @@ def test_the_bench_command_prints_the_table_and_saves_the_report_by_device(tiny_
     report = json.loads(saved.read_text())
     assert report["methods"]["ncl"]["passes"] == 1.0 and report["timed_updates"] == 1
     assert "| ncl |" in capsys.readouterr().out
-    from benchmark.records import load_records
+    from benchmark.records.store import load_records
 
     assert load_records(tmp_path / "results") == []  # results/bench/ holds bench reports, not run records

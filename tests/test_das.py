@@ -6,10 +6,10 @@ import pytest
 import torch
 from model_helpers import tiny_mlm, toy_batch
 
+from benchmark.data.inputs import prepare_data
+from benchmark.engine.runner import ContinualRun
 from benchmark.errors import DapbenchError, NonFiniteError
-from benchmark.inputs import prepare_data
 from benchmark.modeling import layer_modules, mean_pool, mlm_loss
-from benchmark.runner import ContinualRun
 from methods._shared.contrast import info_nce, reference_pairing
 from methods._shared.importance import gate_importance, kl_proxy_loss, mlm_importance_loss, reference_kl_proxy_loss
 from methods._shared.softmask import (

@@ -2,8 +2,9 @@ import json
 
 import pytest
 
-from benchmark.data import load_corpus, load_suite, read_corpus_lines
-from benchmark.endtasks import Example, load_end_task, repartition
+from benchmark.data.corpora import load_corpus, read_corpus_lines
+from benchmark.data.endtasks import Example, load_end_task, repartition
+from benchmark.data.suite import load_suite
 from benchmark.errors import DapbenchError
 from tests.conftest import SHARED_DATA, requires_shared_data
 

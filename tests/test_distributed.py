@@ -20,8 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from benchmark.records.reproduce import Tolerance
 from benchmark.registry import default_registry
-from benchmark.reproduce import Tolerance
 
 REPO = Path(__file__).resolve().parents[1]
 HARNESS = REPO / "tests" / "distributed_update.py"
@@ -71,7 +71,7 @@ def test_every_registered_method_is_verified_for_several_processes():
 
 
 def test_a_plugin_that_does_not_declare_multi_process_support_is_refused_by_name():
-    from benchmark.environment import require_multi_process_support
+    from benchmark.engine.environment import require_multi_process_support
     from benchmark.errors import DapbenchError
     from methods.ncl import NCL
 
@@ -136,12 +136,12 @@ def _numbers(path: Path) -> dict:
 
 
 def test_a_two_process_run_gives_the_one_process_record_under_the_same_id(world_root, tiny_model, tmp_path):
-    from benchmark.reproduce import compare_records
+    from benchmark.records.reproduce import compare_records
 
     methods = ",".join(RECORD_METHODS)
     two = _torchrun(*_run_args(world_root, tiny_model, tmp_path / "two", methods))
     assert two.returncode == 0, two.stderr[-3000:]
-    assert two.stdout.count("ncl seed 1: final acc") == 1  # the main process speaks for both
+    assert two.stdout.count("ncl seed 1: plasticity") == 1  # the main process speaks for both
     one = subprocess.run(
         [sys.executable, *_run_args(world_root, tiny_model, tmp_path / "one", methods)], cwd=REPO,
         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900,
@@ -235,3 +235,33 @@ def test_a_two_process_run_stopped_by_sigterm_resumes_to_the_uninterrupted_recor
     resumed = _torchrun(*args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert numbers(tmp_path / "stopped") == numbers(tmp_path / "whole")
+
+
+def test_all_gathered_contrastive_negatives_are_the_loss_over_every_process_views(tmp_path):
+    result = _torchrun(str(REPO / "tests" / "contrast_negatives.py"), str(tmp_path / "loss"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"loss-{rank}.json").read_text()) for rank in (0, 1)]
+    for rank in ranks:
+        # every process computes the loss of all 16 anchors against all 16 positives and o_prev views...
+        assert rank["all_processes"] == pytest.approx(rank["union"], abs=1e-6)
+        assert rank["all_processes"] != pytest.approx(rank["micro"], abs=1e-3)  # ...not its own 8 (the default)
+        assert rank["local_grad"]  # its own rows carry the gradient
+    assert ranks[0]["all_processes"] == pytest.approx(ranks[1]["all_processes"], abs=1e-6)
+
+
+def test_das_gathers_its_views_only_under_the_reference_scope(monkeypatch):
+    from model_helpers import tiny_mlm, toy_batch
+
+    import methods.das as das_module
+    from benchmark.method import RunEnv, StepContext
+    from methods.das import DAS, DASConfig
+
+    calls = []
+    monkeypatch.setattr(das_module, "gathered", lambda rows: calls.append(rows.shape) or rows)
+    model = tiny_mlm()
+    for options, gathers in (({}, False), ({"contrast_negatives": "all_processes"}, True)):
+        calls.clear()
+        das = DAS(DASConfig.from_options({**options, "ablation": "no_softmask"}), env=RunEnv(2, ("a", "b"), 0))
+        ctx = StepContext(model, 0, 0, 1, 0, None)
+        das.training_loss(toy_batch(), None, ctx)
+        assert bool(calls) == gathers

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmark.data.inputs import prepare_data
+from benchmark.engine.runner import ContinualRun
 from benchmark.errors import CorruptStateError, DapbenchError, WriteError
-from benchmark.inputs import prepare_data
 from benchmark.io import atomic_write_bytes, atomic_write_json
-from benchmark.runner import ContinualRun
 
 pytestmark = pytest.mark.faults
 REPO = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from benchmark.config import FinetuneConfig
-from benchmark.finetune import EncodedTask, _train_loader, encoder_features, probe_and_evaluate
+from benchmark.engine.finetune import EncodedTask, _train_loader, encoder_features, probe_and_evaluate
 
 
 def _features(n: int) -> list[dict]:

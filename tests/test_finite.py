@@ -6,10 +6,10 @@ import pytest
 import torch
 from model_helpers import tiny_mlm, toy_batch
 
+from benchmark.data.inputs import prepare_data
+from benchmark.engine.evaluation import heldout_features, heldout_losses
+from benchmark.engine.runner import ContinualRun
 from benchmark.errors import NonFiniteError
-from benchmark.evaluation import heldout_features, heldout_losses
-from benchmark.inputs import prepare_data
-from benchmark.runner import ContinualRun
 from methods._shared.importance import gate_importance, mlm_importance_loss
 
 
@@ -43,7 +43,7 @@ def test_a_diverging_dap_domain_names_method_domain_and_step(tiny_config):
 def test_probe_on_non_finite_features_is_an_error(tiny_config):
     from transformers import AutoTokenizer
 
-    from benchmark.finetune import probe_and_evaluate
+    from benchmark.engine.finetune import probe_and_evaluate
 
     data = prepare_data(tiny_config)
     model = _nan_model()

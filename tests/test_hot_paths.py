@@ -13,12 +13,12 @@ import pytest
 import torch
 from model_helpers import tiny_mlm, toy_batch
 
-from benchmark.inputs import prepare_data
+from benchmark.data.inputs import prepare_data
+from benchmark.data.sampling import SeededMasking
+from benchmark.engine.runner import ContinualRun
+from benchmark.engine.training import DapStep
 from benchmark.method import StepContext
 from benchmark.modeling import layer_modules
-from benchmark.runner import ContinualRun
-from benchmark.sampling import SeededMasking
-from benchmark.training import DapStep
 
 
 def _stage_one(config, method: str):
@@ -91,7 +91,7 @@ def test_collator(benchmark):
 
 
 def test_probe_features(benchmark):
-    from benchmark.evaluation import heldout_features
+    from benchmark.engine.evaluation import heldout_features
 
     model = tiny_mlm()
     heldout = {"alpha": [toy_batch(seed) for seed in range(4)]}

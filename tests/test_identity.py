@@ -1,4 +1,4 @@
-"""Run identity hashes what determines a run's numbers: contents, not paths (benchmark.identity)."""
+"""Run identity hashes what determines a run's numbers: contents, not paths (benchmark.records.identity)."""
 
 import dataclasses
 import json
@@ -77,7 +77,7 @@ def test_changed_model_weights_give_a_new_id(tiny_config, tmp_path):
 def test_the_recorded_commit_is_dirty_for_changed_code_not_for_generated_results(tmp_path):
     import subprocess
 
-    from benchmark.environment import git_commit
+    from benchmark.engine.environment import git_commit
 
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
@@ -94,3 +94,26 @@ def test_the_recorded_commit_is_dirty_for_changed_code_not_for_generated_results
     assert git_commit(tmp_path) == clean  # records an earlier run wrote do not make the next one dirty
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path) == clean + "-dirty"
+
+
+def test_spelling_out_a_default_keeps_the_run_id(tiny_config):
+    before = _ids(tiny_config)
+    spelled = apply_overrides(
+        tiny_config,
+        ["das.contrast_lambda=1.0", "das.fidelity=paper", "das.importance_abs=per_example", "ncl.__unused__=1"][:3],
+    )
+    assert _ids(spelled) == before
+    lr = tiny_config.dap.lr
+    assert _ids(apply_overrides(tiny_config, [f"dap.lr={lr:.10e}", "finetune.default_epochs=1"])) == before
+
+
+def test_a_field_added_later_at_its_default_keeps_every_id():
+    from benchmark.config import profile_config
+    from benchmark.records.identity import canonical_config
+
+    config = profile_config("mini").to_dict()
+    older = {k: v for k, v in config.items() if k != "keep_checkpoints"}
+    older["dap"] = {k: v for k, v in config["dap"].items() if k not in ("heldout_mask_draws", "feature_chunks")}
+    older["dap"]["feature_chunks"] = config["dap"]["feature_chunks"]
+    without = {k: v for k, v in older["dap"].items() if k != "heldout_mask_draws"}
+    assert canonical_config({**older, "dap": without}) == canonical_config(config)

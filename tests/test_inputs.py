@@ -131,7 +131,7 @@ def test_two_identical_commands_in_one_folder_neither_crash_nor_duplicate(world_
     assert [p.returncode for p in processes] == [0, 0], results
     assert len(list((out / "results" / "synthetic").glob("*.json"))) == 1
     said = " ".join(stdout for stdout, _ in results)
-    assert said.count("ncl seed 1: final acc") == 1  # trained once; the other skipped or kept it
+    assert said.count("ncl seed 1: plasticity") == 1  # trained once; the other skipped or kept it
     assert not list(out.rglob("*.tmp"))
 
 

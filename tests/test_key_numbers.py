@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from conftest import requires_shared_data
 
-from benchmark.inputs import prepare_data
+from benchmark.data.inputs import prepare_data
+from benchmark.engine.runner import ContinualRun
 from benchmark.io import read_json
-from benchmark.reproduce import CI_TOLERANCE, check_data, compare_records, reproduction_config
-from benchmark.runner import ContinualRun
+from benchmark.records.reproduce import CI_TOLERANCE, check_data, compare_records, reproduction_config
 
 COMMITTED = Path(__file__).resolve().parents[1] / "results" / "ci"
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmark import launch
 from benchmark.cli import main
 from benchmark.errors import DapbenchError
-from benchmark.launch import GridRun, expand_sequences
+from benchmark.tools import launch
+from benchmark.tools.launch import GridRun, expand_sequences
 
 NUMBERS = ("matrices", "summary", "mlm_loss", "representation")
 
@@ -108,3 +108,22 @@ def test_local_launcher_gives_each_concurrent_run_its_own_gpu(monkeypatch, tmp_p
     runs = {GridRun("m", seed, "seq0", f"m-seed{seed}", tmp_path / f"{seed}.json"): [str(seed)] for seed in range(6)}
     assert launch.launch_local(runs, processes=2, logs=tmp_path / "logs", echo=lambda line: None) == []
     assert sorted(set(seen)) == ["0", "1"] and len(seen) == 6
+
+
+def test_the_synthetic_defaults_planned_ids_are_the_ids_its_grid_processes_write(tmp_path, capsys):
+    """Each grid process reads its resolved configuration from a file, fields without a flag (the synthetic
+    world's general corpus) included, so what the launcher planned is what the children compute."""
+    from benchmark.api import planned_run_ids, resolve_config
+
+    out = tmp_path / "out"
+    overrides = ["dap.steps=2", "finetune.default_epochs=1", "finetune.max_train_examples=16", "dap.heldout_chunks=8"]
+    args = ["run", "--methods", "ncl", "--seeds", "1", "--sequence", "alpha,beta", "--output-dir", str(out), "--quiet"]
+    args += [item for override in overrides for item in ("--set", override)]
+    assert main([*args, "--launcher", "local:1"]) == 0
+    config = resolve_config("synthetic", methods=["ncl"], seeds=[1], sequence="alpha,beta", output_dir=str(out),
+                            overrides=overrides)  # fmt: skip
+    planned = planned_run_ids(config)
+    written = {path.stem for path in (out / "results" / "synthetic").glob("*.json")}
+    assert set(planned.values()) == written and len(written) == 1
+    (child,) = (out / ".dapbench" / "grid-configs").glob("*.json")
+    assert json.loads(child.read_text())["general_corpus"].endswith("general.txt")

@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import DataCollatorWithPadding
 
-from benchmark.finetune import encoder_features
-from benchmark.inputs import prepare_data
+from benchmark.data.inputs import prepare_data
+from benchmark.engine.finetune import encoder_features
+from benchmark.engine.runner import ContinualRun
 from benchmark.method import ContinualMethod, FinetuneContext
 from benchmark.modeling import load_masked_lm
 from benchmark.registry import default_registry
-from benchmark.runner import ContinualRun
 
 METHODS = default_registry().names()
 # The synthetic test model has 64 positions: 100 prompt vectors + 32 tokens would not fit.

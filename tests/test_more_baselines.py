@@ -7,11 +7,11 @@ import pytest
 import torch
 from model_helpers import tiny_mlm, toy_batch
 
+from benchmark.data.inputs import prepare_data
+from benchmark.engine.runner import ContinualRun
 from benchmark.errors import DapbenchError
-from benchmark.inputs import prepare_data
 from benchmark.method import Capabilities, FinetuneContext
 from benchmark.modeling import encoder_of, layer_modules, load_masked_lm, mlm_loss
-from benchmark.runner import ContinualRun
 from methods._shared.adapters import activate_adapter, adapter_parameters, inject_ffn_adapters
 from methods._shared.hat import anneal_s, attention_regularizer, compensate_embedding_gradient, mask_hat_gradients
 from methods._shared.prompts import attach_prompt, prompt_parameters
@@ -84,7 +84,7 @@ def test_hat_leaves_units_of_earlier_domains_unchanged(tiny_config):
 
 
 def test_hat_measures_each_trained_domain_with_its_own_mask_and_the_rest_with_the_full_network(tiny_config):
-    from benchmark.evaluation import heldout_losses
+    from benchmark.engine.evaluation import heldout_losses
 
     data = prepare_data(tiny_config)
     run = ContinualRun(tiny_config, data, "hat", 3, show_progress=False)

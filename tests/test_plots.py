@@ -1,7 +1,7 @@
 import numpy as np
 
 from benchmark.metrics import record_loss_metrics
-from benchmark.plots import _mean_matrix, plot_importance, plot_matrices
+from benchmark.report.plots import _mean_matrix, plot_importance, plot_matrices
 
 
 def _record(method: str, seed: int, units: dict[str, list[float]] | None) -> dict:
@@ -63,7 +63,7 @@ def _loss_record(method: str, seed: int, shift: float, caps: dict | None = None,
 
 
 def test_stability_plasticity_plot_leaves_out_methods_without_forgetting(tmp_path):
-    from benchmark.plots import plot_stability_plasticity
+    from benchmark.report.plots import plot_stability_plasticity
 
     records = [_loss_record("ncl", s, 0.01 * s) for s in (1, 2)] + [
         _loss_record("one", 1, 0.0, {"independent_per_domain": True})
@@ -75,7 +75,7 @@ def test_stability_plasticity_plot_leaves_out_methods_without_forgetting(tmp_pat
 
 
 def test_damping_plot_needs_a_mask_report(tmp_path):
-    from benchmark.plots import plot_mask_damping
+    from benchmark.report.plots import plot_mask_damping
 
     mask = {
         "target": "gradient",

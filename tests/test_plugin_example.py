@@ -7,7 +7,7 @@ from test_method_contract import check_method_contract
 
 from benchmark.registry import ENTRY_POINT_GROUP, default_registry
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 
 
 def _block(language: str) -> str:

@@ -7,7 +7,8 @@ import pytest
 
 from benchmark.config import RunConfig, profile_config
 from benchmark.errors import DapbenchError
-from benchmark.reproduce import (
+from benchmark.records.reproduce import (
+    CI_TOLERANCE,
     Tolerance,
     check_data,
     compare_records,
@@ -96,16 +97,74 @@ def test_a_record_of_other_numerics_is_refused_naming_the_commit_that_made_it(tm
 
     from benchmark.api import reproduce
     from benchmark.errors import DapbenchError
-    from benchmark.identity import RESULTS_VERSION
+    from benchmark.records.identity import RESULTS_VERSION
 
     (committed,) = sorted(Path(__file__).resolve().parents[1].glob("results/ci/ncl-*.json"))[:1]
     record = json.loads(committed.read_text())
     record["identity"]["results_version"] = RESULTS_VERSION - 1
     record["environment"]["git_commit"] = "0123abc"
-    path = tmp_path / committed.name
+    from benchmark.records.identity import record_identity
+
+    record["run_id"] = record_identity(record).run_id(record["seed"], record["config"]["sequence"])  # as it was made
+    path = tmp_path / f"{record['run_id']}.json"
     path.write_text(json.dumps(record))
     said = f"results_version {RESULTS_VERSION - 1} \\(this checkout: {RESULTS_VERSION}\\)"
     with pytest.raises(DapbenchError, match=said) as caught:
         reproduce(path, output_dir=tmp_path / "out")
     assert "check out 0123abc" in caught.value.fix
     assert not (tmp_path / "out").exists()
+
+
+def _committed(method: str) -> dict:
+    from pathlib import Path
+
+    from benchmark.records.store import load_record
+
+    (path,) = Path(__file__).resolve().parents[1].glob(f"results/ci/{method}-*.json")
+    return load_record(path)
+
+
+def _set_path(record: dict, path: str, value) -> None:
+    *parents, last = path.split("/")
+    node = record
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    node[int(last) if isinstance(node, list) else last] = value
+
+
+def test_every_number_of_a_record_is_classified_and_every_reported_one_is_compared():
+    from benchmark.records.reproduce import NOT_RESULTS, kind_of, numeric_fields
+
+    record = _committed("das")
+    kinds = {path: kind_of(path) for path, _ in numeric_fields(record)}  # an unclassified field raises here
+    assert {"score", "loss", "chunk", "drift", "report", "exact"} <= set(kinds.values())
+    assert all(reason for reason in NOT_RESULTS.values())
+
+
+def test_editing_any_reported_number_is_caught_by_the_comparison():
+    record = _committed("das")
+    numbers = key_numbers(record)
+    assert len(numbers) > 300
+    for path, value in numbers.items():
+        edited = copy.deepcopy(record)
+        _set_path(edited, path, value + (1 if isinstance(value, int) else 0.5))
+        assert [m.name for m in compare_records(record, edited, CI_TOLERANCE)] == [path], path
+
+
+def test_a_record_whose_headline_was_edited_is_refused_when_read(tmp_path):
+    import json
+
+    from benchmark.records.store import load_record
+
+    for field, value in (("mlm_loss/metrics/plasticity", 0.5), ("summary/acc/final", 0.99), ("matrices/acc/0/0", 0.9)):
+        record = _committed("ncl")
+        _set_path(record, field, value)
+        path = tmp_path / f"{record['run_id']}.json"
+        path.write_text(json.dumps(record))
+        with pytest.raises(DapbenchError, match="is not what its run wrote"):
+            load_record(path)
+    record = _committed("ncl")
+    record["config"]["dap"]["lr"] = 0.5  # the id no longer hashes the configuration
+    path.write_text(json.dumps(record))
+    with pytest.raises(DapbenchError, match="hash to"):
+        load_record(path)

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
+from benchmark.data.inputs import prepare_data
+from benchmark.engine.runner import ContinualRun
 from benchmark.errors import DapbenchError
-from benchmark.inputs import prepare_data
-from benchmark.runner import ContinualRun
 from methods.ncl import NCL
 
 
@@ -121,7 +121,7 @@ def test_unknown_method_option_is_rejected(tiny_config):
 def test_mlm_loss_matches_the_full_vocabulary_loss(tiny_model):
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-    from benchmark.data import MlmCollator
+    from benchmark.data.masking import MlmCollator
     from benchmark.modeling import mlm_loss
 
     model = AutoModelForMaskedLM.from_pretrained(tiny_model).eval()
@@ -142,7 +142,7 @@ def test_packed_chunks_carry_no_attention_mask_and_train_as_with_an_all_ones_mas
     loss, hidden states and gradients, dropout included, are bit-identical to an all-ones mask's."""
     from transformers import AutoTokenizer
 
-    from benchmark.data import MlmCollator
+    from benchmark.data.masking import MlmCollator
     from benchmark.modeling import load_masked_lm, mlm_forward
 
     model, _ = load_masked_lm(str(tiny_model))
@@ -230,7 +230,7 @@ def test_fused_adamw_is_chosen_on_cuda_only_and_takes_the_same_steps(tiny_model)
     from transformers import AutoModelForMaskedLM
 
     from benchmark.config import DapConfig
-    from benchmark.training import build_optimizer, fused_adamw
+    from benchmark.engine.training import build_optimizer, fused_adamw
 
     assert fused_adamw("cuda", "bf16") and fused_adamw(torch.device("cuda", 1)) and not fused_adamw("cpu")
     assert not fused_adamw("cuda", "fp16"), "under fp16 accelerate must still see an overflowed step skipped"

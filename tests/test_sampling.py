@@ -6,7 +6,7 @@ import itertools
 
 import torch
 
-from benchmark.sampling import SHUFFLE, SeededMasking, StageMicroBatches, derived_seed, seeded
+from benchmark.data.sampling import SHUFFLE, SeededMasking, StageMicroBatches, derived_seed, seeded
 
 
 def _take(sampler, n):

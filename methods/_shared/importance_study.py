@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from benchmark.config import RunConfig
+from benchmark.data.inputs import RunData, prepare_data
+from benchmark.engine.evaluation import DeviceBatches
 from benchmark.errors import DapbenchError
-from benchmark.evaluation import DeviceBatches
-from benchmark.inputs import RunData, prepare_data
 
 
 def importance_similarity(config: RunConfig, seed: int = 0) -> dict:
@@ -25,7 +25,7 @@ def importance_similarity(config: RunConfig, seed: int = 0) -> dict:
     the probe data of each domain of the sequence, from the base model (the paper reports ~0.9)."""
     from transformers import set_seed
 
-    from benchmark.data import fixed_mlm_batches
+    from benchmark.data.masking import fixed_mlm_batches
     from benchmark.modeling import load_masked_lm
     from methods._shared.importance import gate_importance, kl_proxy_loss
     from methods._shared.softmask import normalize_importance
@@ -73,7 +73,7 @@ def importance_stability(config: RunConfig, sizes: tuple[int, ...] = (64, 256), 
     from torch.utils.data import Subset
     from transformers import set_seed
 
-    from benchmark.data import fixed_mlm_batches
+    from benchmark.data.masking import fixed_mlm_batches
     from benchmark.modeling import load_masked_lm
     from methods._shared.importance import gate_importance, mlm_importance_loss
     from methods._shared.softmask import NORMALISATIONS, normalize_importance

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmark.data import EndTaskSpec, require_data_root
+from benchmark.data.suite import EndTaskSpec, require_data_root
 from benchmark.errors import DapbenchError
 
 
@@ -44,6 +44,9 @@ def load_end_task(spec: EndTaskSpec, data_root: str | Path, check_sizes: bool = 
     test = [ex for path in spec.test for ex in _read_examples(root / path, spec, label_ids, digest)]
     if spec.train_ratio is not None:
         train, test = repartition(train, test, len(spec.labels), spec.train_ratio)
+    for split, examples in (("train", train), ("test", test)):
+        if not examples:
+            raise DapbenchError(f"end task {spec.name} has an empty {split} split", f"check its {split} files")
     if check_sizes and spec.expected_sizes:
         got = {"train": len(train), "test": len(test)}
         if got != dict(spec.expected_sizes):
@@ -64,25 +67,48 @@ def _read_examples(path: Path, spec: EndTaskSpec, label_ids: dict[str, int], dig
     digest.update(raw)
     try:
         if spec.format == "asc_json":
-            rows = [(r["sentence"], r["polarity"], r["term"]) for r in json.loads(raw).values()]
+            table = json.loads(raw, object_pairs_hook=_unique_keys)
+            rows = [(r["sentence"], r["polarity"], r["term"]) for r in _mapping(table).values()]
         elif spec.format == "jsonl":
             rows = [(r["text"], r["label"], None) for r in map(json.loads, raw.decode().splitlines()) if r]
         else:
             raise DapbenchError(f"end task {spec.name}: unknown format {spec.format!r}", "use asc_json or jsonl")
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError, ValueError) as exc:
         raise DapbenchError(
             f"end task {spec.name}: corrupt file {path} ({type(exc).__name__}: {exc})",
             "restore the file from the data release",
         ) from exc
-    examples = []
-    for text, label, aspect in rows:
-        if label not in label_ids:
+    return [_example(spec, path, label_ids, *row) for row in rows]
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object whose keys (example ids) are unique: a repeated id would silently replace an example."""
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise ValueError(f"example id(s) {repeated[:3]} occur more than once")
+    return dict(pairs)
+
+
+def _mapping(value: Any) -> dict:
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise TypeError("an asc_json file maps example ids to {term, sentence, polarity} objects")
+    return value
+
+
+def _example(spec: EndTaskSpec, path: Path, label_ids: dict[str, int], text, label, aspect) -> Example:
+    """One checked example: a non-empty text (and aspect term), a label of the task's declared set."""
+    if not isinstance(label, str) or label not in label_ids:
+        raise DapbenchError(
+            f"end task {spec.name}: unknown label {label!r} in {path}",
+            f"expected one of {list(label_ids)}; fix the file or the task's labels in its YAML",
+        )
+    for what, value in (("text", text), ("aspect term", aspect if spec.format == "asc_json" else "-")):
+        if not isinstance(value, str) or not value.strip():
             raise DapbenchError(
-                f"end task {spec.name}: unknown label {label!r} in {path}",
-                f"expected one of {list(label_ids)}; fix the file or the task's labels in its YAML",
+                f"end task {spec.name}: an example in {path} has no {what} ({value!r})", "fix or remove the example"
             )
-        examples.append(Example(text=text, label=label_ids[label], aspect=aspect))
-    return examples
+    return Example(text=text, label=label_ids[label], aspect=aspect)
 
 
 def repartition(

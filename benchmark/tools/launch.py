@@ -1,9 +1,11 @@
 """Fan a method x seed x sequence grid out: N runs at a time on this machine, or one Slurm job per run.
 
-Each run of the grid is the ordinary single-run command (``dapbench run --methods M --seeds S --sequence Q``),
-so a run launched here computes exactly what it computes when typed by hand, resumes the same way, and takes
-its run directory's lock (``benchmark.layout.run_lock``). Runs whose record exists are not launched. Records
-land in one results folder; the leaderboard is written once, after the grid (or by ``dapbench report``).
+Each run of the grid gets its resolved configuration as a file (``RunConfig.to_dict``, one method and one seed:
+the one serialisable config between processes) and runs it through the library's single-run entry point
+(``dapbench run --config FILE`` locally, ``benchmark.api.run_config_file`` in a Slurm job), so a run launched
+here computes exactly what its planned run id names, resumes the same way, and takes its run directory's lock
+(``benchmark.engine.layout.run_lock``). Runs whose record exists are not launched. Records land in one results
+folder; the leaderboard is written once, after the grid (or by ``dapbench report``).
 
 Local runs are separate processes scheduled by a thread pool (each thread waits on one child); with GPUs,
 each run sees one (``CUDA_VISIBLE_DEVICES``), assigned round-robin over the free ones. Slurm jobs go through
@@ -12,6 +14,7 @@ each run sees one (``CUDA_VISIBLE_DEVICES``), assigned round-robin over the free
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import re
@@ -24,7 +27,7 @@ from pathlib import Path
 
 from benchmark.config import RunConfig
 from benchmark.errors import DapbenchError
-from benchmark.io import path_inside
+from benchmark.io import atomic_write_json, path_inside
 
 Echo = Callable[[str], None]
 
@@ -71,10 +74,23 @@ def expand_sequences(text: str | None) -> list[str | None]:
     return [part.strip() for part in text.split("+") if part.strip()]
 
 
+def planned_run_ids(config: RunConfig) -> dict[tuple[str, int], str]:
+    """The run id of every method x seed of ``config`` (which reads and checksums its inputs): the names its
+    records will have under ``results/<profile>/`` and its work directories under ``<work_dir>/runs/``."""
+    from benchmark.data.inputs import prepare_data
+    from benchmark.data.synthetic import materialise
+    from benchmark.records.identity import run_identity
+    from benchmark.registry import default_registry
+
+    config = materialise(config)
+    data = prepare_data(config)
+    registry = default_registry()
+    identities = {m: run_identity(config, registry.get(m), data.domains, data.checksums) for m in config.methods}
+    return {(m, s): identities[m].run_id(s, config.sequence) for m in config.methods for s in config.seeds}
+
+
 def plan_grid(configs: Sequence[RunConfig]) -> list[GridRun]:
     """Every method x seed of each config (one config per sequence), with its run id and record path."""
-    from benchmark.api import planned_run_ids
-
     runs = []
     for config in configs:
         for (method, seed), run_id in planned_run_ids(config).items():
@@ -83,18 +99,24 @@ def plan_grid(configs: Sequence[RunConfig]) -> list[GridRun]:
     return runs
 
 
-def run_command(config: RunConfig, run: GridRun, overrides: Sequence[str]) -> list[str]:
-    """The ``dapbench run`` arguments of one grid run: the resolved inputs and folders, the user's ``--set``
-    overrides, one method, one seed, one sequence, no leaderboard (the launcher writes it once)."""
-    argv = ["run", "--profile", config.profile, "--methods", run.method, "--seeds", str(run.seed)]
-    argv += ["--sequence", run.sequence, "--matrix", config.matrix, "--device", config.device]
-    argv += ["--model", config.model, "--output-dir", config.output_dir, "--work-dir", config.work_dir]
-    for flag, value in (("--data-root", config.data_root), ("--general-heldout", config.general_heldout)):
-        if value:
-            argv += [flag, value]
-    for override in overrides:
-        argv += ["--set", override]
-    return [*argv, "--quiet", "--no-leaderboard"]
+def write_child_config(config: RunConfig, run: GridRun, folder: Path) -> Path:
+    """The resolved configuration of one grid run (its method and seed, absolute folders) as a JSON file under
+    ``folder``: what the run's process reads instead of a command line that could drop a field."""
+    child = dataclasses.replace(
+        config,
+        methods=(run.method,),
+        seeds=(run.seed,),
+        output_dir=str(Path(config.output_dir).resolve()),
+        work_dir=str(Path(config.work_dir).resolve()),
+    )
+    path = folder / f"{run.run_id}.json"
+    atomic_write_json(path, child.to_dict())
+    return path
+
+
+def child_command(config_file: Path) -> list[str]:
+    """The ``dapbench`` arguments that run one grid run's configuration file, without a leaderboard."""
+    return ["run", "--config", str(config_file), "--quiet", "--no-leaderboard"]
 
 
 def launch_local(commands: dict[GridRun, list[str]], processes: int, logs: Path, echo: Echo) -> list[GridRun]:
@@ -142,8 +164,11 @@ def _visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
-def submit_slurm(commands: dict[GridRun, list[str]], options: SlurmOptions, folder: Path) -> dict[GridRun, object]:
-    """Submit one job per command through submitit (job arrays are submitit's business); returns the jobs."""
+def submit_slurm(
+    config_files: dict[GridRun, Path], options: SlurmOptions, folder: Path, job: Callable[[str], object]
+) -> dict[GridRun, object]:
+    """Submit one job per run through submitit (one job array); each job calls ``job`` (the library's single-run
+    entry point, ``benchmark.api.run_config_file``) on its configuration file. Returns the jobs."""
     try:
         import submitit
     except ImportError as exc:
@@ -152,17 +177,7 @@ def submit_slurm(commands: dict[GridRun, list[str]], options: SlurmOptions, fold
     parameters = {"timeout_min": options.time_min, "gpus_per_node": options.gpus, "cpus_per_task": options.cpus}
     parameters |= {"name": "dapbench", "slurm_partition": options.partition, "mem_gb": options.mem_gb}
     executor.update_parameters(**{k: v for k, v in parameters.items() if v is not None})
-    runs = list(commands)
+    runs = list(config_files)
     with executor.batch():  # one job array: a single submission for the whole grid
-        jobs = [executor.submit(run_cli, commands[run]) for run in runs]
+        jobs = [executor.submit(job, str(config_files[run])) for run in runs]
     return dict(zip(runs, jobs, strict=True))
-
-
-def run_cli(argv: list[str]) -> int:
-    """A grid run inside a Slurm job: the CLI, in-process; a non-zero exit becomes the job's error."""
-    from benchmark.cli import main
-
-    code = main(argv)
-    if code != 0:
-        raise RuntimeError(f"dapbench {' '.join(argv)} exited with {code}")
-    return code

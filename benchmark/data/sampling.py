@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from benchmark.data import MlmCollator
+from benchmark.data.masking import MlmCollator
 
 SHUFFLE, MASKS, DROPOUT = 0, 1, 2
 """What a derived seed is for (part of its derivation, so the three never share a stream)."""

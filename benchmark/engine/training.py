@@ -5,7 +5,7 @@ Per update: ``accum`` micro-batches of MLM forward + the method's named loss ter
 are summed on the device and read back only every ``log_every`` updates (the loop's one host sync),
 where a non-finite term stops the run with a named error.
 
-The micro-batches, their masks and their dropout come from :mod:`benchmark.sampling`: seeded per
+The micro-batches, their masks and their dropout come from :mod:`benchmark.data.sampling`: seeded per
 micro-batch, so N processes (each taking every N-th micro-batch) train what one process trains.
 """
 
@@ -23,10 +23,10 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from benchmark.config import DapConfig
+from benchmark.data.sampling import DROPOUT, derived_seed, seeded, stage_stream
 from benchmark.errors import NonFiniteError
 from benchmark.method import ContinualMethod, StepContext, StepOutput
 from benchmark.modeling import mlm_forward
-from benchmark.sampling import DROPOUT, derived_seed, seeded, stage_stream
 
 
 @dataclass
@@ -38,7 +38,7 @@ class DapTrainer:
     tokenizer: Any
     accelerator: Any
     seed: int
-    """The run's seed: with the stage, it names every draw of the stage's stream (:mod:`benchmark.sampling`)."""
+    """The run's seed: with the stage, it names every draw of the stage's stream (:mod:`benchmark.data.sampling`)."""
     show_progress: bool = True
     instrument: Callable[[], contextlib.AbstractContextManager] | None = None
     """Makes a context entered around the stage's updates only (not its setup or evaluation): ``dapbench bench``
@@ -93,7 +93,7 @@ class DapTrainer:
 
 def training_stream(dataset: Dataset, tokenizer, dap: DapConfig, seed: int, stage: int, acc) -> DataLoader:
     """This process's share of the stage's training stream. Not prepared by accelerate: it shards itself across
-    processes (:mod:`benchmark.sampling`)."""
+    processes (:mod:`benchmark.data.sampling`)."""
     return stage_stream(
         dataset, tokenizer, dap.per_device_batch_size, dap.mlm_probability, seed, stage, acc.process_index,
         acc.num_processes, dap.loader_workers, pin_memory=acc.device.type == "cuda",

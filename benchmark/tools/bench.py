@@ -26,10 +26,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmark.config import RunConfig
-from benchmark.environment import make_accelerator
-from benchmark.inputs import RunData, prepare_data
-from benchmark.runner import ContinualRun
-from benchmark.training import fused_adamw
+from benchmark.data.inputs import RunData, prepare_data
+from benchmark.engine.environment import make_accelerator
+from benchmark.engine.runner import ContinualRun
+from benchmark.engine.training import fused_adamw
 
 BENCH_SCHEMA = 1
 """Version of the JSON ``dapbench bench --save`` writes under ``results/bench/``."""
@@ -142,8 +142,8 @@ def _second_stage(cfg: RunConfig, data: RunData, name: str, seed: int, updates: 
 def encoder_share(cfg: RunConfig, data: RunData) -> float:
     """The encoder's share of the FLOPs of the plain MLM update (forward and backward) of the base model on one
     training micro-batch; the rest is the MLM head on the masked tokens."""
+    from benchmark.data.sampling import SeededMasking
     from benchmark.modeling import encoder_of, load_masked_lm, mlm_loss
-    from benchmark.sampling import SeededMasking
 
     model, _ = load_masked_lm(cfg.model)
     train = data.corpora[data.domains[0]].train
@@ -169,7 +169,7 @@ def plain_step(cfg: RunConfig, data: RunData, updates: int, accelerator) -> dict
     and mixed precision; the first update is a warm-up and not timed."""
     from transformers import DataCollatorForLanguageModeling
 
-    from benchmark.environment import peak_memory_mb, reset_peak_memory
+    from benchmark.engine.environment import peak_memory_mb, reset_peak_memory
     from benchmark.modeling import load_masked_lm
 
     dap, tokenizer = cfg.dap, data.tokenizer

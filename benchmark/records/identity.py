@@ -30,7 +30,7 @@ RESULTS_VERSION = 3
 """Bumped when a change of the core changes the numbers of an unchanged configuration (masking, evaluation,
 the training loop): every run id changes with it, so no record of the old code is mistaken for a new one.
 A method bumps its own ``ContinualMethod.version`` for the same reason. 3: the training stream is drawn per
-micro-batch (:mod:`benchmark.sampling`), the same for any number of processes."""
+micro-batch (:mod:`benchmark.data.sampling`), the same for any number of processes."""
 
 LOCATION_FIELDS = ("output_dir", "work_dir", "keep_checkpoints", "methods", "seeds", "device", "profile")
 """Config fields that say where or what to run, not what a run computes."""
@@ -204,7 +204,7 @@ def run_identity(
     """The identity of ``method_cls`` run in ``config`` on ``domains`` with inputs of checksums ``inputs``.
 
     The number of processes is left out unless the method's options make the numbers depend on it: N processes
-    draw the training stream one process draws (:mod:`benchmark.sampling`), so they compute the same run up to
+    draw the training stream one process draws (:mod:`benchmark.data.sampling`), so they compute the same run up to
     the order of floating-point sums."""
     options = method_cls.config_cls.from_options(config.method_options.get(method_cls.name, {}), method_cls.name)
     return RunIdentity(

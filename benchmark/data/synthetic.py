@@ -18,13 +18,16 @@ real loading code reads them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
-from benchmark.data import SUITE_FILE
+from benchmark.config import RunConfig
+from benchmark.data.suite import SUITE_FILE
 from benchmark.io import atomic_directory
 
 VERSION = 1
@@ -157,7 +160,7 @@ def pretrain_synthetic_base(data_root: str | Path, out_dir: str | Path, spec=Non
     The tokenizer's vocabulary also covers the domain corpora (segmentation carries no knowledge),
     so domain words are whole tokens whose embeddings the base model never trained.
     """
-    from benchmark.pretrain import BaseModelSpec, pretrain_base
+    from benchmark.data.pretrain import BaseModelSpec, pretrain_base
 
     root = Path(data_root)
     spec = spec or BaseModelSpec(
@@ -178,3 +181,28 @@ def pretrain_synthetic_base(data_root: str | Path, out_dir: str | Path, spec=Non
 def _sequences() -> dict[str, list[str]]:
     rotations = {f"seq{i}": list(DOMAINS[i:] + DOMAINS[:i]) for i in range(5)}
     return rotations
+
+
+def _silent(line: str) -> None:
+    """Say nothing (the default progress line sink)."""
+
+
+def materialise(config: RunConfig, show_progress: bool = False, echo: Callable[[str], None] = _silent) -> RunConfig:
+    """``config`` with its inputs in place: for the synthetic profile, the generated world and its tiny base
+    model (built once, cached in the work folder); any other config as it is."""
+    if config.profile != "synthetic" or config.model != "synthetic":
+        return config
+    root = Path(config.work_dir) / f"synthetic-v{VERSION}"
+    data_root, model_dir = root / "data", root / "base-model"
+    if not data_root.exists():
+        write_world(build_world(seed=0), data_root)
+    if not model_dir.exists():
+        echo("synthetic: pre-training the tiny base model on the general corpus (once)")
+        pretrain_synthetic_base(data_root, model_dir, show_progress=show_progress)
+    return dataclasses.replace(
+        config,
+        model=str(model_dir),
+        data_root=str(data_root),
+        general_heldout=str(data_root / "general_heldout.txt"),
+        general_corpus=str(data_root / "general.txt"),
+    )

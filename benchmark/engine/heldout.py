@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmark.data import fixed_mlm_batches, load_heldout_text
+from benchmark.data.corpora import load_heldout_text
+from benchmark.data.masking import fixed_mlm_batches
+from benchmark.engine.evaluation import DeviceBatches, heldout_evaluation, heldout_features
 from benchmark.errors import CorruptStateError
-from benchmark.evaluation import DeviceBatches, heldout_evaluation, heldout_features
 from benchmark.io import atomic_write_bytes, atomic_write_json, read_json
 from benchmark.modeling import load_masked_lm
 

@@ -14,10 +14,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from benchmark.config import FinetuneConfig
-from benchmark.endtasks import EndTaskData, Example, fixed_subset, format_example
+from benchmark.data.endtasks import EndTaskData, Example, fixed_subset, format_example
+from benchmark.engine.training import fused_adamw
 from benchmark.errors import NonFiniteError
 from benchmark.metrics import classification_scores
-from benchmark.training import fused_adamw
 
 
 @dataclass

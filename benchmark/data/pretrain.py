@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from benchmark.data import MlmCollator, fixed_mlm_batches, load_corpus, read_corpus_lines
+from benchmark.data.corpora import load_corpus, read_corpus_lines
+from benchmark.data.masking import MlmCollator, fixed_mlm_batches
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_directory, atomic_write_json
 from benchmark.modeling import mlm_loss

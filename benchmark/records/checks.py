@@ -37,7 +37,7 @@ def check_record(record: dict[str, Any], path: Path | None = None) -> None:
 
 
 def _identity_problems(record: dict[str, Any], path: Path | None) -> list[str]:
-    from benchmark.identity import record_identity, sequence_tag
+    from benchmark.records.identity import record_identity, sequence_tag
 
     run_id, out = record["run_id"], []
     if path is not None and path.stem != run_id:
@@ -70,7 +70,7 @@ def _numbers(value: Any, name: str = "") -> Iterator[tuple[str, float]]:
 
 def _derived_problems(record: dict[str, Any]) -> list[str]:
     from benchmark.metrics import record_loss_metrics
-    from benchmark.records import summary_of
+    from benchmark.records.build import summary_of
 
     out = []
     metrics = record_loss_metrics(record)

@@ -221,7 +221,7 @@ def reproduction_config(record: dict, output_dir: str | Path, paths: dict[str, s
     the same input.
     """
     from benchmark.config import PROFILES
-    from benchmark.records import resolve_portable
+    from benchmark.records.schema import resolve_portable
 
     config = RunConfig.from_dict(record["config"])
     defaults = profile_config(config.profile) if config.profile in PROFILES else None

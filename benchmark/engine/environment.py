@@ -6,12 +6,26 @@ import contextlib
 import os
 import resource
 import subprocess
+from functools import cache
 from pathlib import Path
 
 import torch
 
-from benchmark.data import package_versions
 from benchmark.errors import DapbenchError
+
+
+@cache
+def package_versions() -> dict[str, str]:
+    """Versions of the libraries that change results."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("torch", "transformers", "datasets", "accelerate", "peft", "scikit-learn", "numpy"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "missing"
+    return out
 
 
 def make_accelerator(config):

@@ -1,0 +1,60 @@
+"""The cells A[t][k] of the end-task matrix: each end task fine-tuned (or probed) from checkpoint t, once, resumably,
+spread over the processes of a multi-process run."""
+
+from __future__ import annotations
+
+from benchmark.engine.finetune import evaluate_end_task
+from benchmark.engine.parts import RunParts
+from benchmark.engine.stages import StageModels
+from benchmark.errors import error_context
+from benchmark.io import atomic_write_json, read_json
+from benchmark.method import FinetuneContext
+
+SCORES = ("acc", "macro_f1", "micro_f1")
+"""The end-task scores of every cell A[t][k] (fractions)."""
+
+
+class EndTaskRunner:
+    """The cells A[t][k]: each end task fine-tuned (or probed) from checkpoint t, once."""
+
+    def __init__(self, parts: RunParts, models: StageModels):
+        self.parts, self.models = parts, models
+
+    def run_row(self, t: int, on_cell_done=lambda: None) -> None:
+        """Every cell of row ``t`` that the matrix mode asks for and that is not finished yet."""
+        from transformers import set_seed
+
+        p, row_key, acc = self.parts, self.parts.schedule.row_key(t), self.parts.accelerator
+        todo = [k for k in p.schedule.row_tasks(t) if not p.layout.finetune_cell(row_key, k).exists()]
+        mine = todo[acc.process_index :: acc.num_processes]  # several processes take whole fine-tunes each
+        dap_model = self.models.load(t) if mine else None
+        for k in mine:
+            task = p.data.tasks[p.data.domains[k]]
+            domain_id = k if p.method.capabilities.needs_domain_id_at_finetune else None
+            ctx = FinetuneContext(
+                p.layout.verified_checkpoint(t), dap_model, task.num_labels, task_domain_index=domain_id
+            )
+            seed = p.seed + p.config.finetune.seed_offset
+            # Seeded before the classifier exists: its fresh head must not depend on what ran before
+            # (a resumed run skips work and would otherwise draw a different head).
+            set_seed(seed)
+            model = p.method.finetune_model(ctx).to(p.accelerator.device)
+            with error_context(f"{p.where}, checkpoint after domain {t}, end task {task.name}"):
+                result = evaluate_end_task(model, task, p.data.tokenizer, p.config.finetune, seed, p.accelerator)
+            atomic_write_json(p.layout.finetune_cell(row_key, k), {"row": t, "task": task.name, **result})
+            on_cell_done()
+        acc.wait_for_everyone()  # every cell of the row is on disk before anyone reads the matrix or trains on
+
+    def matrices(self) -> tuple[dict[str, list[list[float | None]]], dict[str, list[int]]]:
+        """A[t][k] per score from the finished cells (None where the matrix mode skips a cell), and each cell's
+        test predictions keyed ``t/k`` (what the report bootstraps the test sample over)."""
+        p, size = self.parts, len(self.parts.data.domains)
+        out: dict[str, list[list[float | None]]] = {m: [[None] * size for _ in range(size)] for m in SCORES}
+        predictions = {}
+        for t in p.schedule.stages():
+            for k in p.schedule.row_tasks(t):
+                cell = read_json(p.layout.finetune_cell(p.schedule.row_key(t), k), "fine-tune result")
+                for metric in out:
+                    out[metric][t][k] = cell[metric]
+                predictions[f"{t}/{k}"] = cell["predictions"]
+        return out, predictions

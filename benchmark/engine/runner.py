@@ -1,0 +1,124 @@
+"""The continual runner: DAP through a domain sequence, end-task fine-tunes, one record per run.
+
+For every stage t of the method's :class:`~benchmark.schedule.StageSchedule`: ``before_domain`` -> train
+(:class:`~benchmark.training.DapTrainer`) -> ``after_domain`` -> held-out losses and representation drift
+-> atomic checkpoint -> fine-tune the row of A[t][k] that ``--matrix`` asks for. Finished stages and
+fine-tunes are files in the run's :class:`~benchmark.layout.RunLayout`, skipped when a run is started again.
+
+:class:`ContinualRun` drives the parts, which share one :class:`RunParts`: :class:`StageModels` (which
+model a stage starts from), :class:`BaseEvaluation` (the base model's held-out numbers), :class:`StageRunner`
+(train, evaluate, checkpoint one stage) and :class:`EndTaskRunner` (the cells of A[t][k]); the base model's
+held-out numbers and the general probe are :mod:`benchmark.engine.heldout`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmark.config import RunConfig
+from benchmark.data.inputs import RunData
+from benchmark.engine.cells import EndTaskRunner
+from benchmark.engine.environment import environment_facts, make_accelerator, memory_kind
+from benchmark.engine.heldout import BaseEvaluation
+from benchmark.engine.layout import RunClock, RunLayout
+from benchmark.engine.parts import RunParts
+from benchmark.engine.schedule import StageSchedule
+from benchmark.engine.stages import StageModels, StageRunner
+from benchmark.errors import error_context
+from benchmark.io import read_json
+from benchmark.method import RunEnv, build_method
+from benchmark.metrics import anisotropy
+from benchmark.records.build import build_record, run_timing
+from benchmark.records.identity import run_identity
+from benchmark.records.schema import RunRecord
+from benchmark.registry import default_registry
+
+
+class ContinualRun:
+    """Runs one method with one seed through the sequence, resumably, and builds its record."""
+
+    def __init__(self, config: RunConfig, data: RunData, method_name: str, seed: int, show_progress: bool = True):
+        cls, accelerator = default_registry().get(method_name), make_accelerator(config)
+        self.identity = run_identity(config, cls, data.domains, data.checksums, accelerator.num_processes)
+        self.run_id = self.identity.run_id(seed, config.sequence)
+        env = RunEnv(len(data.domains), data.domains, seed, base_model=config.model)
+        self.parts = RunParts(
+            config, data, build_method(cls, config.method_options.get(method_name, {}), env), seed,
+            RunLayout(Path(config.work_dir) / "runs" / self.run_id),
+            StageSchedule(cls.capabilities, len(data.domains), config.dap.steps, config.matrix),
+            accelerator, show_progress,
+        )  # fmt: skip
+        p = self.parts
+        self.method, self.layout, self.schedule, self.seed = p.method, p.layout, p.schedule, p.seed
+        self.models, self.base = StageModels(p), BaseEvaluation(p)
+        self.stages, self.end_tasks = StageRunner(p, self.models, self.base), EndTaskRunner(p, self.models)
+
+    def execute(self) -> RunRecord:
+        """Run (or resume) every stage and fine-tune, then return the complete record."""
+        p = self.parts
+        p.layout.root.mkdir(parents=True, exist_ok=True)
+        clock = RunClock(p.layout.clock)
+        self.base.losses()
+        clock.save()
+        for t in p.schedule.stages():
+            if not p.layout.domain_done(t).exists():
+                with error_context(f"{p.where}, domain {t} ({p.data.domains[t]})"):
+                    self.stages.run(t)
+                clock.save()
+            self.end_tasks.run_row(t, on_cell_done=clock.save)
+            if t > 0 and not p.config.keep_checkpoints and p.accelerator.is_main_process:
+                p.layout.discard_checkpoint(t - 1)  # its row is done; the next stage starts from checkpoint t
+        return self._record(clock)
+
+    def _record(self, clock: RunClock) -> RunRecord:
+        p = self.parts
+        stats: list[dict[str, Any] | None] = [None] * len(p.data.domains)
+        for t in p.schedule.stages():
+            stats[t] = read_json(p.layout.domain_done(t), "domain progress file")
+        present = [s for s in stats if s is not None]
+        return build_record(
+            run_id=self.run_id, identity=self.identity, method=p.method, seed=p.seed, config=p.config, data=p.data,
+            stage_stats=stats, cells=self.end_tasks.matrices(), base_losses=self.base.losses(),
+            base_chunk_sums=self.base.chunk_sums(),
+            base_anisotropy={name: round(anisotropy(v), 5) for name, v in self.base.features().items()},
+            timing=run_timing(clock, present, memory_kind()), environment=environment_facts(p.accelerator),
+        )  # fmt: skip
+
+
+def run_once(run: ContinualRun, path: Path, echo: Callable[[str], None], describe: Callable[[RunRecord], str]):
+    """The record of ``run``: kept if it exists, else made now and written to ``path``; None if another command
+    holds the run. With several processes, the main one takes the lock and decides for all, and only it writes."""
+    import contextlib
+
+    from accelerate import PartialState
+
+    from benchmark.engine.layout import run_lock
+    from benchmark.io import atomic_write_json
+    from benchmark.records.store import load_record
+
+    name, main = f"{run.method.name} seed {run.seed}", PartialState().is_main_process
+    with run_lock(run.layout.root) if main else contextlib.nullcontext(True) as locked:
+        decision = _main_decides("run" if locked and not path.is_file() else "kept" if locked else "held")
+        if decision == "held":
+            echo(f"{name}: in progress in another process, skipped (its record lands in {path})")
+            return None
+        if decision == "kept":  # a finished run is not redone, rewritten or counted again
+            echo(f"{name}: complete, kept {path} (delete it to run again)")
+            return load_record(path)
+        record = run.execute()
+        if main:
+            atomic_write_json(path, record)
+            echo(f"{name}: {describe(record)} -> {path}")
+        return record
+
+
+def _main_decides(decision: str) -> str:
+    """The main process's ``decision``, on every process of a multi-process run (itself when alone)."""
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
+
+    if PartialState().num_processes == 1:
+        return decision
+    return broadcast_object_list([decision], from_process=0)[0]

@@ -1,0 +1,103 @@
+"""One stage of a run: the model it starts from (:class:`StageModels`), and training, held-out evaluation and the
+checkpoint that marks it finished (:class:`StageRunner`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmark.data.masking import fixed_mlm_batches
+from benchmark.engine.environment import peak_memory_mb, reset_peak_memory
+from benchmark.engine.evaluation import DeviceBatches, heldout_evaluation, heldout_features, representation_drift
+from benchmark.engine.heldout import BaseEvaluation, GeneralProbe
+from benchmark.engine.parts import RunParts
+from benchmark.engine.training import DapTrainer
+from benchmark.io import atomic_write_json
+from benchmark.method import DomainContext
+from benchmark.modeling import load_masked_lm, mlm_loss, restore_checkpoint_weights
+
+
+class StageModels:
+    """The model a stage starts from, with the method's surgery and state applied."""
+
+    def __init__(self, parts: RunParts):
+        self.parts = parts
+
+    def for_stage(self, t: int):
+        """The base model where the schedule starts fresh, else checkpoint ``t - 1``."""
+        return self.fresh(t) if self.parts.schedule.starts_fresh(t) else self.load(t - 1)
+
+    def fresh(self, t: int):
+        """The base model after the method's surgery, with the method state of checkpoint t-1 where it carries."""
+        p = self.parts
+        model, _ = load_masked_lm(p.config.model)
+        model = p.method.setup(model.to(p.accelerator.device))
+        if p.schedule.carries_method_state(t):
+            p.method.load_state_dict(p.layout.method_state(t - 1))
+        return model
+
+    def load(self, t: int):
+        """The model of checkpoint ``t`` after the method's surgery, with the method state saved with it."""
+        p, checkpoint = self.parts, self.parts.layout.verified_checkpoint(t)
+        model, _ = load_masked_lm(str(checkpoint), require_complete=False)
+        model = p.method.setup(model.to(p.accelerator.device))
+        restore_checkpoint_weights(model, checkpoint)
+        p.method.load_state_dict(p.layout.method_state(t))
+        return model
+
+
+class StageRunner:
+    """One stage: train (if the method pre-trains), evaluate on held-out text, checkpoint, mark it finished."""
+
+    def __init__(self, parts: RunParts, models: StageModels, base: BaseEvaluation):
+        self.parts, self.models, self.base = parts, models, base
+        self.general_probe = GeneralProbe(parts)
+        self.instrument = None  # set by `dapbench bench` (DapTrainer.instrument)
+
+    def run(self, t: int) -> dict[str, Any]:
+        """Run stage ``t`` and write its statistics (whose file marks it finished); return them."""
+        p, device = self.parts, self.parts.accelerator.device
+        # Seed first: a method's setup may draw random initial weights (adapters, prompts, task embeddings).
+        p.layout.restore_rng(t - 1, p.seed + t)
+        model = self.models.for_stage(t)
+        reset_peak_memory()
+        stats: dict[str, Any] = {"domain": p.data.domains[t], "trained": False, "trainable_parameters": 0}
+        if p.schedule.trains():
+            stats = {**stats, **self._train(model, t)}
+        view = self._heldout_view(model)
+        evaluation = heldout_evaluation(model, p.data.heldout_batches, device, view, p.accelerator)
+        stats["mlm_loss"], stats["mlm_loss_chunks"] = evaluation.losses, evaluation.chunk_sums
+        features = heldout_features(model, p.data.feature_batches(), device, view, p.accelerator)
+        stats["representation"] = representation_drift(self.base.features(), features)
+        stats["peak_memory_mb"] = peak_memory_mb()
+        if p.accelerator.is_main_process:  # once; the other processes hold the same model and numbers
+            p.layout.save_checkpoint(t, p.accelerator.unwrap_model(model), p.data.tokenizer, p.method.state_dict())
+            atomic_write_json(p.layout.domain_done(t), stats)
+        p.accelerator.wait_for_everyone()
+        p.accelerator.free_memory()
+        return stats
+
+    def _train(self, model, t: int) -> dict[str, Any]:
+        p, dap = self.parts, self.parts.config.dap
+        probe = fixed_mlm_batches(
+            p.data.corpora[p.data.domains[t]].train, p.data.tokenizer, dap.probe_chunks, dap.probe_batch_size,
+            dap.mlm_probability, seed=1000 + t,
+        )  # fmt: skip
+        device = p.accelerator.device
+        ctx = DomainContext(
+            t, p.data.domains[t], model, DeviceBatches(probe, device), p.accelerator, mlm_loss, self.general_probe
+        )
+        trainable = sum(q.numel() for _, q in p.method.trainable_parameters(model))
+        p.method.before_domain(ctx)
+        trainer = DapTrainer(p.method, dap, p.data.tokenizer, p.accelerator, p.seed, p.show_progress, self.instrument)
+        dataset = p.data.training_set(p.schedule.training_domains(t))
+        desc = f"{p.method.name} {p.data.domains[t]}"
+        stats = trainer.train(model, dataset, p.schedule.updates(), t, p.schedule.step_offset(t), desc)
+        p.method.after_domain(ctx)
+        report = p.method.domain_report()
+        return {"trained": True, "trainable_parameters": trainable, **stats, "method_report": report}
+
+    def _heldout_view(self, model):
+        """Per held-out set name, the method's view of ``model`` for that set's domain (None: general text)."""
+        p = self.parts
+        index = {name: k for k, name in enumerate(p.data.domains)}
+        return lambda name: p.method.heldout_view(p.accelerator.unwrap_model(model), index.get(name))

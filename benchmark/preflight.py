@@ -1,0 +1,134 @@
+"""Everything a run will read and write, checked before any work: a bad input is a named error (exit 2) while
+nothing has been trained, written or deleted yet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmark.config import RunConfig
+from benchmark.errors import DapbenchError
+from benchmark.io import path_inside
+from benchmark.records.store import load_records
+
+
+def check_inputs(configs: list[RunConfig]) -> list:
+    """Every config of a grid (one per sequence), before the first trains: its files and folders
+    (:func:`check_config_inputs`), then everything its run will read (:func:`check_run_data`). Returns each
+    config's prepared inputs (``RunData``)."""
+    from benchmark.data.inputs import prepare_data
+
+    for config in configs:
+        check_config_inputs(config)
+    prepared = [prepare_data(config) for config in configs]
+    for config, data in zip(configs, prepared, strict=True):
+        check_run_data(config, data)
+    return prepared
+
+
+def check_run_data(config: RunConfig, data) -> None:
+    """What the prepared inputs of a run must satisfy before it trains: end-task settings name its end tasks, and
+    every end task can be scored by the protocol (two classes to fit a linear probe on)."""
+    from benchmark.settings import check_known_keys
+
+    tasks = {task.name: task for task in data.tasks.values()}
+    check_known_keys("finetune.epochs", config.finetune.epochs, _suite_tasks(config), "end task")
+    for task in tasks.values():
+        classes = {ex["labels"] for ex in task.train}
+        if config.finetune.protocol == "linear_probe" and len(classes) < 2:
+            raise DapbenchError(
+                f"end task {task.name}: its training split has one class only ({len(task.train)} examples), which a"
+                " linear probe cannot be fitted on",
+                "raise finetune.max_train_examples or fix the task's training file",
+            )
+
+
+def _suite_tasks(config: RunConfig) -> list[str]:
+    from benchmark.data.suite import load_suite
+
+    return list(load_suite(config.data_root).end_tasks)
+
+
+def _check_model_fits(config: RunConfig) -> None:
+    """The model's embedding table covers its tokenizer, and its positions cover the run's sequences."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        model = AutoConfig.from_pretrained(config.model)
+        tokenizer = AutoTokenizer.from_pretrained(config.model)
+    except (OSError, ValueError) as exc:
+        raise DapbenchError(f"cannot read the configuration of model {config.model!r}: {exc}", "pass --model") from exc
+    vocabulary = getattr(model, "vocab_size", None)
+    if vocabulary is not None and vocabulary < len(tokenizer):
+        raise DapbenchError(
+            f"model {config.model!r} embeds {vocabulary} tokens but its tokenizer has {len(tokenizer)}: token ids"
+            " past the table would fail in the middle of a run",
+            "use the tokenizer the model was trained with (the model directory's own)",
+        )
+    positions = getattr(model, "max_position_embeddings", None)
+    if positions is not None:
+        usable = positions - (model.pad_token_id + 1 if model.model_type in ("roberta", "xlm-roberta") else 0)
+        for key, length in (("dap.seq_len", config.dap.seq_len), ("finetune.max_length", config.finetune.max_length)):
+            if length > usable:
+                raise DapbenchError(
+                    f"{key}={length} exceeds the {usable} positions model {config.model!r} can embed",
+                    f"set {key} to at most {usable}",
+                )
+
+
+def check_config_inputs(config: RunConfig) -> None:
+    """What would otherwise fail after training: an unwritable output folder, a corrupt record already under
+    ``results/`` (the leaderboard is rebuilt from all of them), a missing data root, a model directory that is
+    missing or truncated."""
+    import tempfile
+
+    from benchmark.data.suite import require_data_root
+    from benchmark.modeling import check_model_files
+
+    results = path_inside(config.output_dir, "results", config.profile)
+    work = Path(config.work_dir).resolve()
+    if work == results.parent or results.parent in work.parents:
+        raise DapbenchError(
+            f"the work folder {work} is inside the results folder {results.parent}: its files would be read as records",
+            "pass a --work-dir outside <output-dir>/results (the default is <output-dir>/.dapbench)",
+        )
+    existing = next(p for p in (results, *results.parents) if p.exists())  # nothing is created here
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as exc:
+        raise DapbenchError(
+            f"cannot write results under {results}: {exc.strerror}", "pass a writable --output-dir"
+        ) from exc
+    if results.parent.is_dir():
+        load_records(results.parent)  # a corrupt record is named now, not after hours of training
+    if config.data_root:
+        require_data_root(config.data_root)
+    for field in ("general_heldout", "general_corpus"):
+        source = getattr(config, field)
+        if source and not source.startswith("hub:") and not Path(source).is_file():
+            raise DapbenchError(
+                f"{field} {source!r} is not a file",
+                f"pass an existing text file, one passage per line (--{field.replace('_', '-')} PATH"
+                f" or --set {field}=PATH), or a hub:NAME dataset",
+            )
+    check_model_files(config.model)
+    _check_model_fits(config)
+
+
+def require_multi_process(config: RunConfig, num_processes: int) -> None:
+    """Refuse, before any work, a multi-process run of a method not verified for it (``multi_process``)."""
+    from benchmark.engine.environment import require_multi_process_support, require_supported_engine
+    from benchmark.registry import default_registry
+
+    require_supported_engine()
+    for method in config.methods:
+        require_multi_process_support(default_registry().get(method), num_processes)
+    dap = config.dap
+    if dap.batch_size % (dap.per_device_batch_size * num_processes):
+        fitting = dap.batch_size // num_processes
+        raise DapbenchError(
+            f"dap.batch_size={dap.batch_size} is not a multiple of dap.per_device_batch_size="
+            f"{dap.per_device_batch_size} x {num_processes} processes: the global batch would not be the profile's",
+            f"set --set dap.per_device_batch_size=N with N dividing {fitting}"
+            if dap.batch_size % num_processes == 0
+            else f"use a process count that divides dap.batch_size={dap.batch_size}",
+        )

@@ -1,0 +1,191 @@
+"""The run record: one JSON file per method x seed run, its declared schema, and how it is built, checked,
+loaded and migrated. Every reader (report, plots, reproduce, the CLI, the library API) goes through
+:func:`load_record` / :func:`load_records`, so no reader guesses at fields of older records.
+
+Schema history:
+
+- 1: the first records (their ``config`` holds absolute input paths, their ids hash paths; some lack
+  ``finetune.protocol``, ``mlm_loss.metrics``, ``representation``).
+- 2: input paths are portable (``shared:<path>`` under the shared assets folder, ``local:<name>``
+  elsewhere, hub ids as they are); output and work folders are not recorded; ``identity`` names the
+  numerics versions the run id hashed (None for records migrated from schema 1, whose ids hashed paths);
+  ``data_checksums`` also covers the base model's files and the general training corpus;
+  ``finetune.protocol``, ``mlm_loss.metrics``, ``representation`` and ``majority_class`` are always present
+  (the last two None in records migrated from schema 1 that lack them).
+- 3: the run id hashes the canonical identity (``benchmark.identity.RunIdentity``): ``identity`` also holds the
+  method's canonical options (and the process count where it matters), so the id can be re-derived from the record
+  itself; ``mlm_loss.chunks`` holds every held-out chunk's summed loss (and masked-token count), from which the
+  report bootstraps over the evaluation sample; ``comparison_role``, ``leaderboard_note`` and ``model_kind`` carry
+  what the report says about the method, so records render the same whatever plugins are installed;
+  ``predictions`` and ``test_labels`` hold every end-task test prediction (the end-task evaluation sample).
+  Records of schema 2 migrate with ``chunks``, ``predictions`` and ``test_labels`` None (no evaluation-sample
+  error known) and the rest from their fields.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypedDict
+
+from benchmark.config import shared_root
+
+SCHEMA_VERSION = 3
+
+
+class LossMetrics(TypedDict):
+    """Loss-based continual metrics in nats (``benchmark.metrics.loss_metrics``; None where undefined)."""
+
+    plasticity: float | None
+    """mean_k (base[k] - L[k][k]): how much each domain's held-out loss fell while training on it."""
+    forgetting: float | None
+    """mean_{k<T-1} (L[T-1][k] - L[k][k]): how much of that was lost by the end of the sequence."""
+    max_forgetting: float | None
+    """The worst stage's mean forgetting of the domains seen so far."""
+    final_gain: float | None
+    """mean_k (base[k] - L[T-1][k])."""
+    general_rise: float | None
+    """L[T-1][general] - base[general]."""
+
+
+class ChunkLosses(TypedDict):
+    """Per held-out set and chunk: the summed loss of the chunk's masked tokens over every mask draw (nats), and
+    the masked-token count (the same for every model): the evaluation sample the report bootstraps over."""
+
+    counts: dict[str, list[int]]
+    base: dict[str, list[float]]
+    after_domain: list[dict[str, list[float]] | None]
+
+
+class MlmLossBlock(TypedDict):
+    """Held-out MLM losses, nats per masked token, on fixed masked batches (identical for every method)."""
+
+    columns: list[str]
+    """The held-out sets: every domain of the sequence, and ``general`` when general text is given."""
+    base: dict[str, float]
+    """The base model's loss per held-out set."""
+    after_domain: list[dict[str, float] | None]
+    """L[t]: the loss per held-out set after domain t (None where a stage has no model: joint training)."""
+    batch_checksums: dict[str, str]
+    """Per held-out set, a hash of its masked batches: equal hashes mean bit-identical evaluations."""
+    metrics: LossMetrics
+    chunks: ChunkLosses | None
+    """Per-chunk sums (schema 3); None in migrated records made before they were kept."""
+
+
+class Timing(TypedDict):
+    """Cost of the run on its device."""
+
+    wall_seconds: float
+    """Seconds of kept work summed over the invocations that made the record."""
+    invocations: int
+    last_invocation_seconds: float
+    dap_seconds: float
+    """Seconds inside DAP training loops."""
+    tokens_per_second: float | None
+    """DAP training tokens per second (mean over trained domains)."""
+    step_seconds: float | None
+    """Seconds per optimizer update (mean over trained domains)."""
+    peak_memory_mb: float
+    memory_kind: str
+    """``cuda_max_allocated`` or ``cpu_peak_rss_per_domain``."""
+
+
+class RunIdentityBlock(TypedDict, total=False):
+    """The code and options a run id hashed besides the record's config, sequence and checksums."""
+
+    results_version: int
+    method_version: int
+    method_options: dict[str, Any]
+    """The method's canonical options (default values left out)."""
+    processes: int
+    """Present only where the method's options make the numbers depend on the process count."""
+
+
+class RunRecord(TypedDict):
+    """One method x seed run (schema 3). Scores are fractions in [0, 1]; losses are nats."""
+
+    schema: int
+    run_id: str
+    """``<method>-<sequence>-seed<seed>-<hash>`` (``benchmark.identity.run_id``); the file is ``<run_id>.json``."""
+    status: str
+    """``complete`` (only complete records are written)."""
+    method: str
+    method_label: str
+    """The method name plus its non-default options, e.g. ``das[mask_target=update]``: one leaderboard row."""
+    method_config: dict[str, Any]
+    capabilities: dict[str, bool]
+    comparison_role: str | None
+    """``naive_continual`` or ``no_dap`` for the leaderboard's reference methods (their default options only)."""
+    leaderboard_note: str
+    """What the method says its numbers mean (printed once per method by the leaderboard's reading)."""
+    model_kind: str
+    """``masked``: a masked LM, its held-out loss the MLM loss at the masked positions."""
+    seed: int
+    profile: str
+    sequence: list[str]
+    end_tasks: list[str]
+    config: dict[str, Any]
+    """The resolved ``RunConfig`` with portable input paths and no output locations."""
+    config_fingerprint: str
+    identity: RunIdentityBlock | None
+    """What the run id hashed besides config, sequence and checksums; None for migrated schema-1 records."""
+    matrices: dict[str, list[list[float | None]]]
+    """``acc``, ``macro_f1``, ``micro_f1``: A[t][k] after domain t on end task k (None: not computed)."""
+    summary: dict[str, dict[str, float | None] | None]
+    """Per score: ``final``, ``forgetting``, ``bwt`` (``benchmark.metrics.summarize_matrix``)."""
+    predictions: dict[str, list[int]] | None
+    """Per computed cell ``t/k``: the predicted label of every test example of end task k (schema 3; None before)."""
+    test_labels: dict[str, dict[str, Any]] | None
+    """Per end task: its number of ``classes`` and the test examples' ``labels`` in the order of ``predictions``
+    (schema 3; None before)."""
+    majority_class: dict[str, float] | None
+    """What always predicting each task's most frequent test label scores (mean ``acc`` and ``macro_f1`` over
+    end tasks); None for the schema-1 records made before it was recorded."""
+    mlm_loss: MlmLossBlock
+    representation: dict[str, Any] | None
+    """``base_anisotropy`` and, per stage, drift from the base model's held-out features (cosine, linear CKA,
+    anisotropy); None for schema-1 records made before it was measured."""
+    timing: Timing
+    trainable_parameters: int
+    domains: list[dict[str, Any]]
+    """Per stage: training statistics, loss log, the method's ``domain_report`` and held-out results."""
+    environment: dict[str, Any]
+    data_checksums: dict[str, str]
+    """Content checksums of every input (``corpus/<domain>``, ``task/<task>``, ``model``, ...)."""
+
+
+REQUIRED = tuple(RunRecord.__annotations__)
+
+
+# ----------------------------------------------------------------------------------------------
+# Portable paths
+# ----------------------------------------------------------------------------------------------
+def portable_path(value: str | None) -> str | None:
+    """An input location as a record may carry it: ``shared:<relative>`` under the shared assets,
+    ``local:<name>`` for another local path (the machine's own layout is not recorded), a hub id as it is."""
+    if value is None or value.startswith(("shared:", "local:")):
+        return value
+    path = Path(value)
+    if not path.exists() and not path.is_absolute():
+        return value  # a hub id (``roberta-base``, ``org/name``): portable as it is
+    resolved, shared = path.resolve(), shared_root().resolve()
+    if resolved == shared or shared in resolved.parents:
+        return f"shared:{resolved.relative_to(shared).as_posix()}"
+    return f"local:{resolved.name}"
+
+
+def resolve_portable(value: str | None) -> str | None:
+    """The local path of a portable location (``local:`` names cannot be resolved and are returned as they are)."""
+    if value is not None and value.startswith("shared:"):
+        return str(shared_root() / value.removeprefix("shared:"))
+    return value
+
+
+def portable_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A ``RunConfig.to_dict()`` as recorded: portable input paths, no output or work folder."""
+    from benchmark.records.identity import INPUT_PATH_FIELDS
+
+    out = {k: v for k, v in config.items() if k not in ("output_dir", "work_dir")}
+    for key in INPUT_PATH_FIELDS:
+        out[key] = portable_path(out.get(key))
+    return out

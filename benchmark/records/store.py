@@ -1,0 +1,137 @@
+"""Reading records: validate, migrate older schemas, find the record files of a results folder (no symbolic link
+followed), and load them through the checks every record passes (:mod:`benchmark.records.checks`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmark.errors import DapbenchError
+from benchmark.io import read_json, safe_name
+from benchmark.records.schema import REQUIRED, SCHEMA_VERSION, RunRecord, portable_config
+
+
+def validate_record(record: Any, source: str) -> RunRecord:
+    """``record`` as a :class:`RunRecord` if it is one of the current schema, else a named error."""
+    if not isinstance(record, dict):
+        raise DapbenchError(f"{source} is not a run record (not a JSON object)", "remove it from results/")
+    missing = [key for key in REQUIRED if key not in record]
+    if missing:
+        raise DapbenchError(
+            f"{source} is not a complete schema-{SCHEMA_VERSION} run record: missing {', '.join(missing)}",
+            "re-run it with the current dapbench, or remove it from results/",
+        )
+    safe_name(record["run_id"], "record run id")  # it names files and folders
+    safe_name(record["profile"], "record profile")
+    if record["status"] != "complete":
+        raise DapbenchError(f"{source} has status {record['status']!r}", "only complete records belong in results/")
+    return record  # type: ignore[return-value]
+
+
+def migrate_record(record: dict[str, Any], source: str) -> dict[str, Any]:
+    """``record`` upgraded to :data:`SCHEMA_VERSION`; a record of a newer schema is refused."""
+    version = record.get("schema")
+    if not isinstance(version, int) or version < 1:
+        raise DapbenchError(f"{source} has no valid schema version ({version!r})", "remove it from results/")
+    if version > SCHEMA_VERSION:
+        raise DapbenchError(
+            f"{source} is a schema-{version} record; this dapbench reads schema {SCHEMA_VERSION} and older",
+            "update dapbench (git pull; pip install -e .) to read it",
+        )
+    if version == 1:
+        record = _from_schema_1(record)
+    if record["schema"] == 2:
+        record = _from_schema_2(record)
+    return record
+
+
+def _from_schema_1(record: dict[str, Any]) -> dict[str, Any]:
+    from benchmark.metrics import record_loss_metrics
+
+    record = dict(record)
+    config = portable_config(record["config"])
+    # Schema-1 records were made before the linear probe existed whenever they lack the field.
+    config["finetune"] = {"protocol": "finetune", **config["finetune"]}
+    record["config"] = config
+    record["identity"] = None
+    record.setdefault("representation", None)
+    record.setdefault("majority_class", None)
+    record["mlm_loss"] = {**record["mlm_loss"], "metrics": record_loss_metrics(record)}
+    record["mlm_loss"].setdefault("batch_checksums", {})
+    record["schema"] = 2
+    return record
+
+
+def _from_schema_2(record: dict[str, Any]) -> dict[str, Any]:
+    """Schema 2 -> 3: no per-chunk losses (the evaluation sample's error is unknown for it); the method's
+    comparison role and note from the installed plugin where the record's label is the method at its defaults."""
+    record = {**record, "schema": SCHEMA_VERSION, "model_kind": "masked", "predictions": None, "test_labels": None}
+    record["mlm_loss"] = {**record["mlm_loss"], "chunks": None}
+    role, note = None, ""
+    try:
+        from benchmark.registry import default_registry
+
+        cls = default_registry().get(record["method"])
+        role = cls.comparison_role if record["method_label"] == record["method"] else None
+        note = cls.leaderboard_note
+    except DapbenchError:  # a plugin not installed here: the record keeps no role and no note
+        pass
+    record["comparison_role"], record["leaderboard_note"] = role, note
+    return {key: record[key] for key in REQUIRED}
+
+
+def load_record(path: str | Path) -> RunRecord:
+    """Read, migrate and check one run record file: its schema, that its run id is its file name, method and seed
+    (and, for schema 3, the hash of its own identity fields), and that every derived number is what its raw
+    numbers give (:func:`benchmark.record_checks.check_record`)."""
+    from benchmark.records.checks import check_record
+
+    path = Path(path)
+    if path.is_symlink():
+        raise DapbenchError(
+            f"{path} is a symbolic link: records are read only as plain files inside the results folder",
+            "replace the link by a copy of the record, or remove it",
+        )
+    data = read_json(path, "run record")
+    if not isinstance(data, dict):
+        raise DapbenchError(f"{path} is not a run record (not a JSON object)", "remove it from results/")
+    record = validate_record(migrate_record(data, str(path)), str(path))
+    check_record(record, path)
+    return record
+
+
+REPORT_FOLDER = "report"
+"""The folder under ``results/`` where ``dapbench report`` writes what it generates (tables, plots, a manifest)."""
+OTHER_REPORTS = ("bench", REPORT_FOLDER)
+"""Folders directly under ``results/`` that hold files other than run records (``dapbench bench --save``, the
+report's generated files)."""
+
+
+def record_paths(results_dir: str | Path) -> list[Path]:
+    """The JSON files under ``results_dir`` (recursively) that are run records: all but :data:`OTHER_REPORTS`.
+    A symbolic link inside (to a record or a folder elsewhere) is a named error: records are read only as plain
+    files inside the results folder, and a linked folder would silently hide or add records."""
+    import os
+
+    root = Path(results_dir)
+    found = []
+    for folder, subfolders, files in os.walk(root):
+        here = Path(folder)
+        if here == root:
+            subfolders[:] = [d for d in subfolders if d not in OTHER_REPORTS]
+        for name in [*subfolders, *files]:
+            if (here / name).is_symlink():
+                raise DapbenchError(
+                    f"{here / name} is a symbolic link: records are read only as plain files inside {root}",
+                    "replace the link by a copy (or remove it)",
+                )
+        found += [here / name for name in files if name.endswith(".json")]
+    return sorted(found)
+
+
+def load_records(results_dir: str | Path) -> list[RunRecord]:
+    """Every run record under ``results_dir`` (recursively), migrated; a corrupt or foreign file is an error."""
+    root = Path(results_dir)
+    if not root.is_dir():
+        raise DapbenchError(f"no results directory at {root}", "run `dapbench run` first or pass --output-dir")
+    return [load_record(path) for path in record_paths(root)]

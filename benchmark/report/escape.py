@@ -1,0 +1,25 @@
+"""Record strings made safe to show: a ``|`` cannot break a Markdown table, HTML and terminal escape bytes (ANSI,
+OSC) are never written as they are."""
+
+from __future__ import annotations
+
+import re
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters: ANSI and OSC escape sequences start with them."""
+
+
+def printable(value: object) -> str:
+    """``value`` as text without control characters (each becomes ``?``): safe on a terminal."""
+    return CONTROL.sub("?", str(value))
+
+
+def text(value: object) -> str:
+    """``value`` as Markdown text: control characters removed, HTML and table syntax escaped."""
+    escaped = printable(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return escaped.replace("|", "\\|").replace("`", "'").replace("*", "\\*").replace("_", "\\_").replace("[", "\\[")
+
+
+def code(value: object) -> str:
+    """``value`` as inline code: control characters removed, backticks dropped, ``|`` escaped for tables."""
+    return "`" + printable(value).replace("`", "'").replace("|", "\\|") + "`"

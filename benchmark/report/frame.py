@@ -1,0 +1,127 @@
+"""Records -> one table row per record: its group, method label, seed and every leaderboard column.
+
+Everything a row needs comes from the record itself (its comparison role, its flags), never from the plugins
+installed where the report runs, so the same records always give the same leaderboard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class Column:
+    """A leaderboard column: its title, how a record gives its value, whether higher is better (None: neither) and
+    how it is shown (``num`` nats with 3 decimals, ``pct`` percent, ``int``)."""
+
+    title: str
+    value: Callable[[dict], float | None]
+    higher_is_better: bool | None
+    kind: str
+    metric: str | None = None
+    """The name of the replicated metric behind it (held-out loss metric or end-task summary), if any."""
+
+
+def _loss_metric(name: str) -> Callable[[dict], float | None]:
+    return lambda record: record["mlm_loss"]["metrics"][name]
+
+
+def _summary(score: str, key: str) -> Callable[[dict], float | None]:
+    def value(record: dict) -> float | None:
+        block = record["summary"].get(score)
+        return None if block is None else block.get(key)
+
+    return value
+
+
+def _final_drift(record: dict) -> float | None:
+    """Linear CKA of all held-out inputs' features to the base model's after the last stage (None without it)."""
+    stages = (record["representation"] or {"after_domain": [None]})["after_domain"]
+    return None if stages[-1] is None else stages[-1]["all"]["cka_to_base"]
+
+
+def _general_loss(record: dict) -> float | None:
+    losses = record["mlm_loss"]
+    return losses["after_domain"][-1]["general"] if "general" in losses["columns"] else None
+
+
+LOSS_COLUMNS = [
+    Column("plasticity", _loss_metric("plasticity"), True, "num", "plasticity"),
+    Column("forgetting", _loss_metric("forgetting"), False, "num", "forgetting"),
+    Column("max forgetting", _loss_metric("max_forgetting"), False, "num", "max_forgetting"),
+    Column("final gain", _loss_metric("final_gain"), True, "num", "final_gain"),
+    Column("general rise", _loss_metric("general_rise"), False, "num", "general_rise"),
+    Column("CKA to base", _final_drift, None, "num"),
+]
+"""The headline: continual metrics of the held-out loss in nats (:func:`benchmark.metrics.loss_metrics`) and the
+representation drift after the last stage."""
+
+COST_COLUMNS = [
+    Column("tokens/s", lambda r: r["timing"]["tokens_per_second"], True, "int"),
+    Column("peak mem (MB)", lambda r: r["timing"]["peak_memory_mb"], False, "int"),
+]
+
+END_TASK_COLUMNS = [
+    Column("final acc", _summary("acc", "final"), True, "pct", "acc/final"),
+    Column("final macro-F1", _summary("macro_f1", "final"), True, "pct", "macro_f1/final"),
+    Column("forgetting (acc)", _summary("acc", "forgetting"), False, "pct", "acc/forgetting"),
+    Column("forgetting (MF1)", _summary("macro_f1", "forgetting"), False, "pct", "macro_f1/forgetting"),
+    Column("BWT (MF1)", _summary("macro_f1", "bwt"), True, "pct", "macro_f1/bwt"),
+    Column("general loss", _general_loss, False, "num"),
+]
+ALL_COLUMNS = LOSS_COLUMNS + COST_COLUMNS + END_TASK_COLUMNS
+
+VERDICT_METRICS = (("forgetting", "F"), ("general rise", "G"), ("plasticity", "P"))
+"""Loss metrics tested against the reference methods, with their one-letter codes in the verdict column."""
+
+FLAGS = {
+    "needs_domain_id_at_finetune": "domain-id",
+    "stores_past_data": "replay",
+    "independent_per_domain": "per-domain",
+    "joint_training": "joint",
+}
+
+
+def flags(capabilities: dict) -> str:
+    """The record's capability flags as the tables show them (``per-domain``, ``no-DAP``, ...)."""
+    out = [label for key, label in FLAGS.items() if capabilities.get(key)]
+    if not capabilities.get("pretrains", True):
+        out.append("no-DAP")
+    return ", ".join(out) or "–"
+
+
+def leaderboard_frame(records: list[dict], group_of: Callable[[dict], str] | None = None) -> pd.DataFrame:
+    """One row per record: ``group`` (``group_of(record)``, else the group key of its own content), ``method`` (its
+    label), ``seed``, ``run_id``, every column of :data:`ALL_COLUMNS`, trainable parameters and flags."""
+    if group_of is None:
+        from benchmark.report.groups import group_records
+
+        groups, _ = group_records(records)
+        keys = {id(r): g.key for g in groups for r in g.records}
+        group_of = lambda record: keys.get(id(record), "superseded")  # noqa: E731 - a lookup, named once
+    rows = []
+    for record in records:
+        row = {"group": group_of(record), "method": record["method_label"], "seed": record["seed"]}
+        row["run_id"] = record["run_id"]
+        for column in ALL_COLUMNS:
+            value = column.value(record)
+            row[column.title] = np.nan if value is None else float(value)
+        row["trainable params"] = record["trainable_parameters"]
+        row["flags"] = flags(record["capabilities"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def reference_labels(records: list[dict]) -> dict[str, str]:
+    """Role -> method label of the group's reference methods (``naive_continual``, ``no_dap``), as the records
+    declare them (only records at the method's default options carry a role)."""
+    out = {}
+    for record in sorted(records, key=lambda r: r["method_label"]):
+        role = record.get("comparison_role")
+        if role in ("naive_continual", "no_dap"):
+            out.setdefault(role, record["method_label"])
+    return {role: out[role] for role in ("naive_continual", "no_dap") if role in out}

@@ -1,0 +1,200 @@
+"""Leaderboard groups from content: records belong together when everything that determines their numbers, except
+the method, its options and the seed, is the same.
+
+The group of a record is its identity's group payload (:meth:`benchmark.identity.RunIdentity.group_payload`: the
+canonical configuration, the domain order, the input checksums and the numerics version), so a setting added later
+can never be left out of it and records made with another ``dap.lr``, other end-task files or older numerics never
+share a group. Within a group at most one record per method label and seed is kept: a record of older method code
+is superseded by a newer one. A whole group of older numerics is superseded where a group of newer numerics has the
+same settings. Superseded records are left out and named, never an error; and a group whose records measured the
+base model differently (another device or precision: the device is not part of a run's identity) is split by
+evaluation, never mixed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+BASE_LOSS_TOLERANCE = 1e-4
+"""Nats by which the base model's held-out losses may differ between records of one group. The same held-out batches
+and weights give bit-identical losses on one device; a larger difference means another evaluation (device,
+precision), and such records form a group of their own."""
+
+
+@dataclass
+class Group:
+    """The records of one leaderboard group and what they share."""
+
+    payload: dict[str, Any]
+    """The group payload (canonical config, domains, input checksums, numerics version)."""
+    records: list[dict] = field(default_factory=list)
+    evaluation: int = 0
+    """Which of the group payload's base-model evaluations (0 unless records measured the base model differently)."""
+    title: str = ""
+
+    @property
+    def key(self) -> str:
+        """A short, stable hash of the payload and evaluation: the group's name in file names and anchors."""
+        text = json.dumps({**self.payload, "evaluation": self.evaluation}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+    @property
+    def results_version(self) -> int | None:
+        """The numerics version its records were computed by (None: unrecorded, schema-1 records)."""
+        return self.payload.get("results_version")
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """A record left out of the leaderboard, and why."""
+
+    run_id: str
+    reason: str
+
+
+def group_payload(record: dict) -> dict[str, Any]:
+    """What a record shares with the other records of its group (see the module docstring)."""
+    from benchmark.records.identity import canonical_config, record_identity
+
+    identity = record_identity(record)
+    if identity is not None:
+        return identity.group_payload()
+    return {
+        "config": canonical_config(record["config"]),
+        "domains": list(record["sequence"]),
+        "inputs": dict(sorted(record["data_checksums"].items())),
+        "results_version": (record.get("identity") or {}).get("results_version"),
+    }
+
+
+def group_records(records: list[dict]) -> tuple[list[Group], list[Superseded]]:
+    """The leaderboard groups of ``records`` (largest first) and the records left out as superseded."""
+    buckets: dict[str, Group] = {}
+    for record in records:
+        payload = group_payload(record)
+        buckets.setdefault(json.dumps(payload, sort_keys=True), Group(payload)).records.append(record)
+    superseded: list[Superseded] = []
+    groups = []
+    for group in _current_numerics(list(buckets.values()), superseded):
+        for part in _split_by_evaluation(group):
+            part.records = _newest_per_label_and_seed(part.records, superseded)
+            groups.append(part)
+    _title(groups)
+    groups.sort(key=lambda g: (-len(g.records), g.title))
+    return groups, sorted(superseded, key=lambda s: s.run_id)
+
+
+def _current_numerics(groups: list[Group], superseded: list[Superseded]) -> list[Group]:
+    """Groups without those whose settings a group of newer numerics has too (their records are superseded)."""
+
+    def settings(group: Group) -> str:
+        return json.dumps({k: v for k, v in group.payload.items() if k != "results_version"}, sort_keys=True)
+
+    newest: dict[str, int] = {}
+    for group in groups:
+        newest[settings(group)] = max(newest.get(settings(group), -1), group.results_version or 0)
+    kept = []
+    for group in groups:
+        latest = newest[settings(group)]
+        if (group.results_version or 0) < latest:
+            reason = f"older numerics (version {group.results_version or 'unrecorded'}; re-run at version {latest})"
+            superseded += [Superseded(r["run_id"], reason) for r in group.records]
+        else:
+            kept.append(group)
+    return kept
+
+
+def _newest_per_label_and_seed(records: list[dict], superseded: list[Superseded]) -> list[dict]:
+    """One record per method label and seed: the one of the newest method code (records with a recorded identity
+    before migrated ones); the others are superseded."""
+    best: dict[tuple[str, int], dict] = {}
+    for record in records:
+        key = (record["method_label"], record["seed"])
+        if key not in best or _code_rank(record) > _code_rank(best[key]):
+            if key in best:
+                superseded.append(Superseded(best[key]["run_id"], f"re-run by {record['run_id']}"))
+            best[key] = record
+        else:
+            superseded.append(Superseded(record["run_id"], f"re-run by {best[key]['run_id']}"))
+    return [r for r in records if best[(r["method_label"], r["seed"])] is r]
+
+
+def _code_rank(record: dict) -> tuple[int, int, str]:
+    identity = record.get("identity") or {}
+    return (identity.get("method_version", 0), 1 if record.get("identity") else 0, record["run_id"])
+
+
+def _split_by_evaluation(group: Group) -> list[Group]:
+    """The group, or one group per distinct base-model evaluation of its records (another device or precision)."""
+    clusters: list[list[dict]] = []
+    for record in group.records:
+        home = next((c for c in clusters if _same_base(c[0], record)), None)
+        if home is None:
+            clusters.append([record])
+        else:
+            home.append(record)
+    return [Group(group.payload, members, evaluation=i) for i, members in enumerate(clusters)]
+
+
+def _same_base(a: dict, b: dict) -> bool:
+    base_a, base_b = a["mlm_loss"]["base"], b["mlm_loss"]["base"]
+    return base_a.keys() == base_b.keys() and all(abs(base_a[k] - base_b[k]) <= BASE_LOSS_TOLERANCE for k in base_a)
+
+
+# ----------------------------------------------------------------------------------------------
+# Titles
+# ----------------------------------------------------------------------------------------------
+def _title(groups: list[Group]) -> None:
+    """A readable title per group; groups whose titles would be equal are told apart by what differs."""
+    plain = {id(g): _plain_title(g) for g in groups}
+    for group in groups:
+        twins = [g for g in groups if g is not group and plain[id(g)] == plain[id(group)]]
+        extra = _differences(group, twins) if twins else []
+        group.title = plain[id(group)] + (f" ({'; '.join(extra)})" if extra else "")
+
+
+def _plain_title(group: Group) -> str:
+    first = group.records[0]
+    model = str(first["config"]["model"]).split(":")[-1].rstrip("/").split("/")[-1] or first["config"]["model"]
+    profiles = ", ".join(sorted({r["profile"] for r in group.records}))
+    dap, ft = first["config"]["dap"], first["config"]["finetune"]
+    end_tasks = "probe" if ft.get("protocol") == "linear_probe" else "fine-tuned"
+    return (
+        f"profile {profiles}, model {model}, {' → '.join(first['sequence'])}, DAP {dap['steps']} x "
+        f"{dap['batch_size']} x {dap['seq_len']}, end tasks {end_tasks}, matrix {first['config']['matrix']}"
+    )
+
+
+def _differences(group: Group, twins: list[Group]) -> list[str]:
+    """What sets ``group`` apart from groups with the same plain title: settings, inputs, numerics, evaluation."""
+    mine = _flat(group.payload["config"])
+    keys = set(mine)
+    for twin in twins:
+        keys |= set(_flat(twin.payload["config"]))
+    out = [
+        f"{key}={mine.get(key, 'default')}"
+        for key in sorted(keys)
+        if any(_flat(t.payload["config"]).get(key) != mine.get(key) for t in twins)
+    ]
+    if any(t.payload["inputs"] != group.payload["inputs"] for t in twins):
+        digest = hashlib.sha256(json.dumps(group.payload["inputs"], sort_keys=True).encode()).hexdigest()[:8]
+        out.append(f"inputs {digest}")
+    if any(t.results_version != group.results_version for t in twins):
+        out.append(f"numerics v{group.results_version or '?'}")
+    if any(t.payload == group.payload for t in twins):
+        devices = sorted({r["environment"].get("device_name", "?") for r in group.records})
+        out.append(f"evaluation {group.evaluation + 1} on {', '.join(devices)}")
+    return out
+
+
+def _flat(config: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and key in ("dap", "finetune"):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, dict | list) else value
+    return out

@@ -1,0 +1,224 @@
+"""The leaderboard's reading: sentences generated from a group's numbers (never written by hand), each saying what
+the seeds and the evaluation sample resolve and what they do not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from benchmark.report.escape import code, text
+from benchmark.report.frame import END_TASK_COLUMNS, LOSS_COLUMNS, VERDICT_METRICS
+from benchmark.report.statistics import ALPHA, Comparison, GroupStatistics
+
+WORDS = {
+    "forgetting": ("less forgetting", "more forgetting"),
+    "general rise": ("a smaller general-loss rise", "a larger general-loss rise"),
+    "plasticity": ("less plasticity", "more plasticity"),
+}
+
+
+def _column(title: str):
+    return next(c for c in LOSS_COLUMNS + END_TASK_COLUMNS if c.title == title)
+
+
+def verdicts(stats: GroupStatistics) -> dict[str, str]:
+    """Per method: which loss metrics differ from each reference, resolved by seeds and evaluation sample alike,
+    e.g. ``F↓ ncl · G↓ ncl, none``."""
+    found: dict[str, dict[tuple[str, str], list[str]]] = {}
+    for title, letter in VERDICT_METRICS:
+        for reference in stats.references.values():
+            for c in stats.comparisons(reference, _column(title)):
+                if c.resolved():
+                    arrow = "↓" if c.mean < 0 else "↑"
+                    found.setdefault(c.label, {}).setdefault((letter, arrow), []).append(code(reference))
+    return {
+        label: " · ".join(f"{letter}{arrow} {', '.join(refs)}" for (letter, arrow), refs in cells.items())
+        for label, cells in found.items()
+    }
+
+
+def loss_reading(stats: GroupStatistics) -> list[str]:
+    """Which methods beat each reference on forgetting, general-loss rise and plasticity; the evaluation sample's
+    error; the spans of forgetting and drift."""
+    lines = []
+    for reference in stats.references.values():
+        clauses, tested = [], 0
+        for title, _ in VERDICT_METRICS:
+            comparisons = stats.comparisons(reference, _column(title))
+            tested = max(tested, len(comparisons))
+            resolved = [c for c in comparisons if c.resolved()]
+            for sign, word in zip((-1, 1), WORDS[title], strict=True):
+                names = ", ".join(f"{code(c.label)} ({c.mean:+.3f})" for c in resolved if np.sign(c.mean) == sign)
+                clauses.append(f"{word}: {names or 'none'}")
+            seed_only = [c for c in comparisons if c.q_seed < ALPHA and c.mean != 0 and not c.resolved()]
+            if seed_only:
+                clauses.append(
+                    f"{title} resolved by the seeds but not by the evaluation sample: "
+                    + ", ".join(f"{code(c.label)} ({c.mean:+.3f} ± {_se(c)})" for c in seed_only)
+                )
+        if tested:
+            lines.append(
+                f"- Against {code(reference)} (held-out loss, nats; paired by seed, t-test, and bootstrap over the"
+                f" held-out chunks; Benjamini-Hochberg over {tested} methods per metric; both q < {ALPHA}): "
+                + "; ".join(clauses)
+                + "."
+            )
+    lines += _evaluation_error(stats)
+    lines += _span(stats.part, "forgetting", "Forgetting", "nats across methods")
+    drift = stats.part.groupby("method")["CKA to base"].mean().dropna()
+    if not drift.empty:
+        lines.append(
+            f"- Representation drift after the last stage: CKA to the base model from {drift.min():.3f}"
+            f" ({code(drift.idxmin())}) to {drift.max():.3f} ({code(drift.idxmax())})."
+        )
+    return lines
+
+
+def _se(c: Comparison) -> str:
+    return "?" if c.se_eval is None else f"{c.se_eval:.3f}"
+
+
+def _evaluation_error(stats: GroupStatistics) -> list[str]:
+    errors = stats.evaluation_errors([_column(title) for title, _ in VERDICT_METRICS])
+    if not errors:
+        return ["- The evaluation sample's own error is unknown for these records (made before per-chunk losses)."]
+    return [
+        f"- Evaluation sample: the standard error of a paired difference from a reference that the held-out sample"
+        f" alone causes is {np.median(errors):.4f} nats at the median and {max(errors):.4f} at most (bootstrap over"
+        " held-out chunks); intervals are ± the combined standard error of seeds and sample."
+    ]
+
+
+def _span(part: pd.DataFrame, column: str, name: str, unit: str) -> list[str]:
+    spread = part.groupby("method")[column].std(ddof=1).max()
+    means = part.groupby("method")[column].mean().dropna()
+    if len(means) < 2 or np.isnan(spread):
+        return []
+    return [
+        f"- {name} spans {means.min():.3f} ({code(means.idxmin())}) to {means.max():.3f} ({code(means.idxmax())})"
+        f" {unit}; the largest seed std is {spread:.3f}."
+    ]
+
+
+def option_parents(label: str) -> list[str]:
+    """The labels one option closer to the defaults: ``das[a=1,b=2]`` -> ``das[b=2]``, ``das[a=1]``; ``das[a=1]`` ->
+    ``das`` (labels write options in one canonical order, so a parent is spelled as its own records label it)."""
+    name, _, rest = label.partition("[")
+    options = rest.removesuffix("]").split(",")
+    parents = []
+    for dropped in range(len(options)):
+        kept = options[:dropped] + options[dropped + 1 :]
+        parents.append(f"{name}[{','.join(kept)}]" if kept else name)
+    return parents
+
+
+def variant_reading(stats: GroupStatistics) -> list[str]:
+    """Each option variant against every measured label one option closer to the method's defaults, paired by seed,
+    on the held-out-loss metrics: what each option changes, everything else equal."""
+    lines = []
+    labels = set(stats.part["method"])
+    for variant in sorted(m for m in labels if "[" in m):
+        for parent in (p for p in option_parents(variant) if p in labels):
+            subset = stats.part[stats.part["method"].isin([parent, variant])]
+            cells = []
+            for title, _ in VERDICT_METRICS:
+                column = _column(title)
+                for c in _pair(stats, subset, parent, column):
+                    mark = "" if c.resolved() else " (not resolved)"
+                    cells.append(f"{title} {c.mean:+.3f} (p={c.p_seed:.2g}, eval SE {_se(c)}){mark}")
+            if cells:
+                lines.append(
+                    f"- {code(variant)} against {code(parent)} (paired by seed, nats): " + ", ".join(cells) + "."
+                )
+    return lines
+
+
+def _pair(stats: GroupStatistics, subset: pd.DataFrame, parent: str, column) -> list[Comparison]:
+    from benchmark.report.statistics import compare
+
+    return compare(subset, parent, column.title, stats.sample, column.metric)
+
+
+def end_task_reading(stats: GroupStatistics) -> list[str]:
+    """Facts a reader should weigh about the end tasks: seed spread, DAP against no DAP (both tests), the majority
+    class, and what each method's record says its numbers mean."""
+    part, records = stats.part, stats.records
+    no_dap = stats.references.get("no_dap")
+    means = part.groupby("method")["final macro-F1"].mean() * 100
+    lines = []
+    if part.groupby("method").size().max() > 1:
+        std = (part.groupby("method")["final macro-F1"].std(ddof=1) * 100).max()
+        lines.append(
+            f"- Seed spread: the largest std of final macro-F1 over seeds is {std:.2f} points; the method means span"
+            f" {means.max() - means.min():.2f} points."
+        )
+    else:
+        lines.append("- One seed per method: the seed-to-seed spread is not measured, so no difference is established.")
+    if no_dap in means and len(means) > 1:
+        lines += _against_no_dap(stats, no_dap, means)
+    majority = records[0].get("majority_class")
+    if majority:
+        best = part.groupby("method")["final acc"].mean().max() * 100
+        lines.append(
+            f"- Always predicting each task's most frequent test label would score {100 * majority['acc']:.2f} final"
+            f" accuracy and {100 * majority['macro_f1']:.2f} macro-F1 (best method: {best:.2f} / {means.max():.2f})."
+        )
+    if records[0]["config"]["finetune"].get("protocol") == "linear_probe":
+        lines.append(
+            "- End tasks are scored by a linear probe on the frozen model's mean-pooled features: a base model whose"
+            " pooled features suit the probe can lose probe accuracy to DAP's drift (CKA to base) even where the"
+            " held-out losses show domain knowledge gained. Read the end-task table with the continual table."
+        )
+    return lines + mask_reading(records) + method_notes(records)
+
+
+def _against_no_dap(stats: GroupStatistics, no_dap: str, means: pd.Series) -> list[str]:
+    dap = means.drop(no_dap)
+    comparisons = stats.comparisons(no_dap, _column("final macro-F1"))
+    above = [c for c in comparisons if c.resolved() and c.mean > 0]
+    below = [c for c in comparisons if c.resolved() and c.mean < 0]
+
+    def names(found: list[Comparison]) -> str:
+        return ", ".join(f"{code(c.label)} ({100 * c.mean:+.2f})" for c in found) or "none"
+
+    return [
+        f"- DAP vs no DAP: the best DAP method ({code(dap.idxmax())}) is {dap.max() - means[no_dap]:+.2f} points of"
+        f" final macro-F1 from {code(no_dap)}. Resolved by seeds (paired t-test) and test sample (bootstrap over test"
+        f" examples) alike, q < {ALPHA}: above it {names(above)}; below it {names(below)}; the other"
+        f" {len(comparisons) - len(above) - len(below)} are not separated from no DAP."
+    ]
+
+
+def mask_reading(records: list[dict]) -> list[str]:
+    """For methods that record their soft-mask's measured damping: how much of their update units keep, by
+    importance, as a mean over domains and seeds."""
+    by_label: dict[str, list[list[float | None]]] = {}
+    for record in records:
+        for domain in record.get("domains", []):
+            mask = (domain.get("method_report") or {}).get("mask")
+            if mask:
+                by_label.setdefault(record["method_label"], []).append(mask["damping_per_bin"])
+    lines = []
+    for label, per_domain in sorted(by_label.items()):
+        bins = np.array([[np.nan if v is None else v for v in row] for row in per_domain], dtype=float)
+        with np.errstate(all="ignore"):
+            kept = {
+                "0.0-0.5": np.nanmean(bins[:, :5]),
+                "0.5-0.9": np.nanmean(bins[:, 5:9]),
+                "0.9-1.0": np.nanmean(bins[:, 9]),
+            }
+        shown = ", ".join(f"{span} keep {100 * v:.1f}%" for span, v in kept.items() if not np.isnan(v))
+        lines.append(
+            f"- {code(label)} soft-mask, measured at each domain's last step ({len(per_domain)} domain-runs): units of"
+            f" importance {shown} of the update they would take unmasked."
+        )
+    return lines
+
+
+def method_notes(records: list[dict]) -> list[str]:
+    """What each method's records say its numbers mean (their ``leaderboard_note``), once per method."""
+    notes = {}
+    for record in records:
+        if record.get("leaderboard_note"):
+            notes.setdefault(record["method"], record["leaderboard_note"])
+    return [f"- {code(name)}: {text(note)}" for name, note in sorted(notes.items())]

@@ -1,0 +1,255 @@
+"""Uncertainty of a group's numbers: the seeds, and the evaluation sample they were measured on.
+
+A method's number is a mean over seeds, each measured on a fixed held-out sample (chunks of text, masked once per
+draw) and a fixed end-task test set. Its uncertainty has two parts: the spread over seeds, and the evaluation
+sample's own error, which the seed spread does not contain (every seed is measured on the same sample). The second
+comes from a bootstrap over the evaluation sample: held-out chunks resampled with replacement (one resample of each
+held-out set, shared by every record of the group, so differences between methods stay paired) for the loss
+metrics, and end-task test examples for the end-task scores. Per method and column the leaderboard shows the mean
+and the combined standard error sqrt(s^2 / n + SE_eval^2); a difference from a reference is resolved only when the
+paired t-test over seeds and the bootstrap test over the evaluation sample both reject no difference
+(Benjamini-Hochberg over the methods tested, q < 0.05).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from benchmark.metrics import loss_metric_arrays
+
+REPLICATES = 1000
+"""Bootstrap resamples of the evaluation sample (p-values resolve down to 1/1001)."""
+ALPHA = 0.05
+
+
+class EvaluationSample:
+    """Bootstrap replicates of every record's loss metrics and end-task summaries over the group's shared evaluation
+    sample (held-out chunks, test examples); records without per-chunk losses or predictions (schema < 3) have
+    none."""
+
+    def __init__(self, records: list[dict], key: str, replicates: int = REPLICATES, chunk_limit: int | None = None):
+        self.rng = np.random.default_rng(int(hashlib.sha256(key.encode()).hexdigest()[:12], 16))
+        self.replicates, self.chunk_limit = replicates, chunk_limit
+        self._chunk_weights: dict[str, np.ndarray] = {}
+        self._example_weights: dict[str, np.ndarray] = {}
+        self.values = {r["run_id"]: {**self._loss_replicates(r), **self._score_replicates(r)} for r in records}
+
+    def of(self, run_id: str, metric: str) -> np.ndarray | None:
+        """The replicates (length B) of ``metric`` (a loss metric name, or ``acc/final``-style summary) of a record."""
+        return self.values.get(run_id, {}).get(metric)
+
+    # -- held-out losses -------------------------------------------------------------------------
+    def _weights(self, cache: dict[str, np.ndarray], name: str, size: int) -> np.ndarray:
+        if name not in cache:
+            picks = self.rng.integers(0, size, (self.replicates, size))
+            cache[name] = np.stack([np.bincount(row, minlength=size) for row in picks]).astype(float)
+        return cache[name]
+
+    def _loss_replicates(self, record: dict) -> dict[str, np.ndarray]:
+        losses = record["mlm_loss"]
+        chunks = losses.get("chunks")
+        if not chunks:
+            return {}
+        columns = [*record["sequence"], "general"]
+        base = np.full((self.replicates, len(columns)), np.nan)
+        after = np.full((self.replicates, len(record["sequence"]), len(columns)), np.nan)
+        for j, column in enumerate(columns):
+            if column not in chunks["counts"]:
+                continue
+            counts = np.asarray(chunks["counts"][column], dtype=float)[: self.chunk_limit]
+            weights = self._weights(self._chunk_weights, column, len(counts))
+            tokens = weights @ counts
+            base[:, j] = weights @ np.asarray(chunks["base"][column][: self.chunk_limit]) / tokens
+            for t, row in enumerate(chunks["after_domain"]):
+                if row is not None:
+                    after[:, t, j] = weights @ np.asarray(row[column][: self.chunk_limit]) / tokens
+        caps = record["capabilities"]
+        arrays = loss_metric_arrays(
+            base,
+            after,
+            independent_per_domain=caps.get("independent_per_domain", False),
+            final_row_only=caps.get("joint_training", False),
+            has_general="general" in chunks["counts"],
+        )
+        return {name: value for name, value in arrays.items() if value is not None}
+
+    # -- end-task scores -------------------------------------------------------------------------
+    def _score_replicates(self, record: dict) -> dict[str, np.ndarray]:
+        predictions, labels = record.get("predictions"), record.get("test_labels")
+        if not predictions or not labels:
+            return {}
+        tasks = record["end_tasks"]
+        weights = {task: self._weights(self._example_weights, task, len(labels[task]["labels"])) for task in tasks}
+        return score_replicates(record, weights, self.replicates)
+
+
+def score_replicates(record: dict, weights: dict[str, np.ndarray], replicates: int) -> dict[str, np.ndarray]:
+    """A record's end-task summaries (``acc/final``, ``macro_f1/forgetting``, ...) under each row of every task's
+    example ``weights``: the scores of every computed cell recomputed from its test predictions, summarised."""
+    size = len(record["sequence"])
+    cells = {score: np.full((replicates, size, size), np.nan) for score in ("acc", "macro_f1")}
+    for cell, predicted in record["predictions"].items():
+        t, k = map(int, cell.split("/"))
+        task = record["test_labels"][record["end_tasks"][k]]
+        acc, f1 = weighted_scores(
+            np.asarray(task["labels"]), np.asarray(predicted), task["classes"], weights[record["end_tasks"][k]]
+        )
+        cells["acc"][:, t, k], cells["macro_f1"][:, t, k] = acc, f1
+    out = {}
+    for score, matrix in cells.items():
+        out.update({f"{score}/{key}": value for key, value in _summaries(matrix, record["capabilities"]).items()})
+    return out
+
+
+def weighted_scores(labels: np.ndarray, predicted: np.ndarray, classes: int, weights: np.ndarray):
+    """Accuracy and macro-F1 (over every class of the task, absent classes scoring 0, as
+    :func:`benchmark.metrics.macro_f1`) under each row of example ``weights`` (B x N): one bootstrap replicate each."""
+    truth, guess = np.eye(classes)[labels], np.eye(classes)[predicted]
+    correct = weights @ (labels == predicted).astype(float)
+    accuracy = correct / weights.sum(axis=1)
+    hits = weights @ (truth * guess)
+    precision_den, recall_den = weights @ guess, weights @ truth
+    denominator = precision_den + recall_den
+    f1 = np.divide(2 * hits, denominator, out=np.zeros_like(hits), where=denominator > 0)
+    return accuracy, f1.mean(axis=1)
+
+
+def _summaries(matrix: np.ndarray, caps: dict) -> dict[str, np.ndarray]:
+    """Final average, forgetting and backward transfer of B replicated matrices (as ``summarize_matrix``)."""
+    size = matrix.shape[1]
+    diagonal = matrix[:, np.arange(size), np.arange(size)]
+    per_domain, joint = caps.get("independent_per_domain", False), caps.get("joint_training", False)
+    out = {"final": (diagonal if per_domain else matrix[:, -1, :]).mean(axis=1)}
+    if size >= 2 and not per_domain and not joint:
+        out["forgetting"] = (diagonal[:, :-1] - matrix[:, -1, :-1]).mean(axis=1)
+        out["bwt"] = -out["forgetting"]
+    return {k: v for k, v in out.items() if not np.isnan(v).any()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Intervals and paired comparisons
+# ----------------------------------------------------------------------------------------------
+def combined_se(values: pd.Series, replicates: list[np.ndarray | None]) -> float | None:
+    """sqrt(s^2 / n + SE_eval^2) of a mean over seeds: ``values`` one per seed, ``replicates`` each seed's bootstrap
+    replicates (None where unknown: then only the seed part, and None for a single seed)."""
+    n = len(values)
+    seed_var = float(values.var(ddof=1)) / n if n > 1 else 0.0
+    if any(r is None for r in replicates):
+        return math.sqrt(seed_var) if n > 1 else None
+    eval_var = float(np.var(np.mean(replicates, axis=0), ddof=1))
+    return math.sqrt(seed_var + eval_var)
+
+
+@dataclass
+class Comparison:
+    """A method's per-seed difference from a reference on one column (seeds both ran), tested two ways."""
+
+    label: str
+    n: int
+    mean: float
+    std: float
+    p_seed: float
+    se_eval: float | None = None
+    p_eval: float | None = None
+    q_seed: float = 1.0
+    q_eval: float | None = None
+
+    def resolved(self, alpha: float = ALPHA) -> bool:
+        """Whether both the seeds and the evaluation sample resolve the difference (a verdict needs both)."""
+        return self.mean != 0 and self.q_seed < alpha and self.q_eval is not None and self.q_eval < alpha
+
+
+def compare(
+    part: pd.DataFrame, reference: str, column: str, sample: EvaluationSample | None = None, metric: str | None = None
+) -> list[Comparison]:
+    """Every method's comparison with ``reference`` on ``column`` (methods sharing at least two seeds with it), with
+    Benjamini-Hochberg q-values over the methods for each of the two tests."""
+    from scipy.stats import false_discovery_control, ttest_rel
+
+    wide = part.pivot_table(index="seed", columns="method", values=column)
+    runs = part.set_index(["method", "seed"])["run_id"]
+    out = []
+    for method in (m for m in wide.columns if m != reference) if reference in wide else []:
+        pairs = wide[[method, reference]].dropna()
+        if len(pairs) < 2:
+            continue
+        diff = pairs[method] - pairs[reference]
+        std = float(diff.std(ddof=1))
+        p = (
+            (1.0 if float(diff.iloc[0]) == 0 else 0.0)
+            if std == 0
+            else float(ttest_rel(pairs[method], pairs[reference]).pvalue)
+        )
+        comparison = Comparison(method, len(pairs), float(diff.mean()), std, p)
+        if sample is not None and metric is not None:
+            _eval_test(
+                comparison,
+                sample,
+                metric,
+                [runs[(method, s)] for s in pairs.index],
+                [runs[(reference, s)] for s in pairs.index],
+            )
+        out.append(comparison)
+    if out:
+        for comparison, q in zip(out, false_discovery_control([c.p_seed for c in out]), strict=True):
+            comparison.q_seed = float(q)
+        tested = [c for c in out if c.p_eval is not None]
+        if tested:
+            for comparison, q in zip(tested, false_discovery_control([c.p_eval for c in tested]), strict=True):
+                comparison.q_eval = float(q)
+    return sorted(out, key=lambda c: -c.mean)
+
+
+def _eval_test(comparison: Comparison, sample: EvaluationSample, metric: str, mine: list[str], theirs: list[str]):
+    """The bootstrap test over the evaluation sample of the mean paired difference (two-sided percentile p-value)."""
+    a = [sample.of(run, metric) for run in mine]
+    b = [sample.of(run, metric) for run in theirs]
+    if any(x is None for x in a + b):
+        return
+    delta = np.mean(a, axis=0) - np.mean(b, axis=0)
+    comparison.se_eval = float(np.std(delta, ddof=1))
+    below, above = np.sum(delta <= 0), np.sum(delta >= 0)
+    comparison.p_eval = float(min(1.0, 2 * (min(below, above) + 1) / (len(delta) + 1)))
+
+
+class GroupStatistics:
+    """Everything the leaderboard says about one group's numbers: its rows, its evaluation sample's replicates, its
+    reference methods, and (computed once each) the paired comparisons with them."""
+
+    def __init__(self, part: pd.DataFrame, records: list[dict], key: str, references: dict[str, str]):
+        self.part, self.records, self.references = part, records, references
+        self.sample = EvaluationSample(records, key)
+        self._cache: dict[tuple[str, str], list[Comparison]] = {}
+
+    def comparisons(self, reference: str, column) -> list[Comparison]:
+        """Every method against ``reference`` on ``column`` (a :class:`~benchmark.report.frame.Column`)."""
+        key = (reference, column.title)
+        if key not in self._cache:
+            self._cache[key] = compare(self.part, reference, column.title, self.sample, column.metric)
+        return self._cache[key]
+
+    def interval(self, label: str, column) -> tuple[float, float | None, int] | None:
+        """Mean, combined standard error (None for one seed without a known evaluation error) and n of ``label`` on
+        ``column``; None where it has no value."""
+        rows = self.part[self.part["method"] == label].dropna(subset=[column.title])
+        if rows.empty:
+            return None
+        scale = 100.0 if column.kind == "pct" else 1.0
+        replicates = [self.sample.of(run, column.metric) if column.metric else None for run in rows["run_id"]]
+        se = combined_se(rows[column.title] * scale, [None if r is None else r * scale for r in replicates])
+        return float(rows[column.title].mean() * scale), se, len(rows)
+
+    def evaluation_errors(self, columns) -> list[float]:
+        """The evaluation-sample standard errors of every paired difference from the references on ``columns``."""
+        return [
+            c.se_eval
+            for reference in self.references.values()
+            for column in columns
+            for c in self.comparisons(reference, column)
+            if c.se_eval is not None
+        ]

@@ -1,0 +1,54 @@
+"""What a finished run prints: the same numbers, intervals and verdicts its leaderboard shows, as plain text, so the
+terminal never claims a difference the leaderboard does not resolve."""
+
+from __future__ import annotations
+
+from benchmark.report.escape import printable
+from benchmark.report.frame import END_TASK_COLUMNS, LOSS_COLUMNS, leaderboard_frame, reference_labels
+from benchmark.report.groups import group_records
+from benchmark.report.reading import verdicts
+from benchmark.report.statistics import GroupStatistics
+
+SHOWN = ("final gain", "forgetting", "general rise")
+
+
+def one_line(record: dict) -> str:
+    """A record's headline numbers in one line (one seed: no interval, no verdict)."""
+    losses, scores = record["mlm_loss"]["metrics"], record["summary"]
+    parts = [f"{name.replace('_', ' ')} {value:+.3f}" for name, value in losses.items() if value is not None][:3]
+    if scores.get("macro_f1"):
+        parts.append(f"final macro-F1 {100 * scores['macro_f1']['final']:.1f}")
+    return printable(", ".join(parts))
+
+
+def terminal_summary(run_records: list[dict], all_records: list[dict]) -> list[str]:
+    """Per leaderboard group that holds one of ``run_records`` (grouped with every record of the folder, as the
+    leaderboard is): each method's mean ± combined SE on the headline loss metrics and final macro-F1, and the
+    verdicts both seeds and evaluation sample resolve."""
+    ids = {r["run_id"] for r in run_records}
+    groups, _ = group_records(all_records)
+    lines = []
+    for group in (g for g in groups if ids & {r["run_id"] for r in g.records}):
+        part = leaderboard_frame(group.records, group_of=lambda record, key=group.key: key)
+        stats = GroupStatistics(part, group.records, group.key, reference_labels(group.records))
+        found = verdicts(stats)
+        lines.append(f"{printable(group.title)} ({len(group.records)} runs):")
+        columns = [c for c in LOSS_COLUMNS if c.title in SHOWN] + [
+            c for c in END_TASK_COLUMNS if c.title == "final macro-F1"
+        ]
+        for label in sorted(set(part["method"])):
+            cells = [_cell(stats, label, c) for c in columns]
+            verdict = found.get(label, "").replace("`", "") or "none resolved"
+            lines.append(f"  {printable(label)}: " + ", ".join(c for c in cells if c) + f"; verdicts: {verdict}")
+        if part.groupby("method").size().max() < 2:
+            lines.append("  one seed per method: no difference between methods is resolved (add seeds to test them)")
+    return lines
+
+
+def _cell(stats: GroupStatistics, label: str, column) -> str:
+    found = stats.interval(label, column)
+    if found is None:
+        return ""
+    mean, se, n = found
+    digits = 1 if column.kind == "pct" else 3
+    return f"{column.title} {mean:.{digits}f}" + ("" if se is None else f" ± {se:.{digits}f}") + f" (n={n})"

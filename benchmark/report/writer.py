@@ -1,0 +1,150 @@
+"""``dapbench report``: records -> groups -> statistics -> reading -> files.
+
+Generated files live apart from the records they are made from: ``<output>/leaderboard.md``, and under
+``<output>/results/report/`` the group plots (``plots/``), one table file per record (``runs/``) and a manifest of
+what was written from which records. A report rewrites only what changed: a record's table when the record
+changed, a group's plots when one of its records did; the leaderboard every time (it is one file). Only files the
+manifest says the report wrote are ever deleted, and no symbolic link is followed out of the output folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from benchmark.config import is_fixture_profile
+from benchmark.errors import DapbenchError
+from benchmark.io import atomic_write_json, atomic_write_text, read_json
+from benchmark.records.store import REPORT_FOLDER, load_records
+from benchmark.report.escape import code, text
+from benchmark.report.frame import leaderboard_frame, reference_labels
+from benchmark.report.groups import Group, group_records
+from benchmark.report.markdown import leaderboard_markdown
+from benchmark.report.statistics import GroupStatistics
+
+MANIFEST = "manifest.json"
+
+
+def write_report(output_dir: str | Path, show_progress: bool = False) -> dict[str, int]:
+    """Regenerate what changed of the tables, plots and ``leaderboard.md`` under ``output_dir`` from the records
+    under ``output_dir/results``; return how many records and groups it read and how many files it wrote."""
+    out = Path(output_dir)
+    report = owned_folder(out, "results", REPORT_FOLDER)
+    records = [r for r in load_records(out / "results") if not is_fixture_profile(r["profile"])]
+    groups, superseded = group_records(records)  # every check runs before anything is written
+    previous = _read_manifest(report)
+    manifest: dict = {"runs": {}, "groups": {}}
+    written = 0
+    for group in _progress(groups, show_progress, "report: groups"):
+        written += _write_runs(group, report, previous, manifest)
+        written += _write_group_plots(group, report, previous, manifest)
+    sections = [(g, _statistics(g), _links(manifest["groups"][g.key]["files"])) for g in groups]
+    atomic_write_text(out / "leaderboard.md", leaderboard_markdown(sections, superseded))
+    _remove_unproduced(report, previous, manifest)
+    atomic_write_json(report / MANIFEST, manifest)
+    return {"records": len(records), "groups": len(groups), "files": written + 1}
+
+
+def owned_folder(root: Path, *parts: str) -> Path:
+    """``root/parts...`` after checking that no existing component below ``root`` is a symbolic link: the report
+    writes and deletes only inside its own folder."""
+    path = root
+    for part in parts:
+        path = path / part
+        if path.is_symlink():
+            raise DapbenchError(
+                f"{path} is a symbolic link: the report writes and deletes files only inside its own output folder",
+                f"replace the link by a folder (or remove it), or pass another --output-dir than {root}",
+            )
+    return path
+
+
+def _statistics(group: Group) -> GroupStatistics:
+    part = leaderboard_frame(group.records, group_of=lambda record: group.key)
+    return GroupStatistics(part, group.records, group.key, reference_labels(group.records))
+
+
+def _digest(record: dict) -> str:
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _write_runs(group: Group, report: Path, previous: dict, manifest: dict) -> int:
+    """One Markdown file per record with its A[t][k] and held-out loss matrices (rewritten when it changed)."""
+    written = 0
+    for record in group.records:
+        relative, digest = f"runs/{record['run_id']}.md", _digest(record)
+        manifest["runs"][record["run_id"]] = {"digest": digest, "file": relative}
+        if previous["runs"].get(record["run_id"], {}).get("digest") != digest or not (report / relative).is_file():
+            atomic_write_text(report / relative, run_tables(record))
+            written += 1
+    return written
+
+
+def _write_group_plots(group: Group, report: Path, previous: dict, manifest: dict) -> int:
+    """The group's plots (every one whose data the group has), redrawn when one of its records changed."""
+    from benchmark.report.plots import GROUP_PLOTS
+
+    digest = hashlib.sha256("".join(sorted(manifest["runs"][r["run_id"]]["digest"] for r in group.records)).encode())
+    entry = {"digest": digest.hexdigest()[:16], "files": {}}
+    before = previous["groups"].get(group.key, {})
+    if before.get("digest") == entry["digest"] and all((report / f).is_file() for f in before["files"].values()):
+        manifest["groups"][group.key] = before
+        return 0
+    for kind, plot in GROUP_PLOTS.items():
+        relative = f"plots/{group.key}-{kind}.png"
+        if plot(group.records, report / relative) is not None:
+            entry["files"][kind] = relative
+    manifest["groups"][group.key] = entry
+    return len(entry["files"])
+
+
+def _links(files: dict[str, str]) -> dict[str, str]:
+    return {kind: f"results/{REPORT_FOLDER}/{relative}" for kind, relative in files.items()}
+
+
+def _read_manifest(report: Path) -> dict:
+    path = report / MANIFEST
+    if not path.exists():
+        return {"runs": {}, "groups": {}}
+    manifest = read_json(path, "report manifest")
+    if not isinstance(manifest, dict) or not {"runs", "groups"} <= set(manifest):
+        raise DapbenchError(f"{path} is not a report manifest", f"delete {report} (it is regenerated)")
+    return manifest
+
+
+def _remove_unproduced(report: Path, previous: dict, manifest: dict) -> None:
+    """Delete the files an earlier report wrote that no current record or group produces (and nothing else)."""
+    produced = {entry["file"] for entry in manifest["runs"].values()}
+    produced |= {f for entry in manifest["groups"].values() for f in entry["files"].values()}
+    earlier = {entry["file"] for entry in previous["runs"].values()}
+    earlier |= {f for entry in previous["groups"].values() for f in entry.get("files", {}).values()}
+    for relative in sorted(earlier - produced):
+        path = (report / relative).resolve()
+        if report.resolve() in path.parents and path.is_file() and not (report / relative).is_symlink():
+            path.unlink()
+
+
+def _progress(items: list, show: bool, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, disable=not show or len(items) < 2, leave=False)
+
+
+def run_tables(record: dict) -> str:
+    """A record's matrices as Markdown: A[t][k] (accuracy and macro-F1, percent) and the held-out loss matrix."""
+    import pandas as pd
+
+    domains, tasks = record["sequence"], record["end_tasks"]
+    lines = [f"# {code(record['method_label'])} seed {record['seed']}", "", f"run {code(record['run_id'])}", ""]
+    for score in ("acc", "macro_f1"):
+        rows = [[None if v is None else round(100 * v, 2) for v in row] for row in record["matrices"][score]]
+        frame = pd.DataFrame(rows, index=[f"after {text(d)}" for d in domains], columns=[text(t) for t in tasks])
+        lines += [f"## {score} (%)", "", frame.to_markdown(floatfmt=".2f"), ""]
+    losses = record["mlm_loss"]
+    rows = [losses["base"], *(row or {} for row in losses["after_domain"])]
+    index = ["base", *[f"after {text(d)}" for d in domains]]
+    frame = pd.DataFrame(rows, index=index)[losses["columns"]]
+    frame.columns = [text(c) for c in frame.columns]
+    lines += ["## held-out loss (nats)", "", frame.to_markdown(floatfmt=".4f"), ""]
+    return "\n".join(lines)

@@ -1,0 +1,234 @@
+"""The report pipeline: groups from content, intervals that include the evaluation sample, verdicts that need both
+seeds and sample, escaped rendering, incremental writing that touches only its own files."""
+
+import copy
+import dataclasses
+import json
+import os
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import accuracy_score, f1_score
+
+from benchmark.data.inputs import prepare_data
+from benchmark.engine.runner import ContinualRun
+from benchmark.errors import DapbenchError
+from benchmark.io import atomic_write_json
+from benchmark.metrics import record_loss_metrics
+from benchmark.records.identity import RESULTS_VERSION
+from benchmark.records.store import load_records
+from benchmark.report.escape import code, printable, text
+from benchmark.report.frame import LOSS_COLUMNS, leaderboard_frame, reference_labels
+from benchmark.report.groups import group_records
+from benchmark.report.reading import option_parents, variant_reading, verdicts
+from benchmark.report.statistics import EvaluationSample, GroupStatistics, weighted_scores
+from benchmark.report.writer import write_report
+
+
+@pytest.fixture(scope="module")
+def records(world_root, tiny_model, tmp_path_factory):
+    """none, ncl and das over two domains, seeds 1-3, on the synthetic test world (one shared evaluation)."""
+    from benchmark.config import profile_config
+
+    base = profile_config("synthetic")
+    work = tmp_path_factory.mktemp("report-runs")
+    config = dataclasses.replace(
+        base, model=str(tiny_model), data_root=str(world_root), general_heldout=str(world_root / "general_heldout.txt"),
+        sequence="alpha,beta", output_dir=str(work), work_dir=str(work / "work"),
+        dap=dataclasses.replace(base.dap, steps=3, batch_size=8, per_device_batch_size=4, heldout_chunks=12,
+                                probe_chunks=8, probe_batch_size=4, log_every=3),
+        finetune=dataclasses.replace(base.finetune, default_epochs=1, max_train_examples=16, max_test_examples=24,
+                                     batch_size=8),
+    )  # fmt: skip
+    data = prepare_data(config)
+    return [
+        ContinualRun(config, data, method, seed, show_progress=False).execute()
+        for method in ("none", "ncl", "das")
+        for seed in (1, 2, 3)
+    ]
+
+
+def _statistics(group):
+    part = leaderboard_frame(group.records, group_of=lambda r: group.key)
+    return GroupStatistics(part, group.records, group.key, reference_labels(group.records))
+
+
+def test_records_of_other_settings_inputs_or_numerics_never_share_a_group(records):
+    (group,), superseded = group_records(records)
+    assert len(group.records) == 9 and not superseded
+    other_lr = copy.deepcopy(records[3])
+    other_lr["config"]["dap"]["lr"] = 3e-4
+    other_data = copy.deepcopy(records[4])
+    other_data["data_checksums"]["task/alpha_sup"] = "0" * 16
+    groups, _ = group_records([*records, other_lr, other_data])
+    assert sorted(len(g.records) for g in groups) == [1, 1, 9]
+    titles = [g.title for g in groups]
+    assert any("dap.lr=0.0003" in t for t in titles) and any("inputs" in t for t in titles)
+    assert len(set(titles)) == 3
+
+
+def test_older_numerics_are_superseded_by_a_group_of_current_numerics_never_an_error(records):
+    older = copy.deepcopy(records[:3])
+    for record in older:
+        record["identity"]["results_version"] = RESULTS_VERSION - 1
+        record["run_id"] = record["run_id"][:-10] + "0123456789"
+    groups, superseded = group_records([*records, *older])
+    assert len(groups) == 1 and {s.run_id for s in superseded} == {r["run_id"] for r in older}
+    assert all("older numerics" in s.reason for s in superseded)
+    alone, none_left = group_records(older)  # no current group with the same settings: shown, not dropped
+    assert len(alone) == 1 and not none_left and f"numerics version {RESULTS_VERSION - 1}" not in alone[0].title
+
+
+def test_a_second_record_of_one_label_and_seed_is_superseded_by_the_newer_method_code(records):
+    newer = copy.deepcopy(records[6])  # das seed 1
+    newer["identity"]["method_version"] += 1
+    newer["run_id"] = newer["run_id"][:-10] + "9999999999"
+    (group,), superseded = group_records([*records, newer])
+    assert newer in group.records and records[6] not in group.records
+    assert [s.run_id for s in superseded] == [records[6]["run_id"]]
+
+
+def test_records_that_measured_the_base_model_differently_form_their_own_group(records):
+    moved = copy.deepcopy(records[3:6])  # ncl on another device: the base losses differ
+    for record in moved:
+        record["mlm_loss"]["base"]["general"] += 0.04
+        record["environment"]["device_name"] = "NVIDIA H100"
+    groups, _ = group_records([*records, *moved])
+    assert sorted(len(g.records) for g in groups) == [3, 9]
+    assert any("NVIDIA H100" in g.title for g in groups)
+
+
+def test_weighted_scores_equal_sklearn_under_unit_weights():
+    rng = np.random.default_rng(0)
+    labels, predicted = rng.integers(0, 4, 50), rng.integers(0, 4, 50)
+    labels[labels == 3] = 2  # a class absent from the test labels counts as 0, as in the records' macro-F1
+    acc, f1 = weighted_scores(labels, predicted, 4, np.ones((1, 50)))
+    assert acc[0] == pytest.approx(accuracy_score(labels, predicted))
+    assert f1[0] == pytest.approx(f1_score(labels, predicted, labels=range(4), average="macro", zero_division=0))
+
+
+def test_loss_replicates_are_centred_on_the_recorded_metrics(records):
+    sample = EvaluationSample(records, "test")
+    for record in records[3:]:
+        recorded = record_loss_metrics(record)
+        for name in ("plasticity", "final_gain", "general_rise"):
+            replicates = sample.of(record["run_id"], name)
+            assert replicates.shape == (1000,) and np.isfinite(replicates).all()
+            assert abs(np.mean(replicates) - recorded[name]) < 4 * np.std(replicates) + 1e-3
+    # the resample is shared: every record's replicate b reads the same chunks, so differences stay paired
+    assert sample._chunk_weights["alpha"].shape == (1000, len(records[0]["mlm_loss"]["chunks"]["counts"]["alpha"]))
+
+
+def test_a_verdict_needs_both_the_seeds_and_the_evaluation_sample(records):
+    (group,), _ = group_records(records)
+    stats = _statistics(group)
+    forgetting = next(c for c in LOSS_COLUMNS if c.title == "forgetting")
+    (c,) = [c for c in stats.comparisons("ncl", forgetting) if c.label == "das"]
+    assert c.se_eval is not None and c.q_eval is not None
+    assert c.resolved() == (c.q_seed < 0.05 and c.q_eval < 0.05 and c.mean != 0)
+    # a difference the seeds resolve but the sample does not: no verdict
+    c.q_seed, c.q_eval = 0.001, 0.5
+    assert not c.resolved()
+    assert verdicts(stats)  # the tiny runs differ: some verdicts (every comparison is now computed and cached)
+    stats._cache = {
+        key: [dataclasses.replace(x, q_seed=0.001, q_eval=0.5) for x in v] for key, v in stats._cache.items()
+    }
+    assert verdicts(stats) == {}
+
+
+def test_intervals_combine_seed_spread_and_evaluation_sample(records):
+    (group,), _ = group_records(records)
+    stats = _statistics(group)
+    plasticity = LOSS_COLUMNS[0]
+    mean, se, n = stats.interval("ncl", plasticity)
+    values = stats.part[stats.part["method"] == "ncl"]["plasticity"]
+    seed_only = float(values.std(ddof=1)) / np.sqrt(3)
+    assert n == 3 and mean == pytest.approx(values.mean()) and se > seed_only
+
+
+def test_record_strings_are_escaped_in_markdown_and_on_the_terminal(records):
+    assert text("a|b<script>\x1b]0;x\x07") == "a\\|b&lt;script&gt;?]0;x?"
+    assert code("x`|y") == "`x'\\|y`" and printable("ok\x1b[31m") == "ok?[31m"
+    hostile = copy.deepcopy(records[3:6])
+    for record in hostile:
+        record["method_label"] = "ncl|x<script>\x1b[2J"
+    (group,), _ = group_records([*records[:3], *hostile])
+    from benchmark.report.markdown import leaderboard_markdown, table
+
+    stats = _statistics(group)
+    rows = table(stats, LOSS_COLUMNS, "final gain", verdicts(stats))
+    assert len({row.replace("\\|", "").count("|") for row in rows}) == 1  # every row has the header's cells
+    board = leaderboard_markdown([(group, stats, {})])
+    outside_code = re.sub(r"`[^`]*`", "", board)  # CommonMark shows code spans literally: HTML there is inert
+    assert "<script>" not in outside_code and "\x1b" not in board
+
+
+def test_variant_reading_and_option_parents():
+    assert option_parents("das[a=1,b=x,c=2]") == ["das[b=x,c=2]", "das[a=1,c=2]", "das[a=1,b=x]"]
+    rows = []
+    for seed, noise in ((1, 0.0), (2, 0.01), (3, -0.01)):
+        for label, forgetting in (("das", 0.2), ("das[x=1]", 0.1), ("ncl", 0.3)):
+            rows.append({"method": label, "seed": seed, "run_id": f"{label}-{seed}", "forgetting": forgetting + noise,
+                         "general rise": 0.2, "plasticity": 0.3})  # fmt: skip
+
+    class NoSample:
+        def of(self, run, metric):
+            return None
+
+    stats = GroupStatistics.__new__(GroupStatistics)
+    stats.part, stats.records, stats.references, stats.sample, stats._cache = pd.DataFrame(rows), [], {}, NoSample(), {}
+    (line,) = variant_reading(stats)
+    assert line.startswith("- `das[x=1]` against `das`") and "forgetting -0.100" in line and "not resolved" in line
+
+
+def _write(out, records):
+    for record in records:
+        atomic_write_json(out / "results" / record["profile"] / f"{record['run_id']}.json", record)
+
+
+def test_the_report_rewrites_only_what_changed_and_deletes_only_its_own_files(records, tmp_path):
+    out = tmp_path / "out"
+    _write(out, records)
+    first = write_report(out)
+    report = out / "results" / "report"
+    assert first["groups"] == 1 and len(list((report / "runs").iterdir())) == 9 and list((report / "plots").iterdir())
+    mine = out / "results" / "report" / "plots" / "notes.txt"  # a file the report did not write
+    mine.write_text("keep me")
+    assert write_report(out)["files"] == 1  # nothing changed: only the leaderboard is written
+    removed = out / "results" / records[0]["profile"] / f"{records[0]['run_id']}.json"
+    removed.unlink()
+    write_report(out)
+    assert not (report / "runs" / f"{records[0]['run_id']}.md").exists() and mine.read_text() == "keep me"
+    board = (out / "leaderboard.md").read_text()
+    assert "| `ncl` | 3 |" in board and "±" in board and "Evaluation sample:" in board
+
+
+def test_symbolic_links_in_the_results_folder_are_refused(records, tmp_path):
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    _write(out, records[:1])
+    elsewhere.mkdir()
+    (elsewhere / "old.csv").write_text("x")
+    os.symlink(elsewhere, out / "results" / "report")
+    with pytest.raises(DapbenchError, match="symbolic link"):
+        write_report(out)
+    assert (elsewhere / "old.csv").exists() and not (out / "leaderboard.md").exists()
+    os.unlink(out / "results" / "report")
+    os.symlink(elsewhere / "old.csv", out / "results" / "synthetic" / "x.json")
+    with pytest.raises(DapbenchError, match="symbolic link"):
+        load_records(out / "results")
+
+
+def test_an_edited_record_is_named_when_read(records, tmp_path):
+    record = copy.deepcopy(records[4])
+    record["mlm_loss"]["metrics"]["plasticity"] = 0.5
+    _write(tmp_path, [record])
+    with pytest.raises(DapbenchError, match="mlm_loss.metrics.plasticity 0.5 is not what its held-out losses give"):
+        load_records(tmp_path / "results")
+    renamed = copy.deepcopy(records[4])
+    path = tmp_path / "other" / "results" / "x" / "ncl-alpha-seed7-0000000000.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(renamed))
+    with pytest.raises(DapbenchError, match="file name .* is not its run id"):
+        load_records(tmp_path / "other" / "results")
