@@ -58,9 +58,18 @@ def resolve_config(
     output_dir = given.get("output_dir", config.output_dir)
     config = dataclasses.replace(config, **given, work_dir=work_dir or str(Path(output_dir) / ".dapbench"))
     config = apply_overrides(config, list(overrides))
-    config = dataclasses.replace(config, methods=tuple(_method_name(m) for m in config.methods))
+    config = dataclasses.replace(config, methods=_method_names(config.methods))
     validate_config(config)
     return config
+
+
+def _method_names(names: Sequence[str]) -> tuple[str, ...]:
+    """The registered spelling of every name, ``all`` standing for every registered method."""
+    from benchmark.registry import default_registry
+
+    if [n.lower() for n in names] == ["all"]:
+        return tuple(default_registry().names())
+    return tuple(_method_name(name) for name in names)
 
 
 def _method_name(name: str) -> str:

@@ -50,7 +50,8 @@ examples:
   dapbench migrate --output-dir .""",
     "pretrain-base": """\
 examples:
-  dapbench pretrain-base ../shared/data/general/train.txt base-model --steps 2000""",
+  dapbench pretrain-base ../shared/data/general/train.txt base-model --steps 2000
+  dapbench pretrain-base ../shared/data/general/train.txt decoder --causal --kv-heads 2""",
 }
 
 
@@ -192,16 +193,22 @@ def _add_record_commands(command) -> None:
     listing.add_argument("--data-root", help="list a custom suite instead of the built-in one")
     listing.add_argument("--json", action="store_true", help="print it as JSON")
 
-    base = command("pretrain-base", "build a small base masked LM (and its tokenizer) from a corpus", cmd_pretrain_base)
+    base = command(
+        "pretrain-base", "build a small base model (masked LM, or --causal decoder) from a corpus", cmd_pretrain_base
+    )
     base.add_argument("corpus", help="text file, one passage per line")
     base.add_argument("out_dir", help="model directory to write")
     for field in dataclasses.fields(_base_spec_cls()):
-        base.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
+        flag = f"--{field.name.replace('_', '-')}"
+        if isinstance(field.default, bool):
+            base.add_argument(flag, action="store_true", help="a Llama-style decoder instead of a BERT masked LM")
+        else:
+            base.add_argument(flag, type=type(field.default), default=field.default)
 
 
 def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--profile", default="synthetic", help="synthetic (default), mini, ci or paper")
-    run.add_argument("--methods", help="comma-separated method names, any case (default: the profile's)")
+    run.add_argument("--methods", help="comma-separated method names, any case, or all (default: the profile's)")
     run.add_argument("--model", help="hub id or local directory of the base model")
     run.add_argument("--data-root", help="the paper's data-release folder (or env DAPBENCH_DATA)")
     run.add_argument("--general-heldout", help="general-domain text whose held-out loss is tracked")

@@ -75,6 +75,12 @@ class DapConfig:
     log_every: int = setting(50, low=1)
     loader_workers: int = setting(0, low=0, high=64)
     """DataLoader workers masking training micro-batches ahead of use; not in the run id (changes no number)."""
+    sharding: str = setting("none", choices=("none", "fsdp"))
+    """``fsdp``: parameters, gradients and optimizer state sharded over the processes (torch FSDP2) for models that
+    do not fit one device; the same numbers as unsharded up to float summation order, so not in the run id."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass instead of storing them (less memory, about a third
+    more compute); the same numbers, so not in the run id."""
 
     def __post_init__(self):
         check_settings("dap", self)
@@ -341,6 +347,13 @@ def _synthetic() -> RunConfig:
     )
 
 
+def _mini_causal() -> RunConfig:
+    """The mini budget on a decoder: a Llama-style base model (grouped-query attention, gated MLP) that the recipe
+    ``general-causal`` trains on the general corpus on first use (:mod:`benchmark.data.bases`), the same data,
+    DAP budget and linear probe as ``mini``."""
+    return dataclasses.replace(_mini(), profile="mini-causal", model="recipe:general-causal")
+
+
 @dataclass(frozen=True)
 class Profile:
     """A named starting configuration."""
@@ -353,6 +366,7 @@ class Profile:
 PROFILES = {
     "synthetic": Profile(_synthetic),
     "mini": Profile(_mini),
+    "mini-causal": Profile(_mini_causal),
     "ci": Profile(_ci, fixture=True),
     "paper": Profile(_paper),
 }

@@ -177,6 +177,12 @@ class MethodDeclaration:
     """Whether the method trains correctly with several processes (``accelerate launch``/``torchrun``): whatever
     it computes over batches or data is synchronised as on one device. Set only when the method passes the
     2-process one-update equivalence test (``tests/test_distributed.py``); other methods are refused there."""
+    fsdp_refusal: ClassVar[str] = (
+        "its hooks act on whole parameters or whole models (gradient slices, copies of the model), not on the shards"
+        " FSDP leaves each process"
+    )
+    """Why the method cannot train with ``dap.sharding=fsdp``; empty once its hooks act on shards and it passes the
+    sharded equivalence test (``tests/test_sharding.py``)."""
     version: ClassVar[int] = 1
     """Bumped when a change of the method changes its numbers for unchanged options: it is part of the run id
     (``benchmark.records.identity``), so records of the old code are never taken for the new code's."""

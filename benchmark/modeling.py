@@ -1,4 +1,25 @@
-"""Model loading, the per-architecture module map, and the efficient MLM loss."""
+"""Model loading for both model kinds (masked and causal LMs), the per-architecture module map of the units that
+unit-level methods act on, and the loss at the positions a batch names.
+
+Model kinds: a **masked** LM (BERT, RoBERTa: ``AutoModelForMaskedLM``) predicts masked tokens from both sides; a
+**causal** LM (GPT-2, Llama, Qwen, Mistral: ``AutoModelForCausalLM``) predicts every next token. The kind is read
+from the model's configuration (:func:`model_kind`), never from a flag. Batches of both kinds name the positions
+whose outputs the loss reads (``mlm_positions``, flat indices) and their targets (``mlm_targets``): the masked
+positions and the original tokens for a masked LM, every position but each chunk's last and the next token for a
+causal LM. So one forward (:func:`mlm_forward`: backbone, then the LM head on those positions only) serves both.
+
+Units (attention heads, intermediate neurons, output neurons) per architecture (:func:`layer_modules`):
+
+* BERT/RoBERTa: ``query``/``key``/``value`` rows of head h, ``attention.output.dense`` columns of head h;
+  ``intermediate.dense`` row j; ``output.dense`` row d.
+* GPT-2: the fused ``c_attn`` (a ``Conv1D``: weight in x out) holds q, k and v as thirds of its output; head h is
+  its slice of each third, and rows h of ``attn.c_proj``'s input; ``mlp.c_fc`` output j; ``mlp.c_proj`` output d.
+* Llama/Qwen/Mistral: ``q_proj`` rows of query head h, ``o_proj`` columns of head h. Under grouped-query attention
+  a key/value head serves ``heads // kv_heads`` query heads: the unit is the query head, and the shared ``k_proj``
+  and ``v_proj`` rows of its key/value head are protected as much as the most protected query head it serves
+  (the keep factor of a key/value head is the smallest of its query heads'). The gated MLP's intermediate unit j is
+  row j of ``gate_proj`` and of ``up_proj`` and column j of ``down_proj``; output unit d is row d of ``down_proj``.
+"""
 
 from __future__ import annotations
 
@@ -13,24 +34,58 @@ from torch import nn
 
 from benchmark.errors import DapbenchError
 
+MASKED, CAUSAL = "masked", "causal"
+"""The model kinds (:func:`model_kind`)."""
+ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "deberta", "deberta-v2", "camembert")
+
+
+def model_kind(config) -> str:
+    """``masked`` or ``causal``, read from a model configuration: its architectures (``*ForMaskedLM`` against
+    ``*ForCausalLM``/``*LMHeadModel``), else its type (BERT-style encoders are masked, every other LM causal)."""
+    for architecture in getattr(config, "architectures", None) or ():
+        if architecture.endswith("ForMaskedLM"):
+            return MASKED
+        if architecture.endswith(("ForCausalLM", "LMHeadModel")):
+            return CAUSAL
+    return MASKED if config.model_type in ENCODER_TYPES else CAUSAL
+
 
 @dataclass(frozen=True)
 class LayerModules:
-    """The modules of one transformer layer that unit-level methods (DAS, HAT) act on."""
+    """The modules of one transformer layer that unit-level methods (DAS, HAT) act on (see the module docstring).
+    ``query``/``key``/``value`` are None where one fused projection (``qkv``) holds all three."""
 
-    query: nn.Linear
-    key: nn.Linear
-    value: nn.Linear
-    attn_out: nn.Linear
-    """Attention output projection; its input columns are the concatenated heads."""
-    intermediate: nn.Linear
-    """First FFN projection (its output is the pre-activation of the intermediate neurons)."""
-    output: nn.Linear
-    """Second FFN projection (before dropout, residual and LayerNorm)."""
+    query: nn.Module | None
+    key: nn.Module | None
+    value: nn.Module | None
+    attn_out: nn.Module
+    """Attention output projection; its input is the concatenated heads."""
+    intermediate: nn.Module
+    """First FFN projection (its output is the pre-activation of the intermediate neurons; ``up_proj`` when gated)."""
+    output: nn.Module
+    """Last FFN projection (before dropout and residual); its outputs are the output neurons."""
+    qkv: nn.Module | None = None
+    """A fused query/key/value projection (GPT-2's ``c_attn``), thirds of its output."""
+    gate: nn.Module | None = None
+    """The gate projection of a gated MLP (Llama's ``gate_proj``): the intermediate unit reads it too."""
+    kv_heads: int | None = None
+    """Key/value heads under grouped-query attention (None: as many as query heads)."""
+
+    @property
+    def projections(self) -> tuple[nn.Module, ...]:
+        """Every projection the layer's units own."""
+        named = (self.query, self.key, self.value, self.qkv, self.attn_out, self.gate, self.intermediate, self.output)
+        return tuple(m for m in named if m is not None)
 
 
-# Attribute paths inside one encoder layer, per architecture (stock transformers modules).
+def out_axis(module: nn.Module) -> int:
+    """The weight axis of a projection's outputs: 0 for ``nn.Linear`` (out x in), 1 for transformers' ``Conv1D``."""
+    return 1 if type(module).__name__ == "Conv1D" else 0
+
+
+# Attribute paths, per architecture: where the layers are (below the base model) and the units' modules in one layer.
 _BERT_LIKE = {
+    "layers": "encoder.layer",
     "query": "attention.self.query",
     "key": "attention.self.key",
     "value": "attention.self.value",
@@ -38,32 +93,61 @@ _BERT_LIKE = {
     "intermediate": "intermediate.dense",
     "output": "output.dense",
 }
-LAYER_PATHS = {"bert": _BERT_LIKE, "roberta": _BERT_LIKE, "xlm-roberta": _BERT_LIKE, "electra": _BERT_LIKE}
+_GPT2 = {
+    "layers": "h",
+    "qkv": "attn.c_attn",
+    "attn_out": "attn.c_proj",
+    "intermediate": "mlp.c_fc",
+    "output": "mlp.c_proj",
+}
+_LLAMA_LIKE = {
+    "layers": "layers",
+    "query": "self_attn.q_proj",
+    "key": "self_attn.k_proj",
+    "value": "self_attn.v_proj",
+    "attn_out": "self_attn.o_proj",
+    "gate": "mlp.gate_proj",
+    "intermediate": "mlp.up_proj",
+    "output": "mlp.down_proj",
+}
+LAYER_PATHS = {
+    **{name: _BERT_LIKE for name in ("bert", "roberta", "xlm-roberta", "electra", "camembert")},
+    "gpt2": _GPT2,
+    **{name: _LLAMA_LIKE for name in ("llama", "mistral", "qwen2", "qwen3")},
+}
 
 
 def encoder_of(model: nn.Module) -> nn.Module:
-    """The bare encoder (``BertModel``/``RobertaModel``) inside a task model."""
+    """The bare backbone inside a task model (``BertModel``, ``GPT2Model``, ``LlamaModel``): hidden states out."""
     return getattr(model, model.base_model_prefix)
 
 
 def mlm_head_of(model: nn.Module) -> nn.Module:
-    """The MLM prediction head: the one child of a ``*ForMaskedLM`` model that is not the encoder."""
+    """The language-model head: the one child of a ``*ForMaskedLM``/``*ForCausalLM`` model that is not the backbone."""
     heads = [child for name, child in model.named_children() if name != model.base_model_prefix]
     if len(heads) != 1:
-        raise DapbenchError(f"cannot find the MLM head of {type(model).__name__}", "use a *ForMaskedLM model")
+        raise DapbenchError(
+            f"cannot find the LM head of {type(model).__name__}", "use a *ForMaskedLM/*ForCausalLM model"
+        )
     return heads[0]
 
 
 def layer_modules(model: nn.Module) -> list[LayerModules]:
-    """The unit-bearing modules of every encoder layer, through the per-architecture map."""
+    """The unit-bearing modules of every layer, through the per-architecture map."""
     model_type = model.config.model_type
     if model_type not in LAYER_PATHS:
         raise DapbenchError(
             f"no module map for architecture {model_type!r}",
             f"add its layer paths to benchmark.modeling.LAYER_PATHS (known: {', '.join(LAYER_PATHS)})",
         )
-    layers = encoder_of(model).encoder.layer
-    return [LayerModules(**{k: layer.get_submodule(p) for k, p in LAYER_PATHS[model_type].items()}) for layer in layers]
+    paths = LAYER_PATHS[model_type]
+    kv_heads = getattr(model.config, "num_key_value_heads", None)
+    layers = encoder_of(model).get_submodule(paths["layers"])
+    names = ("query", "key", "value", "attn_out", "intermediate", "output", "qkv", "gate")
+    return [
+        LayerModules(**{k: layer.get_submodule(paths[k]) if k in paths else None for k in names}, kv_heads=kv_heads)
+        for layer in layers
+    ]
 
 
 @contextlib.contextmanager
@@ -80,17 +164,19 @@ def quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(level)
 
 
-def load_masked_lm(name_or_path: str, require_complete: bool = True):
-    """Load a masked LM (in float32) and its tokenizer from a hub id or a local directory.
+def load_lm(name_or_path: str, require_complete: bool = True):
+    """Load a language model of either kind (:func:`model_kind`; in float32) and its tokenizer from a hub id or a
+    local directory. A causal LM's tokenizer without a padding token pads with its end-of-sequence token (classifiers
+    and batched inference need one; packed training chunks are never padded).
 
-    Always float32: transformers 5 loads a checkpoint in its stored dtype, so a model saved in fp16
+    Always float32: transformers 5 loads a checkpoint in its stored dtype, so a model saved in fp16 or bf16
     would otherwise train and evaluate in pure half precision (mixed precision is accelerate's job).
     ``require_complete`` refuses a model whose file lacks weights the architecture needs: transformers
     would initialise them at random from the global RNG, so the "base" losses would differ from run to
     run. DAP checkpoints of methods that rename modules (peft) pass False and restore every tensor with
     :func:`restore_checkpoint_weights`.
     """
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
     local = Path(name_or_path)
     if not local.exists() and (name_or_path.startswith((".", "/")) or name_or_path.count("/") > 1):
@@ -99,11 +185,11 @@ def load_masked_lm(name_or_path: str, require_complete: bool = True):
             "pass --model with a local model directory or a hub id (e.g. roberta-base)",
         )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = load_tokenizer(name_or_path)
+        kind = model_kind(AutoConfig.from_pretrained(name_or_path))
+        auto = AutoModelForMaskedLM if kind == MASKED else AutoModelForCausalLM
         with quiet_transformers():
-            model, info = AutoModelForMaskedLM.from_pretrained(
-                name_or_path, dtype=torch.float32, output_loading_info=True
-            )
+            model, info = auto.from_pretrained(name_or_path, dtype=torch.float32, output_loading_info=True)
     except (OSError, ValueError) as exc:
         raise DapbenchError(
             f"cannot load model {name_or_path!r}: {exc}",
@@ -114,9 +200,25 @@ def load_masked_lm(name_or_path: str, require_complete: bool = True):
         raise DapbenchError(
             f"model {name_or_path!r} lacks {len(missing)} weight(s) its architecture needs ({', '.join(missing[:3])}):"
             " they would be initialised at random",
-            "use a complete masked-LM checkpoint (with its MLM head), or train one with `dapbench pretrain-base`",
+            "use a complete checkpoint (with its LM head), or train one with `dapbench pretrain-base`",
         )
+    if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
+        model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+load_masked_lm = load_lm
+"""The name plugins written before causal LMs were supported use: it loads a model of either kind."""
+
+
+def load_tokenizer(name_or_path: str):
+    """The model's tokenizer; one without a padding token pads with its end-of-sequence token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def check_model_files(name_or_path: str) -> None:
@@ -188,8 +290,8 @@ def restore_checkpoint_weights(model: nn.Module, checkpoint_dir: str | Path) -> 
 
 
 def mlm_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Mean MLM cross-entropy at the masked positions, the last hidden state, and the logits at the
-    masked positions (selected x vocabulary).
+    """Mean cross-entropy of the LM at the positions the batch names, the last hidden state, and the logits at those
+    positions (selected x vocabulary): the masked positions of a masked LM, every next token of a causal LM.
 
     The vocabulary projection dominates small models, so the head runs only on the selected
     positions. Their flat indices (``mlm_positions``) and targets (``mlm_targets``) are computed on
@@ -220,8 +322,12 @@ def mlm_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tenso
 
 
 def classifier_from_checkpoint(checkpoint_dir: str | Path, num_labels: int) -> nn.Module:
-    """A sequence classifier with a fresh ``num_labels`` head on the encoder saved in ``checkpoint_dir``."""
+    """A sequence classifier with a fresh ``num_labels`` head on the backbone saved in ``checkpoint_dir`` (a decoder
+    classifies from its last non-padding token, so it needs the padding token's id)."""
     from transformers import AutoModelForSequenceClassification
 
+    pad = load_tokenizer(str(checkpoint_dir)).pad_token_id
     with quiet_transformers():
-        return AutoModelForSequenceClassification.from_pretrained(checkpoint_dir, num_labels=num_labels)
+        return AutoModelForSequenceClassification.from_pretrained(
+            checkpoint_dir, num_labels=num_labels, pad_token_id=pad
+        )

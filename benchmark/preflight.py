@@ -116,12 +116,17 @@ def check_config_inputs(config: RunConfig) -> None:
 
 def require_multi_process(config: RunConfig, num_processes: int) -> None:
     """Refuse, before any work, a multi-process run of a method not verified for it (``multi_process``)."""
-    from benchmark.engine.environment import require_multi_process_support, require_supported_engine
+    from benchmark.engine.environment import (
+        require_multi_process_support,
+        require_sharding_support,
+        require_supported_engine,
+    )
     from benchmark.registry import default_registry
 
     require_supported_engine()
     for method in config.methods:
         require_multi_process_support(default_registry().get(method), num_processes)
+        require_sharding_support(default_registry().get(method), config.dap.sharding)
     dap = config.dap
     if dap.batch_size % (dap.per_device_batch_size * num_processes):
         fitting = dap.batch_size // num_processes

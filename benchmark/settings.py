@@ -88,8 +88,11 @@ def check_settings(section: str, obj: Any) -> None:
 
 def check_declared(key: str, value: Any, declared: Declared) -> None:
     """``value`` (already of the field's type) against ``declared``; None passes (the type allowed it)."""
-    values = value.values() if isinstance(value, Mapping) else value if isinstance(value, tuple) else [value]
-    for item in values:
+    if isinstance(value, Mapping):
+        items = [(f"{key}.{name}", item) for name, item in value.items()]
+    else:
+        items = [(key, item) for item in (value if isinstance(value, tuple) else [value])]
+    for key, item in items:
         if item is None:
             continue
         if declared.choices is not None and item not in declared.choices:

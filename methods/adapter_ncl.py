@@ -42,6 +42,7 @@ class AdapterNCL(ContinualMethod):
 
     name: ClassVar[str] = "adapter_ncl"
     multi_process: ClassVar[bool] = True
+    fsdp_refusal: ClassVar[str] = "peft's injected adapter modules are not verified under FSDP2 yet"
     config_cls: ClassVar[type[MethodConfig]] = AdapterConfig
     config: AdapterConfig
 

@@ -75,6 +75,7 @@ from benchmark.modeling import encoder_of, layer_modules, mean_pool
 from benchmark.settings import setting
 from methods._shared import importance_study
 from methods._shared.contrast import gathered, info_nce, reference_pairing
+from methods._shared.dropout import dropout_views
 from methods._shared.importance import gate_importance, kl_proxy_loss, mlm_importance_loss, reference_kl_proxy_loss
 from methods._shared.softmask import (
     NORMALISATIONS,
@@ -207,6 +208,9 @@ class DAS(ContinualMethod):
     version: ClassVar[int] = 2
     """2: the reference's KL proxy and normalisation as the reference computes them (rounding noise, no epsilon)."""
     multi_process: ClassVar[bool] = True
+    fsdp_refusal: ClassVar[str] = (
+        "its soft masks scale per-unit slices of whole gradients, and its importance is taken over whole parameters"
+    )
     config_cls: ClassVar[type[MethodConfig]] = DASConfig
     studies: ClassVar[dict] = {
         "importance-similarity": importance_study.similarity_study,
@@ -234,7 +238,7 @@ class DAS(ContinualMethod):
         params = super().trainable_parameters(model)
         if self.config.other_params == "train":
             return params
-        owned = {id(p) for layer in layer_modules(model) for linear in _linears(layer) for p in linear.parameters()}
+        owned = {id(p) for layer in layer_modules(model) for module in layer.projections for p in module.parameters()}
         return [(n, p) for n, p in params if id(p) in owned]
 
     # -- importance ------------------------------------------------------------------------------
@@ -333,13 +337,14 @@ class DAS(ContinualMethod):
         ids, mask = batch["original_ids"], batch.get("attention_mask")
         # Two dropout views of every input in one batched pass (each row gets its own dropout mask).
         mask2 = None if mask is None else torch.cat([mask, mask])
-        pooled = mean_pool(encoder(input_ids=torch.cat([ids, ids]), attention_mask=mask2).last_hidden_state, mask2)
-        first, second = pooled.chunk(2)
-        if prev_gates is None:
-            prev = first[:0]  # no o_prev negatives
-        else:
-            with gated(module, prev_gates):
-                prev = mean_pool(encoder(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
+        with dropout_views(module):
+            pooled = mean_pool(encoder(input_ids=torch.cat([ids, ids]), attention_mask=mask2).last_hidden_state, mask2)
+            first, second = pooled.chunk(2)
+            if prev_gates is None:
+                prev = first[:0]  # no o_prev negatives
+            else:
+                with gated(module, prev_gates):
+                    prev = mean_pool(encoder(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
         if self.config.switch("contrast_pairing") == "adjacent":
             first, second = reference_pairing(first, second)
         if self.config.switch("contrast_negatives") == "all_processes":
@@ -425,7 +430,3 @@ class DAS(ContinualMethod):
         if state.get("generator") is not None:
             self._generator.set_state(state["generator"])
         self._device_importance = None
-
-
-def _linears(layer) -> tuple[torch.nn.Linear, ...]:
-    return (layer.query, layer.key, layer.value, layer.attn_out, layer.intermediate, layer.output)

@@ -79,6 +79,7 @@ class DEMIX(ContinualMethod):
 
     name: ClassVar[str] = "demix"
     multi_process: ClassVar[bool] = True
+    fsdp_refusal: ClassVar[str] = "peft's injected expert modules are not verified under FSDP2 yet"
     config_cls: ClassVar[type[MethodConfig]] = AdapterConfig
     capabilities: ClassVar[Capabilities] = Capabilities(needs_domain_id_at_finetune=True)
     config: AdapterConfig

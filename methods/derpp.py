@@ -51,6 +51,7 @@ class DERPP(ContinualMethod):
     config_cls: ClassVar[type[MethodConfig]] = DERPPConfig
     capabilities: ClassVar[Capabilities] = Capabilities(stores_past_data=True)
     multi_process: ClassVar[bool] = True
+    fsdp_refusal: ClassVar[str] = "its replayed passes and stored outputs are not verified under sharding yet"
     config: DERPPConfig
 
     def __init__(self, config: DERPPConfig, *, env):

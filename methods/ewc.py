@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from benchmark.engine.sharding import is_sharded, local_part, summed_over_processes
 from benchmark.method import ContinualMethod, DomainContext, MethodConfig, StepContext, StepOutput
 from benchmark.modeling import mlm_loss
 from benchmark.settings import setting
@@ -35,6 +36,7 @@ class EWC(ContinualMethod):
 
     name: ClassVar[str] = "ewc"
     multi_process: ClassVar[bool] = True
+    fsdp_refusal: ClassVar[str] = ""
     config_cls: ClassVar[type[MethodConfig]] = EWCConfig
     config: EWCConfig
 
@@ -60,14 +62,19 @@ class EWC(ContinualMethod):
         if self.fisher is None:
             return {}
         named = self.trainable_parameters(ctx.model)
-        if self._on_device is None:
-            device = named[0][1].device
-            self._on_device = (
-                {n: f.to(device) for n, f in self.fisher.items()},
-                {n: a.to(device) for n, a in self.anchor.items()},
+        if self._on_device is None:  # once per domain: the Fisher and anchor where the parameters live
+            self._on_device = tuple(
+                {n: _placed(v[n], p) for n, p in named if n in v} for v in (self.fisher, self.anchor)
             )
         fisher, anchor = self._on_device
-        return {"ewc": ewc_penalty(named, fisher, anchor, self.config.strength)}
+        shards = [(n, p.to_local()) for n, p in named if is_sharded(p)]
+        whole = [(n, p) for n, p in named if not is_sharded(p)]
+        penalty = ewc_penalty(whole, fisher, anchor, self.config.strength) if whole else 0
+        if shards:
+            # Sharded (dap.sharding=fsdp): each process's penalty of the shards it holds; its value is the sum over
+            # processes and each shard's gradient stays where FSDP keeps it.
+            penalty = penalty + summed_over_processes(ewc_penalty(shards, fisher, anchor, self.config.strength))
+        return {"ewc": penalty}
 
     def state_dict(self) -> dict[str, Any]:
         """Merged Fisher and anchor weights."""
@@ -77,3 +84,8 @@ class EWC(ContinualMethod):
         """Restore Fisher and anchor."""
         self.fisher, self.anchor = state.get("fisher"), state.get("anchor")
         self._on_device = None
+
+
+def _placed(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``full`` on the parameter's device, or this process's part of it for a sharded parameter."""
+    return local_part(full, param) if is_sharded(param) else full.to(param.device)

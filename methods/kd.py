@@ -39,6 +39,7 @@ class KD(ContinualMethod):
 
     name: ClassVar[str] = "kd"
     multi_process: ClassVar[bool] = True
+    fsdp_refusal: ClassVar[str] = "its teacher is a whole copy of the model on every process, which defeats sharding"
     config_cls: ClassVar[type[MethodConfig]] = KDConfig
     config: KDConfig
 

@@ -14,4 +14,5 @@ class NCL(ContinualMethod):
 
     name: ClassVar[str] = "ncl"
     multi_process: ClassVar[bool] = True
+    fsdp_refusal: ClassVar[str] = ""
     comparison_role: ClassVar[str | None] = "naive_continual"

@@ -15,5 +15,6 @@ class NoDap(ContinualMethod):
 
     name: ClassVar[str] = "none"
     multi_process: ClassVar[bool] = True
+    fsdp_refusal: ClassVar[str] = ""
     comparison_role: ClassVar[str | None] = "no_dap"
     capabilities: ClassVar[Capabilities] = Capabilities(pretrains=False)

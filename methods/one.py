@@ -15,4 +15,5 @@ class ONE(ContinualMethod):
 
     name: ClassVar[str] = "one"
     multi_process: ClassVar[bool] = True
+    fsdp_refusal: ClassVar[str] = ""
     capabilities: ClassVar[Capabilities] = Capabilities(independent_per_domain=True)

@@ -18,4 +18,5 @@ class Pool(ContinualMethod):
 
     name: ClassVar[str] = "pool"
     multi_process: ClassVar[bool] = True
+    fsdp_refusal: ClassVar[str] = ""
     capabilities: ClassVar[Capabilities] = Capabilities(joint_training=True)

@@ -42,6 +42,7 @@ class PromptONE(ContinualMethod):
 
     name: ClassVar[str] = "prompt_one"
     multi_process: ClassVar[bool] = True
+    fsdp_refusal: ClassVar[str] = "its prompt hooks on the embedding module are not verified under FSDP2 yet"
     config_cls: ClassVar[type[MethodConfig]] = PromptConfig
     capabilities: ClassVar[Capabilities] = Capabilities(independent_per_domain=True)
     config: PromptConfig

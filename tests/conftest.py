@@ -39,6 +39,43 @@ def tiny_model(world_root, tmp_path_factory) -> Path:
     return pretrain_synthetic_base(world_root, tmp_path_factory.mktemp("model") / "tiny", spec, show_progress=False)
 
 
+def _tiny_decoder(world_root: Path, out: Path, architecture: str) -> Path:
+    """A randomly initialised GPT-2- or Llama-style decoder (4 query heads; Llama: 2 key/value heads, gated MLP)
+    with a byte-level BPE tokenizer trained on the test world, saved as a model directory."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    from benchmark.data.pretrain import train_bpe_tokenizer
+    from benchmark.data.synthetic import DOMAINS
+
+    corpora = [str(world_root / "general.txt")] + [str(world_root / f"{d}.txt") for d in DOMAINS]
+    tokenizer = train_bpe_tokenizer(corpora, 600, 64)
+    eos = tokenizer.eos_token_id
+    torch.manual_seed(0)
+    if architecture == "gpt2":
+        config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                            bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+        model = GPT2LMHeadModel(config)
+    else:
+        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
+                             bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+        model = LlamaForCausalLM(config)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(world_root, tmp_path_factory) -> Path:
+    return _tiny_decoder(world_root, tmp_path_factory.mktemp("gpt2") / "model", "gpt2")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(world_root, tmp_path_factory) -> Path:
+    return _tiny_decoder(world_root, tmp_path_factory.mktemp("llama") / "model", "llama")
+
+
 @pytest.fixture
 def tiny_config(world_root, tiny_model, tmp_path) -> RunConfig:
     """Two domains, a few steps, small fine-tunes: the whole runner in seconds."""

@@ -25,6 +25,14 @@ def test_method_contract(name, tiny_config):
     check_method_contract(name, tiny_config)
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("name", METHODS)
+def test_method_contract_on_decoders(name, kind, tiny_config, request):
+    """Every method on a tiny GPT-2-style and a tiny Llama-style (grouped-query attention) decoder."""
+    model = request.getfixturevalue(f"tiny_{kind}")
+    check_method_contract(name, dataclasses.replace(tiny_config, model=str(model)))
+
+
 def check_method_contract(name: str, tiny_config) -> None:
     """Run method ``name`` through two domains and check the interface contract (also used for plugins)."""
     config = dataclasses.replace(tiny_config, keep_checkpoints=True, method_options={name: OPTIONS.get(name, {})})

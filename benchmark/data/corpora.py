@@ -68,8 +68,10 @@ def load_corpus(
     heldout_fraction: float,
     max_lines: int | None,
     cache_dir: Path,
+    causal: bool = False,
 ) -> Corpus:
-    """Split lines (first ``heldout_fraction`` held out), tokenise and pack; cached on disk by content."""
+    """Split lines (first ``heldout_fraction`` held out), tokenise and pack (:func:`encode_documents`); cached on
+    disk by content."""
     lines = read_corpus_lines(source)
     if len(lines) < 2:
         raise DapbenchError(
@@ -81,11 +83,12 @@ def load_corpus(
     if max_lines is not None:
         train_lines = train_lines[:max_lines]
     checksum = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+    kind = "|causal" if causal else ""  # masked entries keep the keys they had before causal LMs existed
     key = hashlib.sha256(
-        f"{checksum}|{_tokenizer_id(tokenizer)}|{seq_len}|{heldout_fraction}|{max_lines}".encode()
+        f"{checksum}|{_tokenizer_id(tokenizer)}|{seq_len}|{heldout_fraction}|{max_lines}{kind}".encode()
     ).hexdigest()[:20]
-    train = _packed_dataset(train_lines, tokenizer, seq_len, cache_dir / f"{name}-train-{key}")
-    heldout = _packed_dataset(heldout_lines, tokenizer, seq_len, cache_dir / f"{name}-heldout-{key}")
+    train = _packed_dataset(train_lines, tokenizer, seq_len, cache_dir / f"{name}-train-{key}", causal)
+    heldout = _packed_dataset(heldout_lines, tokenizer, seq_len, cache_dir / f"{name}-heldout-{key}", causal)
     if len(train) == 0:
         raise DapbenchError(
             f"corpus {name} yields no {seq_len}-token chunk for training",
@@ -94,12 +97,15 @@ def load_corpus(
     return Corpus(name=name, train=train, heldout=heldout, checksum=checksum)
 
 
-def load_heldout_text(name: str, source: str, tokenizer, seq_len: int, cache_dir: Path, max_lines: int | None = None):
+def load_heldout_text(
+    name: str, source: str, tokenizer, seq_len: int, cache_dir: Path, max_lines: int | None = None, causal: bool = False
+):
     """A whole text file as packed chunks (the general corpus), and its checksum."""
     lines = read_corpus_lines(source)[:max_lines]
     checksum = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
-    key = hashlib.sha256(f"{checksum}|{_tokenizer_id(tokenizer)}|{seq_len}".encode()).hexdigest()[:20]
-    return _packed_dataset(lines, tokenizer, seq_len, cache_dir / f"{name}-eval-{key}"), checksum
+    kind = "|causal" if causal else ""
+    key = hashlib.sha256(f"{checksum}|{_tokenizer_id(tokenizer)}|{seq_len}{kind}".encode()).hexdigest()[:20]
+    return _packed_dataset(lines, tokenizer, seq_len, cache_dir / f"{name}-eval-{key}", causal), checksum
 
 
 def _tokenizer_id(tokenizer) -> str:
@@ -107,7 +113,7 @@ def _tokenizer_id(tokenizer) -> str:
     return hashlib.sha256(f"{type(tokenizer).__name__}|{vocab}".encode()).hexdigest()[:16]
 
 
-def _packed_dataset(lines: list[str], tokenizer, seq_len: int, cache_path: Path):
+def _packed_dataset(lines: list[str], tokenizer, seq_len: int, cache_path: Path, causal: bool = False):
     """Tokenise every line with special tokens, concatenate, cut into ``seq_len`` chunks (datasets, cached)."""
     from datasets import load_from_disk
     from filelock import FileLock
@@ -118,7 +124,7 @@ def _packed_dataset(lines: list[str], tokenizer, seq_len: int, cache_path: Path)
         if cache_path.is_dir() and not _intact(cache_path):
             shutil.rmtree(cache_path)
         if not cache_path.is_dir():
-            packed = _build_packed(lines, tokenizer, seq_len, cache_path)
+            packed = _build_packed(lines, tokenizer, seq_len, cache_path, causal)
             if packed is not None:  # no chunk: nothing worth caching, and the caller names what is missing
                 return packed.with_format("torch")
         return load_from_disk(str(cache_path)).with_format("torch")
@@ -134,19 +140,36 @@ def _intact(cache_path: Path) -> bool:
     return True
 
 
+def encode_documents(tokenizer, lines: list[str], causal: bool) -> dict[str, list[list[int]]]:
+    """Token ids and special-token marks of each line: a masked LM's tokenizer adds its special tokens (``[CLS]
+    ... [SEP]``); for a causal LM each document is its tokens followed by the end-of-sequence token, which marks the
+    boundary between documents once they are packed (no padding, no start token)."""
+    if not causal:
+        return tokenizer(lines, return_special_tokens_mask=True, verbose=False)
+    if tokenizer.eos_token_id is None:
+        raise DapbenchError(
+            f"tokenizer {type(tokenizer).__name__} has no end-of-sequence token to mark document boundaries",
+            "use a causal LM's tokenizer (it defines eos_token)",
+        )
+    ids = [
+        row + [tokenizer.eos_token_id] for row in tokenizer(lines, add_special_tokens=False, verbose=False)["input_ids"]
+    ]
+    return {"input_ids": ids, "special_tokens_mask": [[0] * (len(row) - 1) + [1] for row in ids]}
+
+
 PACK_BATCH = 1000
 """Lines tokenised and packed together; the tokens left over at the end of each batch are dropped (the chunking
 every cache entry and committed record was made with)."""
 
 
-def _build_packed(lines: list[str], tokenizer, seq_len: int, cache_path: Path):
+def _build_packed(lines: list[str], tokenizer, seq_len: int, cache_path: Path, causal: bool = False):
     """Write the packed chunks of ``lines`` to ``cache_path`` through a temporary folder (the caller holds the lock);
     an empty result is returned instead (datasets cannot save and reload a table without rows)."""
     from datasets import Dataset
 
     columns: dict[str, list[list[int]]] = {"input_ids": [], "special_tokens_mask": []}
     for start in range(0, len(lines), PACK_BATCH):  # packed per batch of lines, each remainder dropped
-        encoded = tokenizer(lines[start : start + PACK_BATCH], return_special_tokens_mask=True, verbose=False)
+        encoded = encode_documents(tokenizer, lines[start : start + PACK_BATCH], causal)
         for key, chunks in columns.items():
             chunks += _pack(encoded[key], seq_len)
     packed = Dataset.from_dict(columns)

@@ -135,8 +135,11 @@ def fixed_subset(examples: list[Example], limit: int | None, key: str) -> list[E
     return [examples[i] for i in sorted(order[:limit])]
 
 
-def format_example(example: Example, sep_token: str) -> str:
-    """Model input text: ASC is ``aspect + ' ' + sep + sentence`` as in the reference; others as is."""
+def format_example(example: Example, sep_token: str | None) -> str:
+    """Model input text: ASC is ``aspect + ' ' + sep + sentence`` as in the reference; a tokenizer without a
+    separator token (a decoder's) reads ``aspect: sentence``; other tasks are the text as is."""
     if example.aspect is None:
         return example.text
+    if sep_token is None:
+        return f"{example.aspect.strip()}: {example.text}"
     return f"{example.aspect.strip()} {sep_token}{example.text}"

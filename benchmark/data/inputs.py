@@ -40,6 +40,8 @@ class RunData:
     """Mask draws per held-out chunk (``dap.heldout_mask_draws``)."""
     feature_chunks: int | None = None
     """Held-out chunks per set whose features measure representation drift (``dap.feature_chunks``; None: all)."""
+    causal: bool = False
+    """Whether the base model is a causal LM (batches predict next tokens; nothing is masked)."""
 
     def training_set(self, domain_indices: list[int]) -> Dataset:
         """The training chunks of the given domains (one domain, or the union for joint training)."""
@@ -66,14 +68,17 @@ class RunData:
 
 
 def prepare_data(config: RunConfig) -> RunData:
-    """Load the suite, tokenizer, corpora (packed, cached) and end tasks (re-split, encoded)."""
-    from transformers import AutoTokenizer
+    """Load the suite, tokenizer, corpora (packed, cached) and end tasks (re-split, encoded), for the model's kind."""
+    from transformers import AutoConfig
+
+    from benchmark.modeling import CAUSAL, load_tokenizer, model_kind
 
     suite = load_suite(config.data_root)
     domains = suite.sequence(config.sequence)
     sources = {name: resolve_corpus_path(suite.domains[name].corpus, config.data_root) for name in domains}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(config.model)
+        tokenizer = load_tokenizer(config.model)
+        causal = model_kind(AutoConfig.from_pretrained(config.model)) == CAUSAL
     except (OSError, ValueError) as exc:
         raise DapbenchError(
             f"cannot load the tokenizer of {config.model!r}: {exc}",
@@ -86,21 +91,20 @@ def prepare_data(config: RunConfig) -> RunData:
         spec = suite.domains[name]
         task = load_end_task(suite.end_tasks[spec.end_task], config.data_root, check_sizes=suite.source == "builtin")
         corpus = load_corpus(
-            name, sources[name], tokenizer, dap.seq_len, dap.heldout_fraction, dap.max_corpus_lines, cache_dir
+            name, sources[name], tokenizer, dap.seq_len, dap.heldout_fraction, dap.max_corpus_lines, cache_dir, causal
         )
         corpora[name], tasks[name] = corpus, encode_task(task, tokenizer, config.finetune)
         checksums[f"corpus/{name}"], checksums[f"task/{task.name}"] = corpus.checksum, task.checksum
     for name, corpus in corpora.items():
-        heldout[name] = _heldout_batches(corpus.heldout, tokenizer, dap)
+        heldout[name] = _heldout_batches(corpus.heldout, tokenizer, dap, causal)
     if config.general_heldout:
         general, checksums[f"corpus/{GENERAL}"] = load_heldout_text(
-            GENERAL, config.general_heldout, tokenizer, dap.seq_len, cache_dir
+            GENERAL, config.general_heldout, tokenizer, dap.seq_len, cache_dir, causal=causal
         )
-        heldout[GENERAL] = _heldout_batches(general, tokenizer, dap)
+        heldout[GENERAL] = _heldout_batches(general, tokenizer, dap, causal)
     checksums.update(_file_checksums(config))
-    return RunData(
-        suite, domains, tokenizer, corpora, heldout, tasks, checksums, dap.heldout_mask_draws, dap.feature_chunks
-    )
+    draws = 1 if causal else dap.heldout_mask_draws  # a causal LM's evaluation has nothing to draw
+    return RunData(suite, domains, tokenizer, corpora, heldout, tasks, checksums, draws, dap.feature_chunks, causal)
 
 
 def _file_checksums(config: RunConfig) -> dict[str, str]:
@@ -118,9 +122,10 @@ def _file_checksums(config: RunConfig) -> dict[str, str]:
     return out
 
 
-def _heldout_batches(dataset, tokenizer, dap: DapConfig) -> list[dict]:
+def _heldout_batches(dataset, tokenizer, dap: DapConfig, causal: bool) -> list[dict]:
     if len(dataset) == 0:
         raise DapbenchError("a held-out corpus slice yields no full chunk", "lower dap.seq_len or use more text")
     return heldout_mlm_batches(
-        dataset, tokenizer, dap.heldout_chunks, dap.per_device_batch_size, dap.mlm_probability, dap.heldout_mask_draws
-    )
+        dataset, tokenizer, dap.heldout_chunks, dap.per_device_batch_size, dap.mlm_probability,
+        dap.heldout_mask_draws, causal,
+    )  # fmt: skip

@@ -22,8 +22,11 @@ class MlmCollator:
     synchronisation per forward on a GPU); the numbers are bit-identical to an all-ones mask's.
     """
 
-    def __init__(self, tokenizer, mlm_probability: float = 0.15, generator: torch.Generator | None = None):
-        if tokenizer.mask_token_id is None:
+    def __init__(
+        self, tokenizer, mlm_probability: float = 0.15, generator: torch.Generator | None = None, causal: bool = False
+    ):
+        self.causal = causal
+        if not causal and tokenizer.mask_token_id is None:
             raise DapbenchError(
                 f"tokenizer {type(tokenizer).__name__} has no mask token", "use a masked LM's tokenizer"
             )
@@ -37,8 +40,11 @@ class MlmCollator:
     def mask(
         self, examples: list[dict[str, torch.Tensor]], generator: torch.Generator | None
     ) -> dict[str, torch.Tensor]:
-        """Mask a list of packed chunks into one batch, drawing from ``generator`` (None: the global RNG)."""
+        """Mask a list of packed chunks into one batch, drawing from ``generator`` (None: the global RNG). For a
+        causal LM nothing is drawn: every position but each chunk's last predicts the next token."""
         original = torch.stack([torch.as_tensor(e["input_ids"]) for e in examples]).long()
+        if self.causal:
+            return next_token_batch(original)
         special = torch.stack([torch.as_tensor(e["special_tokens_mask"]) for e in examples]).bool()
         inputs, labels = mask_tokens(
             original,
@@ -60,6 +66,19 @@ class MlmCollator:
             "mlm_targets": flat_labels[positions],
             "original_ids": original,
         }
+
+
+def next_token_batch(chunks: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A causal LM's batch of packed chunks in the collator's format: the loss reads every position but each
+    chunk's last (``mlm_positions``, flat) and its target is the next token (``mlm_targets``)."""
+    rows, length = chunks.shape
+    positions = (torch.arange(rows)[:, None] * length + torch.arange(length - 1)).reshape(-1)
+    return {
+        "input_ids": chunks,
+        "mlm_positions": positions,
+        "mlm_targets": chunks[:, 1:].reshape(-1),
+        "original_ids": chunks,
+    }
 
 
 def mask_tokens(
@@ -92,23 +111,26 @@ def mask_tokens(
     return inputs, labels
 
 
-def fixed_mlm_batches(dataset, tokenizer, n_chunks: int, batch_size: int, mlm_probability: float, seed: int = 0):
+def fixed_mlm_batches(
+    dataset, tokenizer, n_chunks: int, batch_size: int, mlm_probability: float, seed: int = 0, causal: bool = False
+):
     """The first ``n_chunks`` chunks masked once by a CPU generator seeded with ``seed`` alone: the same
     evaluation for every run, method and device, whatever the global RNG has been used for."""
-    collator = MlmCollator(tokenizer, mlm_probability, generator=torch.Generator().manual_seed(seed))
+    collator = MlmCollator(tokenizer, mlm_probability, generator=torch.Generator().manual_seed(seed), causal=causal)
     n = min(n_chunks, len(dataset))
     return [collator([dataset[i] for i in range(s, min(s + batch_size, n))]) for s in range(0, n, batch_size)]
 
 
 def heldout_mlm_batches(
-    dataset, tokenizer, n_chunks: int, batch_size: int, mlm_probability: float, draws: int = 1
+    dataset, tokenizer, n_chunks: int, batch_size: int, mlm_probability: float, draws: int = 1, causal: bool = False
 ) -> list[dict[str, torch.Tensor]]:
     """The fixed held-out evaluation of a corpus: its first ``n_chunks`` chunks masked ``draws`` times, draw d by a
     generator seeded with d alone (draw 0 is the evaluation of earlier versions, bit for bit), one draw after the
-    other; every batch names the chunks its rows are (``chunk_index``), so losses can be summed per chunk."""
+    other; every batch names the chunks its rows are (``chunk_index``), so losses can be summed per chunk. A causal
+    LM's evaluation draws nothing: every chunk once, every next token."""
     out = []
-    for draw in range(draws):
-        batches = fixed_mlm_batches(dataset, tokenizer, n_chunks, batch_size, mlm_probability, seed=draw)
+    for draw in range(1 if causal else draws):
+        batches = fixed_mlm_batches(dataset, tokenizer, n_chunks, batch_size, mlm_probability, seed=draw, causal=causal)
         start = 0
         for batch in batches:
             rows = batch["input_ids"].shape[0]

@@ -1,7 +1,9 @@
-"""``dapbench pretrain-base``: build a small general masked LM (tokenizer + BERT) from any corpus.
+"""``dapbench pretrain-base``: build a small general base model from any corpus: a masked LM (WordPiece tokenizer +
+BERT) or, with ``causal``, a Llama-style decoder (byte-level BPE tokenizer + Llama with grouped-query attention and a
+gated MLP).
 
 Users without hub access make their own base model with it; the synthetic profile uses the same
-code. Training uses the benchmark's own packing, MLM collator and masked-position-only loss.
+code. Training uses the benchmark's own packing, collator and selected-position loss.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 @dataclass(frozen=True)
 class BaseModelSpec:
-    """Architecture and training budget of a base masked LM."""
+    """Architecture and training budget of a base model."""
 
     vocab_size: int = 8000
     hidden_size: int = 128
@@ -36,6 +38,10 @@ class BaseModelSpec:
     batch_size: int = 32
     lr: float = 5e-4
     seed: int = 0
+    causal: bool = False
+    """A Llama-style decoder (next-token loss) instead of a BERT masked LM."""
+    kv_heads: int = 0
+    """Key/value heads of the decoder (grouped-query attention); 0: as many as query heads."""
 
 
 def train_tokenizer(corpora: list[str], vocab_size: int, max_length: int):
@@ -65,6 +71,62 @@ def train_tokenizer(corpora: list[str], vocab_size: int, max_length: int):
     )
 
 
+def train_bpe_tokenizer(corpora: list[str], vocab_size: int, max_length: int):
+    """A byte-level BPE tokenizer trained on the given text files (the GPT-2 / Llama recipe), whose one special
+    token ``<|endoftext|>`` ends documents and pads."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    lines = [line for path in corpora for line in read_corpus_lines(path)]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(lines, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, model_max_length=max_length)
+
+
+EOS = "<|endoftext|>"
+
+
+def _base_model(spec: BaseModelSpec, tokenizer):
+    """A fresh model of the spec's kind sized to the tokenizer."""
+    if not spec.causal:
+        from transformers import BertConfig, BertForMaskedLM
+
+        return BertForMaskedLM(
+            BertConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=spec.hidden_size,
+                num_hidden_layers=spec.num_layers,
+                num_attention_heads=spec.num_heads,
+                intermediate_size=spec.intermediate_size,
+                max_position_embeddings=max(spec.seq_len, 64),
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        )
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    eos = tokenizer.eos_token_id
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=spec.hidden_size,
+            num_hidden_layers=spec.num_layers,
+            num_attention_heads=spec.num_heads,
+            num_key_value_heads=spec.kv_heads or spec.num_heads,
+            intermediate_size=spec.intermediate_size,
+            max_position_embeddings=max(spec.seq_len, 64),
+            tie_word_embeddings=True,
+            pad_token_id=eos,
+            bos_token_id=eos,
+            eos_token_id=eos,
+        )
+    )
+
+
 def pretrain_base(
     corpus: str,
     out_dir: str | Path,
@@ -72,37 +134,30 @@ def pretrain_base(
     vocab_corpora: list[str] | None = None,
     show_progress: bool = True,
 ) -> Path:
-    """Train a tokenizer and a BERT masked LM on ``corpus``; write a model directory atomically.
+    """Train a tokenizer and a base model (BERT masked LM, or with ``spec.causal`` a Llama decoder) on ``corpus``;
+    write a model directory atomically.
 
     ``vocab_corpora`` (default: the corpus itself) only shape the tokenizer's vocabulary; the model
     sees nothing but ``corpus``.
     """
-    from transformers import BertConfig, BertForMaskedLM, set_seed
+    from transformers import set_seed
 
     if not Path(corpus).is_file():
         raise DapbenchError(f"corpus not found: {corpus}", "pass a text file with one passage per line")
     set_seed(spec.seed)
-    tokenizer = train_tokenizer(vocab_corpora or [corpus], spec.vocab_size, spec.seq_len)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        intermediate_size=spec.intermediate_size,
-        max_position_embeddings=max(spec.seq_len, 64),
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model = BertForMaskedLM(config)
+    train = train_bpe_tokenizer if spec.causal else train_tokenizer
+    tokenizer = train(vocab_corpora or [corpus], spec.vocab_size, spec.seq_len)
+    model = _base_model(spec, tokenizer)
     with _scratch(out_dir) as scratch:
-        data = load_corpus("base", corpus, tokenizer, spec.seq_len, 0.02, None, scratch)
+        data = load_corpus("base", corpus, tokenizer, spec.seq_len, 0.02, None, scratch, causal=spec.causal)
     loader = DataLoader(
         data.train,
         batch_size=spec.batch_size,
         shuffle=True,
-        collate_fn=MlmCollator(tokenizer),
+        collate_fn=MlmCollator(tokenizer, causal=spec.causal),
         drop_last=len(data.train) >= spec.batch_size,
     )
-    heldout = fixed_mlm_batches(data.heldout, tokenizer, 128, 64, 0.15)
+    heldout = fixed_mlm_batches(data.heldout, tokenizer, 128, 64, 0.15, causal=spec.causal)
     start = time.perf_counter()
     _train_mlm(model, loader, spec, show_progress)
     reinitialised = _reinitialise_unseen_tokens(model, tokenizer, read_corpus_lines(corpus))

@@ -73,8 +73,8 @@ class SeededMasking:
     """Collate a micro-batch into ``(global index, masked batch)``, its masks drawn from
     ``(seed, stage, MASKS, global index)``."""
 
-    def __init__(self, tokenizer, mlm_probability: float, seed: int, stage: int):
-        self.collator = MlmCollator(tokenizer, mlm_probability)
+    def __init__(self, tokenizer, mlm_probability: float, seed: int, stage: int, causal: bool = False):
+        self.collator = MlmCollator(tokenizer, mlm_probability, causal=causal)
         self.seed, self.stage = seed, stage
 
     def __call__(self, tagged: list[tuple[int, dict]]) -> tuple[int, dict[str, torch.Tensor]]:
@@ -95,13 +95,14 @@ def stage_stream(
     world: int,
     workers: int = 0,
     pin_memory: bool = False,
+    causal: bool = False,
 ) -> DataLoader:
     """This process's share of the stage's training stream: ``(global index, masked micro-batch)`` on the host,
     masked by ``workers`` worker processes ahead of use (the same batches as without: each is seeded by its index)."""
     return DataLoader(
         _Tagged(dataset),
         batch_sampler=StageMicroBatches(len(dataset), micro, seed, stage, rank, world),
-        collate_fn=SeededMasking(tokenizer, mlm_probability, seed, stage),
+        collate_fn=SeededMasking(tokenizer, mlm_probability, seed, stage, causal),
         num_workers=workers,
         pin_memory=pin_memory,
         prefetch_factor=4 if workers else None,

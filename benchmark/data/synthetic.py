@@ -154,8 +154,11 @@ def write_world(world: dict, root: str | Path) -> Path:
     return atomic_directory(root, fill)
 
 
-def pretrain_synthetic_base(data_root: str | Path, out_dir: str | Path, spec=None, show_progress: bool = True) -> Path:
-    """Pre-train the synthetic world's base model on its general corpus only.
+def pretrain_synthetic_base(
+    data_root: str | Path, out_dir: str | Path, spec=None, show_progress: bool = True, causal: bool = False
+) -> Path:
+    """Pre-train the synthetic world's base model on its general corpus only: a tiny BERT, or with ``causal`` a
+    tiny Llama-style decoder (grouped-query attention) of the same budget.
 
     The tokenizer's vocabulary also covers the domain corpora (segmentation carries no knowledge),
     so domain words are whole tokens whose embeddings the base model never trained.
@@ -173,6 +176,8 @@ def pretrain_synthetic_base(data_root: str | Path, out_dir: str | Path, spec=Non
         steps=600,
         batch_size=64,
         lr=2e-3,
+        causal=causal,
+        kv_heads=2 if causal else 0,
     )
     corpora = [str(root / "general.txt")] + [str(root / f"{d}.txt") for d in DOMAINS]
     return pretrain_base(str(root / "general.txt"), out_dir, spec, vocab_corpora=corpora, show_progress=show_progress)
@@ -187,18 +192,30 @@ def _silent(line: str) -> None:
     """Say nothing (the default progress line sink)."""
 
 
+SYNTHETIC_MODELS = {"synthetic": False, "synthetic-causal": True}
+"""The synthetic world's base models (built on first use): masked, or causal (``--model synthetic-causal``)."""
+
+
 def materialise(config: RunConfig, show_progress: bool = False, echo: Callable[[str], None] = _silent) -> RunConfig:
-    """``config`` with its inputs in place: for the synthetic profile, the generated world and its tiny base
-    model (built once, cached in the work folder); any other config as it is."""
-    if config.profile != "synthetic" or config.model != "synthetic":
+    """``config`` with its inputs in place, each built once and cached in the work folder: the synthetic world and
+    its tiny base model (``--model synthetic`` or ``synthetic-causal`` with the synthetic data), or a base model
+    made by a recipe (``--model recipe:<name>``, :mod:`benchmark.data.bases`); any other config as it is."""
+    from benchmark.data.bases import RECIPE, build_recipe
+
+    if config.model.startswith(RECIPE):
+        return dataclasses.replace(config, model=str(build_recipe(config.model, config.work_dir, show_progress, echo)))
+    if config.model not in SYNTHETIC_MODELS or config.data_root not in ("synthetic", None):
         return config
+    causal = SYNTHETIC_MODELS[config.model]
     root = Path(config.work_dir) / f"synthetic-v{VERSION}"
-    data_root, model_dir = root / "data", root / "base-model"
+    data_root, model_dir = root / "data", root / ("base-model-causal" if causal else "base-model")
     if not data_root.exists():
         write_world(build_world(seed=0), data_root)
     if not model_dir.exists():
-        echo("synthetic: pre-training the tiny base model on the general corpus (once)")
-        pretrain_synthetic_base(data_root, model_dir, show_progress=show_progress)
+        echo(
+            f"synthetic: pre-training the tiny {'causal' if causal else 'masked'} base model on the general text (once)"
+        )
+        pretrain_synthetic_base(data_root, model_dir, show_progress=show_progress, causal=causal)
     return dataclasses.replace(
         config,
         model=str(model_dir),

@@ -59,21 +59,29 @@ def _on_cpu(config) -> bool:
     return config.device == "cpu" or not torch.cuda.is_available()
 
 
-UNSUPPORTED_ENGINES = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DeepSpeed"}
-"""accelerate's switches for engines that shard parameters, which no method is verified with yet."""
+UNSUPPORTED_ENGINES = {"ACCELERATE_USE_FSDP": "accelerate's FSDP", "ACCELERATE_USE_DEEPSPEED": "DeepSpeed"}
+"""accelerate's switches for engines that shard parameters: dapbench shards with FSDP2 itself (``dap.sharding``)."""
 
 
 def require_supported_engine(environ=os.environ) -> None:
-    """Refuse, before any work, an engine that shards parameters (FSDP, DeepSpeed): DAS's and HAT's gradient
-    hooks, EWC's Fisher and the soft masks act on whole parameters, and accelerate would silently fall back
-    to DDP on a CPU. Named, so nobody believes a run was sharded when it was not, or sharded when it is wrong."""
+    """Refuse, before any work, accelerate's own sharding engines: accelerate enables FSDP only on GPU-class
+    setups (on a CPU it would silently run DDP) and knows nothing of the methods' hooks; dapbench's sharding is
+    ``dap.sharding=fsdp`` (:mod:`benchmark.engine.sharding`), checked method by method."""
     asked = [name for key, name in UNSUPPORTED_ENGINES.items() if environ.get(key, "").lower() in ("1", "true", "yes")]
     if asked:
         raise DapbenchError(
-            f"{asked[0]} is not supported yet: the methods' gradient hooks, masks and Fisher statistics act on whole"
-            " parameters, which it shards",
-            "launch with DDP (accelerate launch without --use_fsdp/--use_deepspeed, or torchrun); a model that does"
-            " not fit one GPU is not supported yet",
+            f"{asked[0]} is not how dapbench shards a run: it would bypass the methods' checks (and on a CPU run DDP)",
+            "launch without --use_fsdp/--use_deepspeed and pass --set dap.sharding=fsdp (methods that support it:"
+            " dapbench list)",
+        )
+
+
+def require_sharding_support(method_cls, sharding: str) -> None:
+    """Refuse, before any work, a sharded run of a method whose hooks act on whole parameters, with its reason."""
+    if sharding == "fsdp" and method_cls.fsdp_refusal:
+        raise DapbenchError(
+            f"method {method_cls.name!r} cannot train with dap.sharding=fsdp: {method_cls.fsdp_refusal}",
+            "train it unsharded (dap.sharding=none), or choose a method that supports sharding (dapbench list)",
         )
 
 

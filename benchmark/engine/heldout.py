@@ -75,9 +75,10 @@ class GeneralProbe:
             cache = Path(p.config.work_dir) / "cache"
             dataset, _ = load_heldout_text(
                 "general-train", p.config.general_corpus, p.data.tokenizer, dap.seq_len, cache,
-                max_lines=dap.max_corpus_lines,
+                max_lines=dap.max_corpus_lines, causal=p.data.causal,
             )  # fmt: skip
             self._batches = fixed_mlm_batches(
-                dataset, p.data.tokenizer, dap.probe_chunks, dap.probe_batch_size, dap.mlm_probability, seed=999
-            )
+                dataset, p.data.tokenizer, dap.probe_chunks, dap.probe_batch_size, dap.mlm_probability, seed=999,
+                causal=p.data.causal,
+            )  # fmt: skip
         return DeviceBatches(self._batches, p.accelerator.device)

@@ -3,7 +3,10 @@ checkpoint that marks it finished (:class:`StageRunner`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+
+import torch
 
 from benchmark.data.masking import fixed_mlm_batches
 from benchmark.engine.environment import peak_memory_mb, reset_peak_memory
@@ -35,6 +38,19 @@ class StageModels:
             p.method.load_state_dict(p.layout.method_state(t - 1))
         return model
 
+    def unsharded(self, sharded):
+        """A model of the stage's architecture (the method's surgery applied) holding the full weights of a model
+        trained sharded (every process gathers them)."""
+        from benchmark.engine.sharding import full_state_dict
+
+        p, weights = self.parts, full_state_dict(sharded)
+        devices = [p.accelerator.device] if p.accelerator.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):  # building a model draws initial weights: leave the RNG as it was
+            model, _ = load_masked_lm(p.config.model)
+            model = p.method.setup(model.to(p.accelerator.device))
+        model.load_state_dict(weights)
+        return model.train(sharded.training)  # the mode training left it in (a method's after-domain work reads it)
+
     def load(self, t: int):
         """The model of checkpoint ``t`` after the method's surgery, with the method state saved with it."""
         p, checkpoint = self.parts, self.parts.layout.verified_checkpoint(t)
@@ -43,6 +59,15 @@ class StageModels:
         restore_checkpoint_weights(model, checkpoint)
         p.method.load_state_dict(p.layout.method_state(t))
         return model
+
+
+def _probe_batches(p: RunParts, t: int) -> list:
+    """The fixed batches of domain ``t``'s training text a method may probe (importance, Fisher, ...)."""
+    dap = p.config.dap
+    return fixed_mlm_batches(
+        p.data.corpora[p.data.domains[t]].train, p.data.tokenizer, dap.probe_chunks, dap.probe_batch_size,
+        dap.mlm_probability, seed=1000 + t, causal=p.data.causal,
+    )  # fmt: skip
 
 
 class StageRunner:
@@ -62,7 +87,8 @@ class StageRunner:
         reset_peak_memory()
         stats: dict[str, Any] = {"domain": p.data.domains[t], "trained": False, "trainable_parameters": 0}
         if p.schedule.trains():
-            stats = {**stats, **self._train(model, t)}
+            trained, model = self._train(model, t)
+            stats = {**stats, **trained}
         view = self._heldout_view(model)
         evaluation = heldout_evaluation(model, p.data.heldout_batches, device, view, p.accelerator)
         stats["mlm_loss"], stats["mlm_loss_chunks"] = evaluation.losses, evaluation.chunk_sums
@@ -76,25 +102,25 @@ class StageRunner:
         p.accelerator.free_memory()
         return stats
 
-    def _train(self, model, t: int) -> dict[str, Any]:
+    def _train(self, model, t: int) -> tuple[dict[str, Any], Any]:
+        """Train stage ``t``: its statistics, and the trained model (gathered from its shards if training sharded)."""
         p, dap = self.parts, self.parts.config.dap
-        probe = fixed_mlm_batches(
-            p.data.corpora[p.data.domains[t]].train, p.data.tokenizer, dap.probe_chunks, dap.probe_batch_size,
-            dap.mlm_probability, seed=1000 + t,
-        )  # fmt: skip
-        device = p.accelerator.device
-        ctx = DomainContext(
-            t, p.data.domains[t], model, DeviceBatches(probe, device), p.accelerator, mlm_loss, self.general_probe
-        )
+        probe = DeviceBatches(_probe_batches(p, t), p.accelerator.device)
+        ctx = DomainContext(t, p.data.domains[t], model, probe, p.accelerator, mlm_loss, self.general_probe)
         trainable = sum(q.numel() for _, q in p.method.trainable_parameters(model))
         p.method.before_domain(ctx)
-        trainer = DapTrainer(p.method, dap, p.data.tokenizer, p.accelerator, p.seed, p.show_progress, self.instrument)
+        trainer = DapTrainer(
+            p.method, dap, p.data.tokenizer, p.accelerator, p.seed, p.show_progress, self.instrument, p.data.causal
+        )
         dataset = p.data.training_set(p.schedule.training_domains(t))
         desc = f"{p.method.name} {p.data.domains[t]}"
         stats = trainer.train(model, dataset, p.schedule.updates(), t, p.schedule.step_offset(t), desc)
+        if dap.sharding == "fsdp":  # one whole model again for the method's after-domain work, evaluation, checkpoint
+            model = self.models.unsharded(model)
+            ctx = dataclasses.replace(ctx, model=model)
         p.method.after_domain(ctx)
         report = p.method.domain_report()
-        return {"trained": True, "trainable_parameters": trainable, **stats, "method_report": report}
+        return {"trained": True, "trainable_parameters": trainable, **stats, "method_report": report}, model
 
     def _heldout_view(self, model):
         """Per held-out set name, the method's view of ``model`` for that set's domain (None: general text)."""

@@ -24,9 +24,57 @@ from tqdm.auto import tqdm
 
 from benchmark.config import DapConfig
 from benchmark.data.sampling import DROPOUT, derived_seed, seeded, stage_stream
+from benchmark.engine.sharding import accumulating, average_replicated, shard
 from benchmark.errors import NonFiniteError
 from benchmark.method import ContinualMethod, StepContext, StepOutput
 from benchmark.modeling import mlm_forward
+
+
+@contextlib.contextmanager
+def _stage_context(model, activation_checkpointing: bool, instrument):
+    """Around a stage's updates: activation checkpointing on (if asked) and ``instrument``'s context entered."""
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable()
+    try:
+        with instrument() if instrument else contextlib.nullcontext():
+            yield
+    finally:
+        if activation_checkpointing:
+            model.gradient_checkpointing_disable()
+
+
+def _prepared_step(model, method: ContinualMethod, acc, optimizer, replicated):
+    """The module whose forward is one micro-batch's loss, and the optimizer to step, ready for ``acc``.
+
+    The schedule is not prepared: accelerate would step it once per process at every update.
+    """
+    if replicated is not None:  # sharded by FSDP2: accelerate's DDP would wrap it once more
+        return ShardedStep(model, method, acc, replicated), optimizer
+    return acc.prepare(DapStep(model, method), optimizer)
+
+
+def _apply_update(ctx: StepContext, step_module, scheduler, method: ContinualMethod, max_grad_norm) -> None:
+    """After a step's micro-batches: the method's gradient hooks, clipping, the optimizer and schedule steps."""
+    acc, optimizer = ctx.accelerator, ctx.optimizer
+    sharded = isinstance(step_module, ShardedStep)
+    if sharded:
+        average_replicated(step_module.replicated)
+    method.after_backward(ctx)
+    if max_grad_norm is not None:
+        clip = torch.nn.utils.clip_grad_norm_ if sharded else acc.clip_grad_norm_
+        clip(ctx.model.parameters(), max_grad_norm)
+    optimizer.step()
+    if not acc.optimizer_step_was_skipped:  # fp16 overflow: the schedule waits, as accelerate's would
+        scheduler.step()
+    method.after_optimizer_step(ctx)
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _logged_means(sums: dict[str, torch.Tensor], count: int, acc, what: str, step: int) -> dict[str, float]:
+    """The mean of each loss term since the last log entry, over every process's micro-batches (as in one)."""
+    if acc.num_processes > 1:
+        sums = {k: acc.reduce(v, "mean") for k, v in sums.items()}
+    return finite_means(sums, count, what, step)
 
 
 @dataclass
@@ -43,28 +91,31 @@ class DapTrainer:
     instrument: Callable[[], contextlib.AbstractContextManager] | None = None
     """Makes a context entered around the stage's updates only (not its setup or evaluation): ``dapbench bench``
     counts FLOPs (``torch.utils.flop_counter``) and records ``torch.profiler`` traces with it."""
+    causal: bool = False
+    """Whether the model is a causal LM (its stream predicts next tokens instead of masked ones)."""
 
     def train(self, model, dataset: Dataset, steps: int, t: int, step_offset: int, desc: str) -> dict:
         """Run ``steps`` updates on ``dataset`` and return the stage's training statistics."""
         dap, acc = self.dap, self.accelerator
+        replicated = shard(model, acc.device) if dap.sharding == "fsdp" else None
         params = self.method.trainable_parameters(model)
         optimizer, scheduler = build_optimizer(params, dap, steps, fused=fused_adamw(acc.device, acc.mixed_precision))
-        stream = training_stream(dataset, self.tokenizer, dap, self.seed, t, acc)
-        # The schedule is not prepared: accelerate would step it once per process at every update.
-        step, optimizer = acc.prepare(DapStep(model, self.method), optimizer)
+        stream = training_stream(dataset, self.tokenizer, dap, self.seed, t, acc, self.causal)
+        step, optimizer = _prepared_step(model, self.method, acc, optimizer, replicated)
         accum = max(1, dap.batch_size // (dap.per_device_batch_size * acc.num_processes))
         ctx = StepContext(model, t, 0, steps, step_offset, acc, optimizer)
         start = time.perf_counter()
-        with self.instrument() if self.instrument else contextlib.nullcontext():
+        with _stage_context(model, dap.activation_checkpointing, self.instrument):
             log = self._loop(ctx, step, scheduler, iter(stream), accum, desc)
         seconds = time.perf_counter() - start
-        tokens = steps * accum * dap.per_device_batch_size * dap.seq_len * acc.num_processes
-        return stage_statistics(steps, tokens, seconds, log)
+        return stage_statistics(
+            steps, steps * accum * dap.per_device_batch_size * dap.seq_len * acc.num_processes, seconds, log
+        )
 
     def _loop(
         self, ctx: StepContext, step_module, scheduler, batches: Iterator[tuple[int, dict]], accum: int, desc: str
     ) -> list[dict]:
-        model, optimizer, acc, dap = ctx.model, ctx.optimizer, self.accelerator, self.dap
+        model, acc, dap = ctx.model, self.accelerator, self.dap
         sums: dict[str, torch.Tensor] = {}
         log: list[dict] = []
         last_logged, offset = 0, ctx.global_step
@@ -73,30 +124,24 @@ class DapTrainer:
         for step in bar:
             ctx.domain_step, ctx.global_step = step, offset + step
             accumulate(ctx, step_module, batches, accum, self.seed, sums)
-            self.method.after_backward(ctx)
-            if dap.max_grad_norm is not None:
-                acc.clip_grad_norm_(model.parameters(), dap.max_grad_norm)
-            optimizer.step()
-            if not acc.optimizer_step_was_skipped:  # fp16 overflow: the schedule waits, as accelerate's would
-                scheduler.step()
-            self.method.after_optimizer_step(ctx)
-            optimizer.zero_grad(set_to_none=True)
+            _apply_update(ctx, step_module, scheduler, self.method, dap.max_grad_norm)
             if (step + 1) % dap.log_every == 0 or step + 1 == ctx.total_domain_steps:
-                if acc.num_processes > 1:  # the log is the mean over every process's micro-batches, as in one
-                    sums = {k: acc.reduce(v, "mean") for k, v in sums.items()}
-                means = finite_means(sums, step + 1 - last_logged, f"{self.method.name}: DAP loss term(s)", step + 1)
+                what = f"{self.method.name}: DAP loss term(s)"
+                means = _logged_means(sums, step + 1 - last_logged, acc, what, step + 1)
                 bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})  # the only host sync is above
                 log.append({"step": step + 1, **{k: round(v, 5) for k, v in means.items()}})
                 last_logged = step + 1
         return log
 
 
-def training_stream(dataset: Dataset, tokenizer, dap: DapConfig, seed: int, stage: int, acc) -> DataLoader:
+def training_stream(
+    dataset: Dataset, tokenizer, dap: DapConfig, seed: int, stage: int, acc, causal: bool = False
+) -> DataLoader:
     """This process's share of the stage's training stream. Not prepared by accelerate: it shards itself across
     processes (:mod:`benchmark.data.sampling`)."""
     return stage_stream(
         dataset, tokenizer, dap.per_device_batch_size, dap.mlm_probability, seed, stage, acc.process_index,
-        acc.num_processes, dap.loader_workers, pin_memory=acc.device.type == "cuda",
+        acc.num_processes, dap.loader_workers, pin_memory=acc.device.type == "cuda", causal=causal,
     )  # fmt: skip
 
 
@@ -109,12 +154,17 @@ def accumulate(
     for micro in range(accum):
         ctx.micro_batch, batch = next(batches)
         batch = {k: v.to(acc.device, non_blocking=True) for k, v in batch.items()}
-        sync = contextlib.nullcontext() if micro == accum - 1 else acc.no_sync(step_module)
+        sync = contextlib.nullcontext() if micro == accum - 1 else _no_sync(acc, step_module)
         with sync, seeded(derived_seed(seed, ctx.domain_index, DROPOUT, ctx.micro_batch), acc.device):
             terms = step_module(batch, ctx)
             acc.backward(sum(terms.values()) / accum)
         for key, value in terms.items():
             sums[key] = sums.get(key, 0) + value.detach() / accum
+
+
+def _no_sync(acc, step_module):
+    """The context in which a micro-batch accumulates gradients without synchronising them across processes."""
+    return accumulating(step_module.model) if isinstance(step_module, ShardedStep) else acc.no_sync(step_module)
 
 
 class DapStep(torch.nn.Module):
@@ -190,3 +240,19 @@ def param_groups(params: list[tuple[str, torch.nn.Parameter]], weight_decay: flo
         {"params": [p for n, p in params if not no_decay(n)], "weight_decay": weight_decay},
         {"params": [p for n, p in params if no_decay(n)], "weight_decay": 0.0},
     ]
+
+
+class ShardedStep(DapStep):
+    """:class:`DapStep` of a model sharded by FSDP2 (:mod:`benchmark.engine.sharding`), under accelerate's
+    mixed-precision autocast (which ``prepare`` would otherwise have added)."""
+
+    def __init__(self, model: torch.nn.Module, method: ContinualMethod, accelerator, replicated: list):
+        super().__init__(model, method)
+        self._autocast = accelerator.autocast
+        self.replicated = replicated
+        """The parameters outside the sharded blocks, whose gradients are averaged after the backward passes."""
+
+    def forward(self, batch: dict, ctx: StepContext) -> dict[str, torch.Tensor]:
+        """``{"mlm": loss, **method terms}`` of ``batch`` under the run's autocast."""
+        with self._autocast():
+            return super().forward(batch, ctx)

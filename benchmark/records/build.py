@@ -49,7 +49,7 @@ def build_record(
         "capabilities": dataclasses.asdict(caps),
         "comparison_role": None if method.variant() else method.comparison_role,
         "leaderboard_note": method.leaderboard_note,
-        "model_kind": "masked",
+        "model_kind": "causal" if data.causal else "masked",
         "seed": seed,
         "profile": config.profile,
         "sequence": list(data.domains),

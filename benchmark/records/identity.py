@@ -35,7 +35,7 @@ micro-batch (:mod:`benchmark.data.sampling`), the same for any number of process
 LOCATION_FIELDS = ("output_dir", "work_dir", "keep_checkpoints", "methods", "seeds", "device", "profile")
 """Config fields that say where or what to run, not what a run computes."""
 
-NUMERICS_NEUTRAL_FIELDS = {"dap": ("loader_workers",)}
+NUMERICS_NEUTRAL_FIELDS = {"dap": ("loader_workers", "sharding", "activation_checkpointing")}
 """Fields of each section that change how fast a run goes, not what it computes (tested to change no number)."""
 
 INPUT_PATH_FIELDS = ("model", "data_root", "general_heldout", "general_corpus")

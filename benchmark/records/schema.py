@@ -119,7 +119,8 @@ class RunRecord(TypedDict):
     leaderboard_note: str
     """What the method says its numbers mean (printed once per method by the leaderboard's reading)."""
     model_kind: str
-    """``masked``: a masked LM, its held-out loss the MLM loss at the masked positions."""
+    """``masked``: a masked LM, its held-out loss the MLM loss at the masked positions; ``causal``: a causal LM, its
+    held-out loss the next-token loss at every position (nats per token)."""
     seed: int
     profile: str
     sequence: list[str]

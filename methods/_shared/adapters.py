@@ -1,5 +1,8 @@
 """Bottleneck adapters after the FFN through peft, and the fine-tune handoff of surgically changed models.
 
+On every model kind the adapter sits on the FFN's last projection (``output.dense``, GPT-2's ``mlp.c_proj``,
+Llama's ``down_proj``: :func:`benchmark.modeling.layer_modules`).
+
 The DAS paper's adapter baselines use adapter-transformers' default "pfeiffer" adapter: one
 sequential bottleneck (down to hidden/16 = 48 for roberta-base, ReLU, up, residual) after every
 layer's FFN output (``DAS_REFERENCE.md`` section 4.6). peft has no sequential bottleneck adapter;
@@ -23,7 +26,7 @@ from torch import nn
 
 from benchmark.errors import DapbenchError
 from benchmark.method import FinetuneContext
-from benchmark.modeling import encoder_of, layer_modules, mlm_head_of, quiet_transformers
+from benchmark.modeling import encoder_of, layer_modules, mlm_head_of, out_axis, quiet_transformers
 
 
 def ffn_output_module_names(model: nn.Module) -> list[str]:
@@ -42,7 +45,10 @@ def inject_ffn_adapters(model: nn.Module, names: list[str], reduction_factor: in
             f"reduction_factor {reduction_factor} leaves no adapter units for hidden size {model.config.hidden_size}",
             "use a smaller reduction_factor",
         )
-    config = LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=ffn_output_module_names(model))
+    conv1d = any(out_axis(layer.output) == 1 for layer in layer_modules(model))  # GPT-2's Conv1D: weight in x out
+    config = LoraConfig(
+        r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=ffn_output_module_names(model), fan_in_fan_out=conv1d
+    )
     with warnings.catch_warnings():
         # peft warns when a second adapter is injected into the same model; several experts are the point.
         warnings.filterwarnings("ignore", message="Already found a `peft_config`")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmark.modeling import LayerModules
+from benchmark.modeling import LayerModules, out_axis
 from methods._shared.softmask import soft_mask_gradients
 
 
@@ -50,11 +50,12 @@ def mask_hat_gradients(layers: list[LayerModules], previous: dict[str, torch.Ten
     """Scale weight gradients in place by 1 - min(m_<t(out unit), m_<t(in unit)).
 
     Query/key/value rows of head h and the attention output columns that read it: 1 - m_head (their
-    other end, the residual stream, has no gate). Intermediate rows and bias: 1 - m_int. The FFN
-    output projection connects intermediate (in) to output units (out): 1 - min(m_out, m_int) per
-    weight, 1 - m_out for its bias. Embeddings, LayerNorms and the LM head have no gate.
+    other end, the residual stream, has no gate). Intermediate rows and bias (and a gated MLP's gate rows): 1 - m_int.
+    The FFN output projection connects intermediate (in) to output units (out): 1 - min(m_out, m_int) per
+    weight, 1 - m_out for its bias. Embeddings, norms and the LM head have no gate.
     """
-    soft_mask_gradients(layers, {u: previous[u] for u in ("head", "intermediate") if u in previous}, head_dim)
+    inner = {u: previous[u] for u in ("head", "intermediate") if u in previous}
+    soft_mask_gradients(layers, inner, head_dim, down_columns="output" not in previous)
     if "output" not in previous:
         return
     for index, layer in enumerate(layers):
@@ -62,6 +63,7 @@ def mask_hat_gradients(layers: list[LayerModules], previous: dict[str, torch.Ten
         in_mask = previous["intermediate"][index] if "intermediate" in previous else torch.ones_like(out_mask[:1])
         weight, bias = layer.output.weight, layer.output.bias
         if weight.grad is not None:
-            weight.grad.mul_((1 - torch.minimum(out_mask[:, None], in_mask[None, :])).to(weight.grad.dtype))
+            keep = 1 - torch.minimum(out_mask[:, None], in_mask[None, :])  # out x in
+            weight.grad.mul_((keep if out_axis(layer.output) == 0 else keep.T).to(weight.grad.dtype))
         if bias is not None and bias.grad is not None:
             bias.grad.mul_((1 - out_mask).to(bias.grad.dtype))

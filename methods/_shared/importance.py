@@ -10,6 +10,7 @@ from torch import nn
 
 from benchmark.errors import NonFiniteError
 from benchmark.modeling import encoder_of, mlm_loss
+from methods._shared.dropout import dropout_views
 from methods._shared.units import gated, ones_gates, unit_shapes
 
 LossFn = Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
@@ -76,8 +77,9 @@ def kl_proxy_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.
     was_training = model.training
     model.train()
     ids, mask = batch["original_ids"], batch.get("attention_mask")
-    first = model(input_ids=ids, attention_mask=mask).logits
-    second = model(input_ids=ids, attention_mask=mask).logits
+    with dropout_views(model):  # a decoder built without dropout gets attention dropout for the two passes
+        first = model(input_ids=ids, attention_mask=mask).logits
+        second = model(input_ids=ids, attention_mask=mask).logits
     model.train(was_training)
     keep = mask.bool() if mask is not None else torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
     log_p, log_q = F.log_softmax(first[keep].float(), -1), F.log_softmax(second[keep].float(), -1)

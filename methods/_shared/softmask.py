@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from benchmark.errors import NonFiniteError
-from benchmark.modeling import LayerModules
+from benchmark.modeling import LayerModules, out_axis
 
 NORMALISATIONS = ("positive_tanh", "abs_tanh")
 IMPORTANCE_BINS = 10
@@ -67,26 +67,37 @@ def accumulate_importance(
 
 @dataclass(frozen=True)
 class MaskedTensor:
-    """A parameter whose slices along ``axis`` belong to the units of one type in one layer,
-    ``group`` consecutive slices per unit (a head's ``head_dim`` rows or columns; 1 for neurons)."""
+    """A parameter whose slices along ``axis`` belong to the units of one type in one layer: ``group`` consecutive
+    slices per unit (a head's ``head_dim`` rows or columns; 1 for neurons), the units laid out ``copies`` times
+    (GPT-2's fused q/k/v: three thirds), and, under grouped-query attention, each slice group shared by ``kv_group``
+    consecutive query heads (a key/value head: its keep factor is the smallest of its query heads')."""
 
     param: torch.nn.Parameter
     unit: str
     layer: int
     axis: int
     group: int = 1
+    copies: int = 1
+    kv_group: int = 1
 
     def factor(self, per_unit: torch.Tensor) -> torch.Tensor:
-        """A per-unit vector expanded to broadcast against the parameter."""
-        values = per_unit.repeat_interleave(self.group) if self.group > 1 else per_unit
+        """A per-unit keep vector expanded to broadcast against the parameter."""
+        values = per_unit.view(-1, self.kv_group).min(dim=1).values if self.kv_group > 1 else per_unit
+        values = values.repeat_interleave(self.group) if self.group > 1 else values
+        values = values.repeat(self.copies) if self.copies > 1 else values
         if self.param.dim() == 1:
             return values
         return values[:, None] if self.axis == 0 else values[None, :]
 
-    def per_unit_sum(self, values: torch.Tensor) -> torch.Tensor:
-        """Sum an element-wise tensor shaped like the parameter over each unit's elements."""
+    def per_unit_sum(self, values: torch.Tensor) -> torch.Tensor | None:
+        """Sum an element-wise tensor shaped like the parameter over each unit's elements (None where units share
+        slices: a key/value head serves several query heads)."""
+        if self.kv_group > 1:
+            return None
         if values.dim() == 2:
             values = values.sum(dim=1 - self.axis)
+        if self.copies > 1:
+            values = values.view(self.copies, -1).sum(dim=0)
         return values.view(-1, self.group).sum(dim=1)
 
 
@@ -96,31 +107,63 @@ def masked_tensors(
     head_dim: int,
     qkv_axis: str = "output",
     mask_attn_out_bias: bool = False,
+    down_columns: bool = True,
 ) -> list[MaskedTensor]:
-    """Every parameter soft-masking acts on, with the unit each slice belongs to.
+    """Every parameter soft-masking acts on, with the unit each slice belongs to (the per-architecture unit map of
+    :mod:`benchmark.modeling`).
 
     Heads: the rows (``qkv_axis="output"``, the paper's intent) or, as the reference code does, the
     input columns (``"input"``) of the query/key/value weights, their biases, and the input columns
     of the attention output projection that read the head; ``mask_attn_out_bias`` reproduces the
     reference's masking of that projection's bias by the head vector. Intermediate and output
-    neurons: the rows and bias of their dense layer. Embeddings, LayerNorms and the LM head are
-    not in the list.
+    neurons: the rows and bias of their projection (and, in a gated MLP, the gate projection's rows and, unless
+    ``down_columns`` is False, the down projection's columns). Embeddings, norms and the LM head are not in the list.
     """
     out = []
     for index, layer in enumerate(layers):
         if "head" in units:
-            for linear in (layer.query, layer.key, layer.value):
-                out.append(MaskedTensor(linear.weight, "head", index, 0 if qkv_axis == "output" else 1, head_dim))
-                if linear.bias is not None:
-                    out.append(MaskedTensor(linear.bias, "head", index, 0, head_dim))
-            out.append(MaskedTensor(layer.attn_out.weight, "head", index, 1, head_dim))
-            if mask_attn_out_bias and layer.attn_out.bias is not None:
-                out.append(MaskedTensor(layer.attn_out.bias, "head", index, 0, head_dim))
-        for unit, linear in (("intermediate", layer.intermediate), ("output", layer.output)):
-            if unit in units:
-                out.append(MaskedTensor(linear.weight, unit, index, 0))
-                if linear.bias is not None:
-                    out.append(MaskedTensor(linear.bias, unit, index, 0))
+            out += _head_tensors(layer, index, head_dim, qkv_axis, mask_attn_out_bias)
+        if "intermediate" in units:
+            for module in (m for m in (layer.intermediate, layer.gate) if m is not None):
+                out += _rows(module, "intermediate", index)
+            if layer.gate is not None and down_columns:
+                out.append(MaskedTensor(layer.output.weight, "intermediate", index, 1 - out_axis(layer.output)))
+        if "output" in units:
+            out += _rows(layer.output, "output", index)
+    return out
+
+
+def _rows(module, unit: str, index: int, group: int = 1, copies: int = 1, kv_group: int = 1) -> list[MaskedTensor]:
+    """A projection's output slices (weight and bias) as the units' ones."""
+    tensors = [MaskedTensor(module.weight, unit, index, out_axis(module), group, copies, kv_group)]
+    if module.bias is not None:
+        tensors.append(MaskedTensor(module.bias, unit, index, 0, group, copies, kv_group))
+    return tensors
+
+
+def _head_tensors(layer: LayerModules, index: int, head_dim: int, qkv_axis: str, attn_out_bias: bool):
+    """The query/key/value slices and attention-output columns of every head (see :func:`masked_tensors`)."""
+    out = []
+    if layer.qkv is not None:  # fused thirds (GPT-2)
+        if qkv_axis == "output":
+            out += _rows(layer.qkv, "head", index, head_dim, copies=3)
+        else:
+            out.append(MaskedTensor(layer.qkv.weight, "head", index, 1 - out_axis(layer.qkv), head_dim))
+            if layer.qkv.bias is not None:
+                out.append(MaskedTensor(layer.qkv.bias, "head", index, 0, head_dim, copies=3))
+    else:
+        heads = layer.query.weight.shape[out_axis(layer.query)] // head_dim
+        shared = heads // layer.kv_heads if layer.kv_heads else 1
+        for module, kv_group in ((layer.query, 1), (layer.key, shared), (layer.value, shared)):
+            if qkv_axis == "output":
+                out += _rows(module, "head", index, head_dim, kv_group=kv_group)
+            else:
+                out.append(MaskedTensor(module.weight, "head", index, 1 - out_axis(module), head_dim))
+                if module.bias is not None:
+                    out.append(MaskedTensor(module.bias, "head", index, 0, head_dim, kv_group=kv_group))
+    out.append(MaskedTensor(layer.attn_out.weight, "head", index, 1 - out_axis(layer.attn_out), head_dim))
+    if attn_out_bias and layer.attn_out.bias is not None:
+        out.append(MaskedTensor(layer.attn_out.bias, "head", index, 0, head_dim))
     return out
 
 
@@ -136,10 +179,11 @@ def soft_mask_gradients(
     head_dim: int,
     qkv_axis: str = "output",
     mask_attn_out_bias: bool = False,
+    down_columns: bool = True,
 ) -> None:
     """Multiply gradients in place by (1 - importance) of the units they belong to (see
     :func:`masked_tensors` for which slices those are)."""
-    for tensor in masked_tensors(layers, tuple(importance), head_dim, qkv_axis, mask_attn_out_bias):
+    for tensor in masked_tensors(layers, tuple(importance), head_dim, qkv_axis, mask_attn_out_bias, down_columns):
         if tensor.param.grad is not None:
             tensor.param.grad.mul_(keep_factor(tensor, importance).to(tensor.param.grad.dtype))
 
@@ -217,8 +261,11 @@ def damping_by_importance(
             keep_factor(tensor, importance).float(),
             target,
         )
+        taken_units, unmasked_units = tensor.per_unit_sum(taken), tensor.per_unit_sum(unmasked)
+        if taken_units is None:  # slices shared by several units (key/value heads) are not attributed to one
+            continue
         unit_importance = importance[tensor.unit][tensor.layer]
         index = (unit_importance * bins).long().clamp(0, bins - 1).cpu()
-        taken_sum.index_add_(0, index, tensor.per_unit_sum(taken).double().cpu())
-        unmasked_sum.index_add_(0, index, tensor.per_unit_sum(unmasked).double().cpu())
+        taken_sum.index_add_(0, index, taken_units.double().cpu())
+        unmasked_sum.index_add_(0, index, unmasked_units.double().cpu())
     return [None if u == 0 else round(float(t / u), 5) for t, u in zip(taken_sum, unmasked_sum, strict=True)]

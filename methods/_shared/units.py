@@ -31,6 +31,8 @@ class UnitShapes:
     head_dim: int
     intermediate: int
     hidden: int
+    kv_heads: int = 0
+    """Key/value heads (grouped-query attention: fewer than ``heads``; 0 read as ``heads``)."""
 
     def shape(self, unit: str) -> tuple[int, int]:
         """(layers, units per layer) of a unit type."""
@@ -40,12 +42,14 @@ class UnitShapes:
 def unit_shapes(model: nn.Module) -> UnitShapes:
     """Read the unit counts from the model config."""
     cfg = model.config
+    intermediate = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * cfg.hidden_size
     return UnitShapes(
         layers=cfg.num_hidden_layers,
         heads=cfg.num_attention_heads,
-        head_dim=cfg.hidden_size // cfg.num_attention_heads,
-        intermediate=cfg.intermediate_size,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+        intermediate=intermediate,
         hidden=cfg.hidden_size,
+        kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
     )
 
 
@@ -100,22 +104,43 @@ def _register_layer_gates(layer: LayerModules, index: int, units: tuple[str, ...
             head_gate = gate_of("head", index)
             if head_gate is None:
                 return None
-            (context,) = args
+            (context, *rest) = args
             split = context.view(*context.shape[:-1], shapes.heads, shapes.head_dim)
             gate = head_gate.to(context.dtype)
             # (heads,) for the whole batch, or (batch, heads): one gate per example.
             gate = gate[:, None] if gate.dim() == 1 else gate[:, None, :, None]
-            return ((split * gate).reshape(context.shape),)
+            return ((split * gate).reshape(context.shape), *rest)
 
         handles.append(layer.attn_out.register_forward_pre_hook(scale_heads))
-    for unit, module in (("intermediate", layer.intermediate), ("output", layer.output)):
-        if unit in units:
-
-            def scale_units(module, args, out, unit=unit):
-                gate = gate_of(unit, index)
-                if gate is None:
-                    return out
-                return out * (gate if gate.dim() == 1 else gate[:, None, :]).to(out.dtype)
-
-            handles.append(module.register_forward_hook(scale_units))
+    if "intermediate" in units and layer.gate is not None:
+        # A gated MLP's unit j is act(gate_j) * up_j, the j-th input of the down projection: gate it there.
+        handles.append(layer.output.register_forward_pre_hook(_input_gate(gate_of, index)))
+    elif "intermediate" in units:
+        handles.append(layer.intermediate.register_forward_hook(_output_gate(gate_of, index, "intermediate")))
+    if "output" in units:
+        handles.append(layer.output.register_forward_hook(_output_gate(gate_of, index, "output")))
     return handles
+
+
+def _scaled(values: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """``values`` (..., units) times a gate of (units,) for the batch or (batch, units), one per example."""
+    return values * (gate if gate.dim() == 1 else gate[:, None, :]).to(values.dtype)
+
+
+def _output_gate(gate_of: GateOf, index: int, unit: str):
+    def scale_units(module, args, out):
+        gate = gate_of(unit, index)
+        return out if gate is None else _scaled(out, gate)
+
+    return scale_units
+
+
+def _input_gate(gate_of: GateOf, index: int):
+    def scale_inputs(module, args):
+        gate = gate_of("intermediate", index)
+        if gate is None:
+            return None
+        (values, *rest) = args
+        return (_scaled(values, gate), *rest)
+
+    return scale_inputs

@@ -1,0 +1,66 @@
+"""Sharded training (dap.sharding=fsdp, torch FSDP2 over gloo on CPU): two processes holding half of every
+parameter, gradient and optimizer state compute the record one unsharded process computes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmark.records.reproduce import Tolerance, compare_records
+from benchmark.registry import default_registry
+
+REPO = Path(__file__).resolve().parents[1]
+SHARDED = ("ncl", "ewc")
+"""The naive baseline and a method with a per-parameter hook (EWC's penalty on the shards each process holds)."""
+TOLERANCE = Tolerance(score=0.0, loss=1e-5, drift=1e-5, report=1e-5)
+"""Sharded against unsharded: reduce-scatter sums in another order than one process accumulating, so held-out
+losses and logs within one rounding unit of the record (1e-5), end-task scores identical."""
+
+
+def _args(world_root: Path, model: Path, out: Path, *extra: str) -> list[str]:
+    args = ["-m", "benchmark.cli", "run", "--profile", "synthetic", "--model", str(model), "--data-root"]
+    args += [str(world_root), "--general-heldout", str(world_root / "general_heldout.txt"), "--sequence"]
+    args += ["alpha,beta", "--methods", ",".join(SHARDED), "--seeds", "1", "--output-dir", str(out), "--quiet"]
+    for setting in ("dap.steps=4", "dap.per_device_batch_size=16", "finetune.default_epochs=1", *extra):
+        args += ["--set", setting]
+    return args
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
+
+
+@pytest.mark.parametrize("model", ["tiny_model", "tiny_llama"])
+def test_two_sharded_processes_give_the_unsharded_record(model, world_root, tmp_path, request):
+    path = request.getfixturevalue(model)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    sharded = _run([*torchrun, *_args(world_root, path, tmp_path / "sharded", "dap.sharding=fsdp")])
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    single = _run([sys.executable, *_args(world_root, path, tmp_path / "single")])
+    assert single.returncode == 0, single.stderr[-3000:]
+    for method in SHARDED:
+        (a,) = (tmp_path / "single" / "results" / "synthetic").glob(f"{method}-*.json")
+        (b,) = (tmp_path / "sharded" / "results" / "synthetic").glob(f"{method}-*.json")
+        assert a.name == b.name  # sharding changes how, not what: one run id
+        one, two = json.loads(a.read_text()), json.loads(b.read_text())
+        assert two["environment"]["num_processes"] == 2
+        assert not compare_records(one, two, TOLERANCE), method
+
+
+def test_methods_whose_hooks_need_whole_parameters_are_refused_by_name(world_root, tiny_model, tmp_path, capsys):
+    from benchmark.cli import main
+
+    refused = sorted(n for n in default_registry().names() if default_registry().get(n).fsdp_refusal)
+    assert {"das", "hat", "kd"} <= set(refused)
+    args = _args(world_root, tiny_model, tmp_path, "dap.sharding=fsdp")[2:]
+    args[args.index("--methods") + 1] = "ncl,das"
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "method 'das' cannot train with dap.sharding=fsdp: its soft masks scale per-unit slices" in err
+    assert not (tmp_path / "results").exists()
