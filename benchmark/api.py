@@ -106,12 +106,13 @@ def _validate_method_options(registry, name: str, options) -> None:
     import difflib
 
     if name not in registry.names():
-        sections = ["dap", "finetune", *registry.names()]
+        sections = ["dap", "finetune", "replay", "schedule", *registry.names()]
         close = difflib.get_close_matches(name, sections, n=2)
         hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
         raise DapbenchError(
             f"unknown config section {name!r} in --set {name}.…{hint}",
-            f"a --set key starts with a top-level field, dap., finetune. or a method name: {', '.join(sections)}",
+            "a --set key starts with a top-level field, dap., finetune., replay., schedule. or a method name: "
+            + ", ".join(sections),
         )
     if not isinstance(options, dict):
         raise DapbenchError(f"--set {name}=… sets no option", f"write --set {name}.<option>=<value>")
@@ -267,10 +268,47 @@ def pretrain_base(corpus: str | Path, out_dir: str | Path, spec=None) -> Path:
     return train(str(corpus), out_dir, spec or BaseModelSpec())
 
 
+def learning_rates(record: Mapping) -> list[float]:
+    """The DAP learning rate of every update of a recorded run, as its configuration and method schedule it."""
+    from benchmark.config import RunConfig, spelled_config
+    from benchmark.engine.recipe import learning_rate_curve
+
+    config = RunConfig.from_dict(spelled_config(record["config"]))
+    caps, domains, steps = record["capabilities"], len(record["sequence"]), config.dap.steps
+    if not caps.get("pretrains", True):
+        return []
+    stages = [steps * domains] if caps.get("joint_training") else [steps] * domains
+    return learning_rate_curve(config.dap, config.schedule, stages)
+
+
+def plot_learning_rates(record_paths: Sequence[str | Path], output: str | Path) -> Path:
+    """Draw :func:`learning_rates` of each record (one line per record, labelled by its row) into ``output``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmark.io import atomic_write_bytes
+    from benchmark.records.store import load_record
+
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    for path in record_paths:
+        record = load_record(Path(path))
+        ax.plot(range(1, len(rates := learning_rates(record)) + 1), rates, label=record["method_label"])
+    ax.set_xlabel("update (whole sequence)")
+    ax.set_ylabel("learning rate")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    atomic_write_bytes(Path(output), lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    plt.close(fig)
+    return Path(output)
+
+
 def describe(data_root: str | None = None) -> dict:
-    """What ``dapbench list`` shows: methods (first doc line, options with defaults, studies), the task suite
+    """What ``dapbench list`` shows: methods (first doc line, options with defaults, studies), the recipe options
+    every pre-training method takes (replay, schedule), the task suite
     (domains, end tasks, sequences) and the profiles."""
-    from benchmark.config import PROFILES
+    from benchmark.config import PROFILES, RECIPE_SECTIONS, SECTION_TYPES
     from benchmark.data.suite import load_suite
     from benchmark.registry import default_registry
 
@@ -283,8 +321,12 @@ def describe(data_root: str | None = None) -> dict:
         methods[name] = {"doc": doc, "options": options, "studies": list(cls.studies)}
     domains = {d.name: {"corpus": d.corpus, "end_task": d.end_task} for d in suite.domains.values()}
     tasks = {name: len(spec.labels) for name, spec in suite.end_tasks.items()}
+    recipes = {
+        section: {f.name: _shown(f) for f in dataclasses.fields(SECTION_TYPES[section])} for section in RECIPE_SECTIONS
+    }
     return {
         "methods": methods,
+        "recipes": recipes,
         "domains": domains,
         "end_tasks": tasks,
         "sequences": suite.sequences,

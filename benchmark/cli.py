@@ -186,6 +186,10 @@ def _add_record_commands(command) -> None:
     report.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"the folder (default: {DEFAULT_OUTPUT})")
     report.add_argument("--quiet", action="store_true", help="no progress bars")
 
+    curve = command("lr-curve", "plot the DAP learning rate of every update of recorded runs", cmd_lr_curve)
+    curve.add_argument("records", nargs="+", help="run record JSON files (each drawn as one line)")
+    curve.add_argument("--output", default="lr-curve.png", help="the PNG to write (default: lr-curve.png)")
+
     migrate = command("migrate", "rewrite older-schema records as the current schema (numbers unchanged)", cmd_migrate)
     migrate.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"the folder (default: {DEFAULT_OUTPUT})")
 
@@ -220,6 +224,9 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--work-dir", help="checkpoints and caches (default: <output-dir>/.dapbench)")
     run.add_argument("--device", choices=("auto", "cpu"), help="auto (accelerate decides) or cpu")
+    run.add_argument("--report-to", choices=("none", "tensorboard", "wandb", "mlflow"),
+                     help="an experiment tracker to follow the run in (default none; tensorboard writes under"
+                          " <output-dir>/tracking)")  # fmt: skip
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override any setting, e.g. dap.steps=100 or das.contrast_lambda=0.5")  # fmt: skip
     run.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -252,7 +259,7 @@ def _config(args: argparse.Namespace, sequence: str | None = None):
     return resolve_config(
         args.profile, overrides=args.set, work_dir=args.work_dir, model=args.model, data_root=args.data_root,
         general_heldout=args.general_heldout, sequence=sequence or args.sequence, matrix=args.matrix,
-        output_dir=args.output_dir, device=args.device,
+        output_dir=args.output_dir, device=args.device, report_to=args.report_to,
         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods else None,
         seeds=_parse_seeds(args.seeds) if args.seeds else None,
     )  # fmt: skip
@@ -408,6 +415,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lr_curve(args: argparse.Namespace) -> int:
+    """``dapbench lr-curve``."""
+    from benchmark.api import plot_learning_rates
+
+    print(f"learning-rate curve(s) written to {plot_learning_rates(args.records, args.output)}")
+    return 0
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     """``dapbench migrate``."""
     from benchmark.api import migrate_results
@@ -431,6 +446,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"  {name:12s} {method['doc']}{studies}")
         if method["options"]:
             print("  " + " " * 13 + ", ".join(f"{k}={v}" for k, v in method["options"].items()))
+    print("recipe options of every method that pre-trains (--set <section>.<option>=value; each its own row):")
+    for section, options in facts["recipes"].items():
+        print(f"  {section:12s} " + ", ".join(f"{k}={v}" for k, v in options.items()))
     print("domains and end tasks:")
     for name, domain in facts["domains"].items():
         task = domain["end_task"]

@@ -86,6 +86,59 @@ class DapConfig:
         check_settings("dap", self)
 
 
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Data replay: a fixed share of every DAP update's chunks drawn from earlier data instead of the current
+    domain's (the same token budget per update). A recipe option of every method that trains the base model: its
+    non-default values label the method's leaderboard row (``ncl[replay.general=0.05]``) and enter the run id."""
+
+    general: float = setting(0.0, low=0, high=1, high_open=True)
+    """Share of every update's chunks drawn from the general corpus's training part (``general_corpus``; its
+    held-out part, ``general_heldout``, is never drawn)."""
+    past: float = setting(0.0, low=0, high=1, high_open=True)
+    """Share of every update's chunks drawn from the training chunks of the domains before the current one (none in
+    the first domain, which has no past)."""
+
+    def __post_init__(self):
+        check_settings("replay", self)
+        if self.general + self.past >= 1:
+            raise DapbenchError(
+                f"replay.general + replay.past = {self.general + self.past:g} leaves no chunk of the current domain",
+                "keep the replay shares' sum below 1",
+            )
+
+    def active(self) -> bool:
+        """Whether any chunk is replayed."""
+        return self.general > 0 or self.past > 0
+
+
+SCHEDULES = ("per_domain_linear", "rewarm_cosine", "global", "wsd")
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The DAP learning-rate schedule (:mod:`benchmark.engine.lr_schedule`), a recipe option of every method: its
+    non-default values label the leaderboard row (``ncl[schedule.name=wsd]``) and enter the run id."""
+
+    name: str = setting("per_domain_linear", choices=SCHEDULES)
+    """``per_domain_linear``: per domain, linear warmup over ``dap.warmup_ratio`` of its updates and linear decay
+    to 0 (the paper). ``rewarm_cosine``: per domain, linear warmup, then cosine decay to ``min_lr_ratio`` x lr.
+    ``global``: one linear warmup (``dap.warmup_ratio`` of the whole sequence) and one cosine decay to the floor
+    over the whole sequence. ``wsd``: per domain, linear warmup, constant, then a linear cooldown to the floor over
+    the last ``decay_fraction`` of the domain's updates (warmup-stable-decay)."""
+    min_lr_ratio: float = setting(0.1, low=0, high=1)
+    """The floor of the cosine and cooldown schedules, as a share of ``dap.lr``."""
+    decay_fraction: float = setting(0.2, low=0, low_open=True, high=1)
+    """``wsd``: the share of each domain's updates spent cooling down."""
+
+    def __post_init__(self):
+        check_settings("schedule", self)
+
+
+RECIPE_SECTIONS = ("replay", "schedule")
+"""Configuration sections that vary the recipe a method is trained with: leaderboard rows, not groups."""
+
+
 FINETUNE_PROTOCOLS = ("finetune", "linear_probe")
 
 
@@ -155,8 +208,12 @@ class RunConfig:
     """Keep every domain's checkpoint (default: only the latest, which resuming needs)."""
     device: str = setting("auto", choices=("auto", "cpu"))
     """``auto`` (accelerate's choice) or ``cpu``."""
+    report_to: str = setting("none", choices=("none", "tensorboard", "wandb", "mlflow"))
+    """An experiment tracker that watches the run (:mod:`benchmark.engine.tracking`); not part of the run id."""
     dap: DapConfig = field(default_factory=DapConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-method config overrides, e.g. ``{"das": {"contrast_lambda": 0.5}}`` (checked by each method's config)."""
 
@@ -178,12 +235,20 @@ class RunConfig:
                 f"the configuration has fields this version of dapbench does not know: {', '.join(unknown)}",
                 "check out the commit that wrote it (a record's environment.git_commit) or update dapbench",
             )
-        sections = {"dap": DapConfig, "finetune": FinetuneConfig}
         values = dict(data)
-        for name, section in sections.items():
+        for name, section in SECTION_TYPES.items():
             if name in values:
                 values[name] = _section_from_dict(section, f"{name}", values[name])
         return cls(**values)
+
+
+SECTION_TYPES: dict[str, type] = {
+    "dap": DapConfig,
+    "finetune": FinetuneConfig,
+    "replay": ReplayConfig,
+    "schedule": ScheduleConfig,
+}
+"""The nested sections of :class:`RunConfig` and their types."""
 
 
 def spelled_config(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -195,7 +260,7 @@ def spelled_config(data: Mapping[str, Any]) -> dict[str, Any]:
     from benchmark.settings import coerce_value
 
     out = RunConfig().to_dict()
-    sections = {"dap": DapConfig, "finetune": FinetuneConfig}
+    sections = SECTION_TYPES
     for key, value in data.items():
         if key in sections and isinstance(value, Mapping):
             hints = get_type_hints(sections[key])

@@ -112,6 +112,36 @@ def check_config_inputs(config: RunConfig) -> None:
             )
     check_model_files(config.model)
     _check_model_fits(config)
+    check_recipe(config)
+
+
+def check_recipe(config: RunConfig) -> None:
+    """Replay needs what it replays and a method it can mean something for: a general training text that is not
+    the general held-out text, a method that pre-trains, and for past replay a continual one."""
+    from benchmark.io import file_sha256
+    from benchmark.registry import default_registry
+
+    replay = config.replay
+    if not replay.active():
+        return
+    if replay.general > 0 and not config.general_corpus:
+        raise DapbenchError("replay.general needs a general training text", "pass --set general_corpus=PATH")
+    if replay.general > 0 and config.general_heldout and Path(config.general_heldout).is_file():
+        if file_sha256(config.general_heldout) == file_sha256(config.general_corpus):
+            raise DapbenchError(
+                "general_corpus is the general held-out text: replaying it would train on what the general loss"
+                " is measured on",
+                "pass the general corpus's training part as general_corpus",
+            )
+    for name in config.methods:
+        caps = default_registry().get(name).capabilities
+        if not caps.pretrains:
+            raise DapbenchError(f"{name} does not pre-train: there is nothing to mix replay into", "drop replay.*")
+        if replay.past > 0 and (caps.joint_training or caps.independent_per_domain):
+            raise DapbenchError(
+                f"{name} trains every domain from the base model or all domains jointly: it has no past to replay",
+                "drop replay.past for this method",
+            )
 
 
 def require_multi_process(config: RunConfig, num_processes: int) -> None:

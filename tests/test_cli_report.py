@@ -127,7 +127,11 @@ def test_cli_run_and_report_end_to_end(tiny_config, capsys):
     assert "| `ncl` | 1 |" in board and "final acc ↑" in board and "forgetting (acc) ↓" in board
     report = root / "results" / "report"
     assert list((report / "runs").glob("ncl-*.md")) and list((report / "plots").glob("*-mlm-loss.png"))
-    assert "seeds 1;" in board and "**Reading**" in board and "One seed per method" in board
+    assert (
+        "seeds 1, domain order(s) custom-alpha-beta;" in board
+        and "**Reading**" in board
+        and "One seed per method" in board
+    )
     assert "-forgetting.png)" in board and "-mlm-loss.png)" in board
     # the same command again keeps the finished records byte for byte (no rewrite, no extra invocation)
     finished = {p: p.read_bytes() for p in (root / "results" / "synthetic").glob("*.json")}

@@ -265,3 +265,23 @@ def test_das_gathers_its_views_only_under_the_reference_scope(monkeypatch):
         ctx = StepContext(model, 0, 0, 1, 0, None)
         das.training_loss(toy_batch(), None, ctx)
         assert bool(calls) == gathers
+
+
+def test_a_two_process_run_with_replay_gives_the_one_process_record(world_root, tiny_model, tmp_path):
+    """Replay draws come from each micro-batch's own seed, so the process count changes no replayed chunk."""
+    from benchmark.records.reproduce import compare_records
+
+    recipe = [f"general_corpus={world_root / 'general.txt'}", "replay.general=0.25", "replay.past=0.25"]
+    extra = [arg for setting in recipe for arg in ("--set", setting)]
+    two = _torchrun(*_run_args(world_root, tiny_model, tmp_path / "two", "ncl"), *extra)
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = subprocess.run(
+        [sys.executable, *_run_args(world_root, tiny_model, tmp_path / "one", "ncl"), *extra], cwd=REPO,
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900,
+    )  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    (single,) = (tmp_path / "one" / "results" / "synthetic").glob("ncl-*.json")
+    (double,) = (tmp_path / "two" / "results" / "synthetic").glob("ncl-*.json")
+    a, b = json.loads(single.read_text()), json.loads(double.read_text())
+    assert single.name == double.name and a["method_label"] == "ncl[replay.general=0.25,replay.past=0.25]"
+    assert not compare_records(a, b, RECORD_TOLERANCE)

@@ -170,8 +170,8 @@ def test_variant_reading_and_option_parents():
     rows = []
     for seed, noise in ((1, 0.0), (2, 0.01), (3, -0.01)):
         for label, forgetting in (("das", 0.2), ("das[x=1]", 0.1), ("ncl", 0.3)):
-            rows.append({"method": label, "seed": seed, "run_id": f"{label}-{seed}", "forgetting": forgetting + noise,
-                         "general rise": 0.2, "plasticity": 0.3})  # fmt: skip
+            rows.append({"method": label, "seed": seed, "pair": f"seq0/{seed}", "run_id": f"{label}-{seed}",
+                         "forgetting": forgetting + noise, "general rise": 0.2, "plasticity": 0.3})  # fmt: skip
 
     class NoSample:
         def of(self, run, metric):
@@ -232,3 +232,30 @@ def test_an_edited_record_is_named_when_read(records, tmp_path):
     path.write_text(json.dumps(renamed))
     with pytest.raises(DapbenchError, match="file name .* is not its run id"):
         load_records(tmp_path / "other" / "results")
+
+
+def test_runs_over_several_domain_orders_form_one_group_paired_by_order_and_seed():
+    """Order-averaged results (issue #28): two orders x one seed of NCL and DAS are one group of two pairs, with a
+    per-order table; the committed CI records stand in for the first order."""
+    from pathlib import Path
+
+    from benchmark.report.markdown import order_tables
+
+    ci = Path(__file__).resolve().parents[1] / "results" / "ci"
+    firsts = [json.loads(p.read_text()) for p in sorted(ci.glob("*.json")) if p.name.startswith(("ncl-", "das-"))]
+    reordered = []
+    for record in firsts:
+        other = copy.deepcopy(record)
+        other["sequence"] = list(reversed(record["sequence"]))
+        other["run_id"] = record["run_id"].replace("custom-restaurant-acl-phone", "custom-phone-acl-restaurant")
+        reordered.append(other)
+    groups, superseded = group_records(firsts + reordered)
+    assert len(groups) == 1 and not superseded and len(groups[0].records) == 4
+    part = leaderboard_frame(groups[0].records, lambda r: groups[0].key)
+    assert sorted(part["order"].unique()) == ["custom-phone-acl-restaurant", "custom-restaurant-acl-phone"]
+    assert part.groupby("method")["pair"].nunique().tolist() == [2, 2]  # each method: two (order, seed) pairs
+    stats = GroupStatistics(part, groups[0].records, groups[0].key, reference_labels(groups[0].records))
+    lines = order_tables(stats)
+    assert lines[0] == "### Over domain orders" and any(line.startswith("| `das` |") for line in lines)
+    (ncl_cmp,) = [c for c in stats.comparisons("ncl", LOSS_COLUMNS[0]) if c.label == "das"]
+    assert ncl_cmp.n == 2  # paired over the two orders of seed 2021

@@ -237,8 +237,7 @@ def test_fused_adamw_is_chosen_on_cuda_only_and_takes_the_same_steps(tiny_model)
     dap = DapConfig(weight_decay=0.01)
     models = [AutoModelForMaskedLM.from_pretrained(tiny_model) for _ in range(2)]
     optimizers = [
-        build_optimizer(list(m.named_parameters()), dap, 4, fused=f)[0]
-        for m, f in zip(models, (False, True), strict=True)
+        build_optimizer(list(m.named_parameters()), dap, fused=f) for m, f in zip(models, (False, True), strict=True)
     ]
     assert optimizers[1].defaults["fused"] and not optimizers[0].defaults["fused"]
     ids = torch.randint(5, 600, (4, 16), generator=torch.Generator().manual_seed(0))

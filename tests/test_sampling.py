@@ -23,7 +23,7 @@ def test_two_processes_take_alternate_micro_batches_of_the_one_process_stream():
 
 def test_each_epoch_is_a_fresh_permutation_cut_into_full_micro_batches():
     batches = _take(StageMicroBatches(size=10, micro=3, seed=7, stage=0), 6)  # 3 per epoch: one example dropped
-    first, second = ([i for batch in batches[e * 3 : e * 3 + 3] for _, i in batch] for e in (0, 1))
+    first, second = ([i for batch in batches[e * 3 : e * 3 + 3] for _, _, i in batch] for e in (0, 1))
     assert len(set(first)) == len(first) == 9 and len(set(second)) == 9 and first != second
     assert all(len(batch) == 3 for batch in batches)
     generator = torch.Generator().manual_seed(derived_seed(7, 0, SHUFFLE, 0))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -24,8 +25,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from benchmark.data.masking import MlmCollator
 
-SHUFFLE, MASKS, DROPOUT = 0, 1, 2
-"""What a derived seed is for (part of its derivation, so the three never share a stream)."""
+SHUFFLE, MASKS, DROPOUT, REPLAY = 0, 1, 2, 3
+"""What a derived seed is for (part of its derivation, so no two share a stream)."""
+
+DOMAIN = 0
+"""The source of a micro-batch's own-domain chunks; replay pool ``p`` is source ``p + 1``."""
 
 
 def derived_seed(*parts: int) -> int:
@@ -35,15 +39,64 @@ def derived_seed(*parts: int) -> int:
     return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0])
 
 
-class StageMicroBatches(Sampler[list[tuple[int, int]]]):
-    """The stage's micro-batches of this process, without end: each is a list of ``(global index, example
-    index)``. Epoch ``e`` is a permutation drawn from ``(seed, stage, SHUFFLE, e)``, cut into micro-batches
-    (a short remainder is dropped, unless the dataset is smaller than one micro-batch)."""
+@dataclass(frozen=True)
+class ReplayPlan:
+    """How many chunks of every update come from each replay pool, and which ones.
 
-    def __init__(self, size: int, micro: int, seed: int, stage: int, rank: int = 0, world: int = 1):
+    An update is the ``micro_per_update`` consecutive micro-batches of the global stream (every process's share of
+    one optimizer step). Pool ``p`` supplies exactly ``round(shares[p] x update chunks)`` of them (a later pool
+    at most what the earlier ones leave): the update's replay slots are spread over its micro-batches as evenly as
+    whole numbers allow (:meth:`counts`) and take the last positions of each; the pools fill them in order. Which
+    chunk fills a slot is drawn uniformly, with replacement, from the micro-batch's own seed, so the draws do not
+    depend on the process layout either."""
+
+    shares: tuple[float, ...]
+    sizes: tuple[int, ...]
+    """Chunks in each pool (a share of an empty pool replays nothing)."""
+    micro: int
+    micro_per_update: int
+
+    def totals(self) -> list[int]:
+        """Replayed chunks of every update, per pool."""
+        chunks, out = self.micro * self.micro_per_update, []
+        for share, size in zip(self.shares, self.sizes, strict=True):
+            out.append(0 if size == 0 else min(round(share * chunks), chunks - sum(out)))
+        return out
+
+    def counts(self, index: int) -> list[int]:
+        """Replayed chunks of global micro-batch ``index``, per pool."""
+        totals, k, j = self.totals(), self.micro_per_update, index % self.micro_per_update
+        everything = sum(totals)
+        before, here = everything * j // k, everything * (j + 1) // k - everything * j // k
+        out, start = [], 0
+        for total in totals:  # replay slot q of the update belongs to the pool whose running total first exceeds q
+            out.append(max(0, min(before + here, start + total) - max(before, start)))
+            start += total
+        return out
+
+    def draw(self, seed: int, stage: int, index: int) -> list[tuple[int, int]]:
+        """The ``(source, chunk index)`` of micro-batch ``index``'s replayed chunks, pool by pool."""
+        generator = torch.Generator().manual_seed(derived_seed(seed, stage, REPLAY, index))
+        out = []
+        for pool, (count, size) in enumerate(zip(self.counts(index), self.sizes, strict=True)):
+            out += [(pool + 1, int(i)) for i in torch.randint(size, (count,), generator=generator)] if count else []
+        return out
+
+
+class StageMicroBatches(Sampler[list[tuple[int, int, int]]]):
+    """The stage's micro-batches of this process, without end: each is a list of ``(global index, source, example
+    index)``. Epoch ``e`` of the domain's chunks is a permutation drawn from ``(seed, stage, SHUFFLE, e)``, cut into
+    micro-batches (a short remainder is dropped, unless the dataset is smaller than one micro-batch); with a
+    :class:`ReplayPlan`, the last positions of a micro-batch hold its replayed chunks instead."""
+
+    def __init__(
+        self, size: int, micro: int, seed: int, stage: int, rank: int = 0, world: int = 1,
+        replay: ReplayPlan | None = None,
+    ):  # fmt: skip
         self.size, self.micro, self.seed, self.stage, self.rank, self.world = size, micro, seed, stage, rank, world
+        self.replay = replay
 
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+    def __iter__(self) -> Iterator[list[tuple[int, int, int]]]:
         index = 0
         per_epoch = max(1, self.size // self.micro)
         for epoch in itertools.count():
@@ -51,22 +104,28 @@ class StageMicroBatches(Sampler[list[tuple[int, int]]]):
             order = torch.randperm(self.size, generator=generator).tolist()
             for b in range(per_epoch):
                 if index % self.world == self.rank:
-                    yield [(index, i) for i in order[b * self.micro : (b + 1) * self.micro]]
+                    own = [(index, DOMAIN, i) for i in order[b * self.micro : (b + 1) * self.micro]]
+                    yield own if self.replay is None else self._with_replay(own, index)
                 index += 1
+
+    def _with_replay(self, own: list[tuple[int, int, int]], index: int) -> list[tuple[int, int, int]]:
+        replayed = [(index, source, i) for source, i in self.replay.draw(self.seed, self.stage, index)]
+        return own[: max(0, len(own) - len(replayed))] + replayed
 
 
 class _Tagged(Dataset):
-    """``dataset`` read with ``(global index, example index)`` keys; returns ``(global index, example)``."""
+    """The domain's chunks (source 0) and the replay pools (sources 1, 2, ...) read with ``(global index, source,
+    example index)`` keys; returns ``(global index, example)``."""
 
-    def __init__(self, dataset: Dataset):
-        self.dataset = dataset
+    def __init__(self, dataset: Dataset, pools: tuple[Dataset, ...] = ()):
+        self.sources = (dataset, *pools)
 
-    def __getitem__(self, key: tuple[int, int]):
-        index, i = key
-        return index, self.dataset[i]
+    def __getitem__(self, key: tuple[int, int, int]):
+        index, source, i = key
+        return index, self.sources[source][i]
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.sources[0])
 
 
 class SeededMasking:
@@ -96,12 +155,15 @@ def stage_stream(
     workers: int = 0,
     pin_memory: bool = False,
     causal: bool = False,
+    replay: tuple[ReplayPlan, tuple[Dataset, ...]] | None = None,
 ) -> DataLoader:
     """This process's share of the stage's training stream: ``(global index, masked micro-batch)`` on the host,
-    masked by ``workers`` worker processes ahead of use (the same batches as without: each is seeded by its index)."""
+    masked by ``workers`` worker processes ahead of use (the same batches as without: each is seeded by its index).
+    ``replay``: the plan and its pools' datasets, when replaying."""
+    plan, pools = replay if replay is not None else (None, ())
     return DataLoader(
-        _Tagged(dataset),
-        batch_sampler=StageMicroBatches(len(dataset), micro, seed, stage, rank, world),
+        _Tagged(dataset, pools),
+        batch_sampler=StageMicroBatches(len(dataset), micro, seed, stage, rank, world, plan),
         collate_fn=SeededMasking(tokenizer, mlm_probability, seed, stage, causal),
         num_workers=workers,
         pin_memory=pin_memory,

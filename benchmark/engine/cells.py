@@ -42,6 +42,8 @@ class EndTaskRunner:
             with error_context(f"{p.where}, checkpoint after domain {t}, end task {task.name}"):
                 result = evaluate_end_task(model, task, p.data.tokenizer, p.config.finetune, seed, p.accelerator)
             atomic_write_json(p.layout.finetune_cell(row_key, k), {"row": t, "task": task.name, **result})
+            if p.tracker is not None:
+                p.tracker.log_values(f"end_task/{task.name}/after_{t}", result)
             on_cell_done()
         acc.wait_for_everyone()  # every cell of the row is on disk before anyone reads the matrix or trains on
 

@@ -38,10 +38,13 @@ def make_accelerator(config):
 
     cpu = _on_cpu(config)
     process_state(config)
+    trackers = {} if config.report_to == "none" else {"log_with": config.report_to}
     return Accelerator(
         cpu=cpu,
         mixed_precision="no" if cpu else config.dap.mixed_precision,
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+        project_dir=str(Path(config.output_dir) / "tracking"),
+        **trackers,
     )
 
 

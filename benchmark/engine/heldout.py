@@ -65,6 +65,18 @@ class GeneralProbe:
     def __init__(self, parts):
         self.parts = parts
         self._batches: list[dict] | None = None
+        self._chunks = None
+
+    def training_chunks(self):
+        """The general training text's packed chunks (loaded once; the replay pool of ``replay.general``)."""
+        p, dap = self.parts, self.parts.config.dap
+        if self._chunks is None:
+            cache = Path(p.config.work_dir) / "cache"
+            self._chunks, _ = load_heldout_text(
+                "general-train", p.config.general_corpus, p.data.tokenizer, dap.seq_len, cache,
+                max_lines=dap.max_corpus_lines, causal=p.data.causal,
+            )  # fmt: skip
+        return self._chunks
 
     def __call__(self) -> DeviceBatches | None:
         """The probe batches on the run's device (None without a general corpus)."""
@@ -72,13 +84,8 @@ class GeneralProbe:
         if not p.config.general_corpus:
             return None
         if self._batches is None:
-            cache = Path(p.config.work_dir) / "cache"
-            dataset, _ = load_heldout_text(
-                "general-train", p.config.general_corpus, p.data.tokenizer, dap.seq_len, cache,
-                max_lines=dap.max_corpus_lines, causal=p.data.causal,
-            )  # fmt: skip
             self._batches = fixed_mlm_batches(
-                dataset, p.data.tokenizer, dap.probe_chunks, dap.probe_batch_size, dap.mlm_probability, seed=999,
-                causal=p.data.causal,
+                self.training_chunks(), p.data.tokenizer, dap.probe_chunks, dap.probe_batch_size,
+                dap.mlm_probability, seed=999, causal=p.data.causal,
             )  # fmt: skip
         return DeviceBatches(self._batches, p.accelerator.device)

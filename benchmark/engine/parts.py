@@ -24,6 +24,8 @@ class RunParts:
     schedule: StageSchedule
     accelerator: Any
     show_progress: bool = True
+    tracker: Any = None
+    """The run's :class:`~benchmark.engine.tracking.RunTracker`."""
 
     @property
     def where(self) -> str:

@@ -26,6 +26,7 @@ from benchmark.engine.layout import RunClock, RunLayout
 from benchmark.engine.parts import RunParts
 from benchmark.engine.schedule import StageSchedule
 from benchmark.engine.stages import StageModels, StageRunner
+from benchmark.engine.tracking import RunTracker
 from benchmark.errors import error_context
 from benchmark.io import read_json
 from benchmark.method import RunEnv, build_method
@@ -51,6 +52,7 @@ class ContinualRun:
             accelerator, show_progress,
         )  # fmt: skip
         p = self.parts
+        p.tracker = RunTracker(accelerator, config.report_to, self.run_id, config.to_dict())
         self.method, self.layout, self.schedule, self.seed = p.method, p.layout, p.schedule, p.seed
         self.models, self.base = StageModels(p), BaseEvaluation(p)
         self.stages, self.end_tasks = StageRunner(p, self.models, self.base), EndTaskRunner(p, self.models)
@@ -60,6 +62,7 @@ class ContinualRun:
         p = self.parts
         p.layout.root.mkdir(parents=True, exist_ok=True)
         clock = RunClock(p.layout.clock)
+        p.tracker.start()
         self.base.losses()
         clock.save()
         for t in p.schedule.stages():
@@ -70,7 +73,10 @@ class ContinualRun:
             self.end_tasks.run_row(t, on_cell_done=clock.save)
             if t > 0 and not p.config.keep_checkpoints and p.accelerator.is_main_process:
                 p.layout.discard_checkpoint(t - 1)  # its row is done; the next stage starts from checkpoint t
-        return self._record(clock)
+        record = self._record(clock)
+        p.tracker.log_values("final", record["summary"])
+        p.tracker.finish()
+        return record
 
     def _record(self, clock: RunClock) -> RunRecord:
         p = self.parts

@@ -50,17 +50,17 @@ class StageSchedule:
         tokens as a continual run."""
         return self.steps_per_domain * (self.num_domains if self.caps.joint_training else 1)
 
+    def total_updates(self) -> int:
+        """Optimizer updates of the whole sequence."""
+        return self.steps_per_domain * self.num_domains
+
     def step_offset(self, t: int) -> int:
         """The global step count before stage ``t``."""
         return 0 if self.caps.joint_training else t * self.steps_per_domain
 
     def row_tasks(self, t: int) -> list[int]:
-        """Columns k of row t that the matrix mode asks for.
-
-        A per-domain method (the ONE family) scores each end task with its own domain's model, so only
-        the diagonal enters any summary; row t's other cells would measure cross-domain transfer of the
-        domain-t model, which no metric reads, and are not computed.
-        """
+        """Columns k of row t that the matrix mode asks for. A per-domain method (the ONE family) scores each end
+        task with its own domain's model: only the diagonal enters any summary, so no other cell is computed."""
         if self.caps.independent_per_domain:
             return [t]
         if self.matrix == "full" or t == self.num_domains - 1:

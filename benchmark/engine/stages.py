@@ -13,6 +13,7 @@ from benchmark.engine.environment import peak_memory_mb, reset_peak_memory
 from benchmark.engine.evaluation import DeviceBatches, heldout_evaluation, heldout_features, representation_drift
 from benchmark.engine.heldout import BaseEvaluation, GeneralProbe
 from benchmark.engine.parts import RunParts
+from benchmark.engine.recipe import stage_plan
 from benchmark.engine.training import DapTrainer
 from benchmark.io import atomic_write_json
 from benchmark.method import DomainContext
@@ -70,6 +71,30 @@ def _probe_batches(p: RunParts, t: int) -> list:
     )  # fmt: skip
 
 
+def replay_pools(p: RunParts, t: int, general: GeneralProbe) -> list[tuple[float, Any]]:
+    """Stage ``t``'s replay pools: ``(share, chunks)`` of the general training text (``general_corpus``, never the
+    held-out ``general_heldout``) and of the earlier domains' training chunks (none before the first domain)."""
+    replay, out = p.config.replay, []
+    if replay.general > 0:
+        out.append((replay.general, general.training_chunks()))
+    if replay.past > 0:
+        out.append((replay.past, p.data.training_set(list(range(t))) if t > 0 else []))
+    return out
+
+
+def _track(p: RunParts, prefix: str, values: dict, step: int) -> None:
+    if p.tracker is not None:
+        p.tracker.log_values(prefix, values, step=step)
+
+
+def _stage_plan(p: RunParts, t: int, general: GeneralProbe):
+    """Stage ``t``'s updates, schedule and replay pools."""
+    s = p.schedule
+    return stage_plan(
+        p.config.dap, p.config.schedule, s.updates(), s.step_offset(t), s.total_updates(), replay_pools(p, t, general)
+    )
+
+
 class StageRunner:
     """One stage: train (if the method pre-trains), evaluate on held-out text, checkpoint, mark it finished."""
 
@@ -92,6 +117,7 @@ class StageRunner:
         view = self._heldout_view(model)
         evaluation = heldout_evaluation(model, p.data.heldout_batches, device, view, p.accelerator)
         stats["mlm_loss"], stats["mlm_loss_chunks"] = evaluation.losses, evaluation.chunk_sums
+        _track(p, "heldout", evaluation.losses, (t + 1) * p.config.dap.steps)
         features = heldout_features(model, p.data.feature_batches(), device, view, p.accelerator)
         stats["representation"] = representation_drift(self.base.features(), features)
         stats["peak_memory_mb"] = peak_memory_mb()
@@ -109,12 +135,11 @@ class StageRunner:
         ctx = DomainContext(t, p.data.domains[t], model, probe, p.accelerator, mlm_loss, self.general_probe)
         trainable = sum(q.numel() for _, q in p.method.trainable_parameters(model))
         p.method.before_domain(ctx)
-        trainer = DapTrainer(
-            p.method, dap, p.data.tokenizer, p.accelerator, p.seed, p.show_progress, self.instrument, p.data.causal
-        )
+        trainer = DapTrainer(p.method, dap, p.data.tokenizer, p.accelerator, p.seed, p.show_progress,
+                             self.instrument, p.data.causal, p.tracker)  # fmt: skip
         dataset = p.data.training_set(p.schedule.training_domains(t))
-        desc = f"{p.method.name} {p.data.domains[t]}"
-        stats = trainer.train(model, dataset, p.schedule.updates(), t, p.schedule.step_offset(t), desc)
+        plan = _stage_plan(p, t, self.general_probe)
+        stats = trainer.train(model, dataset, plan, t, f"{p.method.name} {p.data.domains[t]}")
         if dap.sharding == "fsdp":  # one whole model again for the method's after-domain work, evaluation, checkpoint
             model = self.models.unsharded(model)
             ctx = dataclasses.replace(ctx, model=model)

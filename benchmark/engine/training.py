@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from benchmark.config import DapConfig
 from benchmark.data.sampling import DROPOUT, derived_seed, seeded, stage_stream
+from benchmark.engine.recipe import StagePlan, stage_scheduler
 from benchmark.engine.sharding import accumulating, average_replicated, shard
 from benchmark.errors import NonFiniteError
 from benchmark.method import ContinualMethod, StepContext, StepOutput
@@ -93,17 +94,21 @@ class DapTrainer:
     counts FLOPs (``torch.utils.flop_counter``) and records ``torch.profiler`` traces with it."""
     causal: bool = False
     """Whether the model is a causal LM (its stream predicts next tokens instead of masked ones)."""
+    tracker: Any = None
+    """The run's experiment trackers (:mod:`benchmark.engine.tracking`), None for none."""
 
-    def train(self, model, dataset: Dataset, steps: int, t: int, step_offset: int, desc: str) -> dict:
-        """Run ``steps`` updates on ``dataset`` and return the stage's training statistics."""
-        dap, acc = self.dap, self.accelerator
+    def train(self, model, dataset: Dataset, plan: StagePlan, t: int, desc: str) -> dict:
+        """Run ``plan.steps`` updates on ``dataset`` (and its replay pools) and return the stage's statistics."""
+        dap, acc, steps = self.dap, self.accelerator, plan.steps
         replicated = shard(model, acc.device) if dap.sharding == "fsdp" else None
         params = self.method.trainable_parameters(model)
-        optimizer, scheduler = build_optimizer(params, dap, steps, fused=fused_adamw(acc.device, acc.mixed_precision))
-        stream = training_stream(dataset, self.tokenizer, dap, self.seed, t, acc, self.causal)
-        step, optimizer = _prepared_step(model, self.method, acc, optimizer, replicated)
+        optimizer = build_optimizer(params, dap, fused=fused_adamw(acc.device, acc.mixed_precision))
+        scheduler = stage_scheduler(optimizer, plan)
         accum = max(1, dap.batch_size // (dap.per_device_batch_size * acc.num_processes))
-        ctx = StepContext(model, t, 0, steps, step_offset, acc, optimizer)
+        replay = plan.replay_plan(dap.per_device_batch_size, accum * acc.num_processes)
+        stream = training_stream(dataset, self.tokenizer, dap, self.seed, t, acc, self.causal, replay)
+        step, optimizer = _prepared_step(model, self.method, acc, optimizer, replicated)
+        ctx = StepContext(model, t, 0, steps, plan.step_offset, acc, optimizer)
         start = time.perf_counter()
         with _stage_context(model, dap.activation_checkpointing, self.instrument):
             log = self._loop(ctx, step, scheduler, iter(stream), accum, desc)
@@ -123,8 +128,10 @@ class DapTrainer:
         bar = tqdm(range(ctx.total_domain_steps), desc=desc, disable=not self.show_progress, leave=False)
         for step in bar:
             ctx.domain_step, ctx.global_step = step, offset + step
-            accumulate(ctx, step_module, batches, accum, self.seed, sums)
+            terms, lr = accumulate(ctx, step_module, batches, accum, self.seed, sums), scheduler.get_last_lr()[0]
             _apply_update(ctx, step_module, scheduler, self.method, dap.max_grad_norm)
+            if self.tracker is not None:
+                self.tracker.log_update(ctx.global_step + 1, terms, lr)
             if (step + 1) % dap.log_every == 0 or step + 1 == ctx.total_domain_steps:
                 what = f"{self.method.name}: DAP loss term(s)"
                 means = _logged_means(sums, step + 1 - last_logged, acc, what, step + 1)
@@ -135,22 +142,23 @@ class DapTrainer:
 
 
 def training_stream(
-    dataset: Dataset, tokenizer, dap: DapConfig, seed: int, stage: int, acc, causal: bool = False
+    dataset: Dataset, tokenizer, dap: DapConfig, seed: int, stage: int, acc, causal: bool = False, replay=None
 ) -> DataLoader:
-    """This process's share of the stage's training stream. Not prepared by accelerate: it shards itself across
-    processes (:mod:`benchmark.data.sampling`)."""
+    """This process's share of the stage's training stream (with ``replay``'s plan and pools, if any). Not prepared
+    by accelerate: it shards itself across processes (:mod:`benchmark.data.sampling`)."""
     return stage_stream(
         dataset, tokenizer, dap.per_device_batch_size, dap.mlm_probability, seed, stage, acc.process_index,
-        acc.num_processes, dap.loader_workers, pin_memory=acc.device.type == "cuda", causal=causal,
+        acc.num_processes, dap.loader_workers, pin_memory=acc.device.type == "cuda", causal=causal, replay=replay,
     )  # fmt: skip
 
 
 def accumulate(
     ctx: StepContext, step_module, batches: Iterator[tuple[int, dict]], accum: int, seed: int, sums: dict
-) -> None:
+) -> dict[str, torch.Tensor]:
     """Forward and backward of an update's ``accum`` micro-batches (gradients synchronised across processes at the
-    last), each under the seed of its global index; adds each loss term's mean into ``sums`` on the device."""
-    acc = ctx.accelerator
+    last), each under the seed of its global index; adds each loss term's mean into ``sums`` on the device and
+    returns the update's own means (this process's)."""
+    acc, update = ctx.accelerator, {}
     for micro in range(accum):
         ctx.micro_batch, batch = next(batches)
         batch = {k: v.to(acc.device, non_blocking=True) for k, v in batch.items()}
@@ -159,7 +167,10 @@ def accumulate(
             terms = step_module(batch, ctx)
             acc.backward(sum(terms.values()) / accum)
         for key, value in terms.items():
-            sums[key] = sums.get(key, 0) + value.detach() / accum
+            share = value.detach() / accum
+            sums[key] = sums.get(key, 0) + share
+            update[key] = update.get(key, 0) + share
+    return update
 
 
 def _no_sync(acc, step_module):
@@ -198,14 +209,10 @@ def stage_statistics(steps: int, tokens: int, seconds: float, log: list[dict]) -
     }
 
 
-def build_optimizer(params: list[tuple[str, torch.nn.Parameter]], dap: DapConfig, steps: int, fused: bool = False):
-    """AdamW over ``params`` (one fused kernel if ``fused``) and a linear schedule with warm-up over ``steps``
-    updates."""
-    from transformers import get_linear_schedule_with_warmup
-
+def build_optimizer(params: list[tuple[str, torch.nn.Parameter]], dap: DapConfig, fused: bool = False):
+    """AdamW over ``params`` (one fused kernel if ``fused``); its schedule is :func:`stage_scheduler`'s."""
     groups = param_groups(params, dap.weight_decay)
-    optimizer = torch.optim.AdamW(groups, lr=dap.lr, eps=dap.adam_eps, fused=fused or None)
-    return optimizer, get_linear_schedule_with_warmup(optimizer, int(dap.warmup_ratio * steps), steps)
+    return torch.optim.AdamW(groups, lr=dap.lr, eps=dap.adam_eps, fused=fused or None)
 
 
 def fused_adamw(device: torch.device | str, mixed_precision: str = "no") -> bool:

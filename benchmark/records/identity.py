@@ -14,6 +14,7 @@ are cached by path, size and modification time (:class:`FileHashCache`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmark.config import RunConfig
+from benchmark.config import RECIPE_SECTIONS, RunConfig
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_json, file_sha256
 
@@ -32,7 +33,9 @@ the training loop): every run id changes with it, so no record of the old code i
 A method bumps its own ``ContinualMethod.version`` for the same reason. 3: the training stream is drawn per
 micro-batch (:mod:`benchmark.data.sampling`), the same for any number of processes."""
 
-LOCATION_FIELDS = ("output_dir", "work_dir", "keep_checkpoints", "methods", "seeds", "device", "profile")
+LOCATION_FIELDS = (
+    "output_dir", "work_dir", "keep_checkpoints", "methods", "seeds", "device", "profile", "report_to",
+)  # fmt: skip
 """Config fields that say where or what to run, not what a run computes."""
 
 NUMERICS_NEUTRAL_FIELDS = {"dap": ("loader_workers", "sharding", "activation_checkpointing")}
@@ -120,11 +123,27 @@ def canonical_config(config: Mapping[str, Any]) -> dict[str, Any]:
     from benchmark.config import spelled_config
 
     data = spelled_config(config)  # one spelling of every value, missing fields at their defaults
-    dropped = (*LOCATION_FIELDS, *INPUT_PATH_FIELDS, "sequence", "method_options")
+    dropped = (*LOCATION_FIELDS, *INPUT_PATH_FIELDS, "sequence", "method_options", *RECIPE_SECTIONS)
     out = {key: value for key, value in data.items() if key not in dropped}
     for section in ("dap", "finetune"):
         out[section] = {k: v for k, v in out[section].items() if k not in NUMERICS_NEUTRAL_FIELDS.get(section, ())}
     return _without_defaults(out, spelled_config({}))
+
+
+def canonical_recipe(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe options of a configuration (replay, schedule) that differ from their defaults, in one spelling:
+    they label a method's leaderboard row and enter its run id, but not its group (:data:`RECIPE_SECTIONS`)."""
+    from benchmark.config import spelled_config
+
+    data = spelled_config(config)
+    recipe = {section: data[section] for section in RECIPE_SECTIONS}
+    return _without_defaults(recipe, {section: spelled_config({})[section] for section in RECIPE_SECTIONS})
+
+
+def recipe_label(recipe: Mapping[str, Any]) -> str:
+    """``replay.general=0.05,schedule.name=wsd``: the recipe options as a label writes them."""
+    return ",".join(f"{section}.{key}={value:g}" if isinstance(value, float) else f"{section}.{key}={value}"
+                    for section, values in sorted(recipe.items()) for key, value in sorted(values.items()))  # fmt: skip
 
 
 def _without_defaults(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
@@ -141,7 +160,7 @@ def _without_defaults(values: dict[str, Any], defaults: dict[str, Any]) -> dict[
 
 
 _NO_DEFAULT = object()
-SECTIONS = ("dap", "finetune")
+SECTIONS = ("dap", "finetune", *RECIPE_SECTIONS)
 """Nested configuration sections, whose fields are compared with their defaults one by one."""
 
 
@@ -161,6 +180,8 @@ class RunIdentity:
     results_version: int = RESULTS_VERSION
     processes: int | None = None
     """The process count, only where the method's options make the numbers depend on it."""
+    recipe: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """:func:`canonical_recipe`: in the run id (when not empty), not in the group."""
 
     def payload(self) -> dict[str, Any]:
         """Everything the run id hashes, except the seed."""
@@ -173,6 +194,8 @@ class RunIdentity:
         out.pop("results_version")
         if self.processes is not None:
             out["processes"] = self.processes
+        if self.recipe:
+            out["recipe"] = self.recipe
         return out
 
     def group_payload(self) -> dict[str, Any]:
@@ -215,6 +238,7 @@ def run_identity(
         method_options=options.canonical_options(),
         method_version=method_cls.version,
         processes=processes if options.numerics_depend_on_processes() else None,
+        recipe=canonical_recipe(config.to_dict()),
     )
 
 
@@ -233,6 +257,7 @@ def record_identity(record: Mapping[str, Any]) -> RunIdentity | None:
         method_version=identity["method_version"],
         results_version=identity["results_version"],
         processes=identity.get("processes"),
+        recipe=canonical_recipe(record["config"]),
     )
 
 

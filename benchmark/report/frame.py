@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from benchmark.report.groups import order_of, pairing_unit
+
 
 @dataclass(frozen=True)
 class Column:
@@ -106,6 +108,7 @@ def leaderboard_frame(records: list[dict], group_of: Callable[[dict], str] | Non
     rows = []
     for record in records:
         row = {"group": group_of(record), "method": record["method_label"], "seed": record["seed"]}
+        row["order"], row["pair"] = order_of(record), pairing_unit(record)
         row["run_id"] = record["run_id"]
         for column in ALL_COLUMNS:
             value = column.value(record)

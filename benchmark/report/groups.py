@@ -2,9 +2,11 @@
 the method, its options and the seed, is the same.
 
 The group of a record is its identity's group payload (:meth:`benchmark.identity.RunIdentity.group_payload`: the
-canonical configuration, the domain order, the input checksums and the numerics version), so a setting added later
+canonical configuration, the domains, the input checksums and the numerics version), so a setting added later
 can never be left out of it and records made with another ``dap.lr``, other end-task files or older numerics never
-share a group. Within a group at most one record per method label and seed is kept: a record of older method code
+share a group. The domains enter as a set: runs over several orders of one suite (``seq0..seq4``) form one group,
+whose methods are compared over (order, seed) pairs. Within a group at most one record per method label, order and
+seed is kept: a record of older method code
 is superseded by a newer one. A whole group of older numerics is superseded where a group of newer numerics has the
 same settings. Superseded records are left out and named, never an error; and a group whose records measured the
 base model differently (another device or precision: the device is not part of a run's identity) is split by
@@ -61,13 +63,30 @@ def group_payload(record: dict) -> dict[str, Any]:
 
     identity = record_identity(record)
     if identity is not None:
-        return identity.group_payload()
-    return {
-        "config": canonical_config(record["config"]),
-        "domains": list(record["sequence"]),
-        "inputs": dict(sorted(record["data_checksums"].items())),
-        "results_version": (record.get("identity") or {}).get("results_version"),
-    }
+        payload = identity.group_payload()
+    else:
+        payload = {
+            "config": canonical_config(record["config"]),
+            "domains": list(record["sequence"]),
+            "inputs": dict(sorted(record["data_checksums"].items())),
+            "results_version": (record.get("identity") or {}).get("results_version"),
+        }
+    # The domains as a set: runs over several orders of the same domains form one group, paired by (order, seed).
+    return {**payload, "domains": sorted(payload["domains"])}
+
+
+def order_of(record: dict) -> str:
+    """The record's domain order as its run id names it (``seq0``, or ``custom-a-b-c``)."""
+    run_id, head = record["run_id"], f"{record['method']}-"
+    tail = f"-seed{record['seed']}-"
+    if run_id.startswith(head) and tail in run_id:
+        return run_id[len(head) : run_id.rindex(tail)]
+    return "custom-" + "-".join(record["sequence"])
+
+
+def pairing_unit(record: dict) -> str:
+    """What records of different methods are paired by: the seed, and the order where a group has several."""
+    return f"{order_of(record)}/{record['seed']}"
 
 
 def group_records(records: list[dict]) -> tuple[list[Group], list[Superseded]]:
@@ -112,14 +131,14 @@ def _newest_per_label_and_seed(records: list[dict], superseded: list[Superseded]
     before migrated ones); the others are superseded."""
     best: dict[tuple[str, int], dict] = {}
     for record in records:
-        key = (record["method_label"], record["seed"])
+        key = (record["method_label"], pairing_unit(record))
         if key not in best or _code_rank(record) > _code_rank(best[key]):
             if key in best:
                 superseded.append(Superseded(best[key]["run_id"], f"re-run by {record['run_id']}"))
             best[key] = record
         else:
             superseded.append(Superseded(record["run_id"], f"re-run by {best[key]['run_id']}"))
-    return [r for r in records if best[(r["method_label"], r["seed"])] is r]
+    return [r for r in records if best[(r["method_label"], pairing_unit(r))] is r]
 
 
 def _code_rank(record: dict) -> tuple[int, int, str]:

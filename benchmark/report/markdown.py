@@ -8,10 +8,11 @@ import json
 from collections.abc import Callable
 
 import numpy as np
+import pandas as pd
 
 from benchmark.report.escape import code, text
-from benchmark.report.frame import COST_COLUMNS, END_TASK_COLUMNS, LOSS_COLUMNS, Column
-from benchmark.report.groups import Group, Superseded
+from benchmark.report.frame import ALL_COLUMNS, COST_COLUMNS, END_TASK_COLUMNS, LOSS_COLUMNS, Column
+from benchmark.report.groups import Group, Superseded, order_of
 from benchmark.report.reading import end_task_reading, loss_reading, variant_reading, verdicts
 from benchmark.report.statistics import GroupStatistics
 
@@ -51,6 +52,7 @@ def leaderboard_markdown(
         lines += ["### Continual (held-out loss, nats)", ""]
         lines += table(stats, LOSS_COLUMNS, "final gain", verdicts(stats), trailing=COST_COLUMNS)
         lines += ["", "### End tasks", "", *table(stats, END_TASK_COLUMNS, "final macro-F1"), ""]
+        lines += order_tables(stats)
         lines += plot_links(plots)
         lines += ["", "**Reading** (generated from the numbers above):", ""]
         lines += [*loss_reading(stats), *variant_reading(stats), *end_task_reading(stats), ""]
@@ -66,6 +68,7 @@ def group_header(group: Group) -> list[str]:
     records, first = group.records, group.records[0]
     config = first["config"]
     seeds = sorted({r["seed"] for r in records})
+    orders = sorted({order_of(r) for r in records})
     commits = sorted({(r["environment"].get("git_commit") or "unknown")[:12] for r in records})
     devices = sorted({f"{r['environment']['device_name']}, {r['environment']['torch_threads']} torch thread(s)"
                       for r in records})  # fmt: skip
@@ -74,7 +77,8 @@ def group_header(group: Group) -> list[str]:
     wall = sum(r["timing"]["wall_seconds"] for r in records)
     return [
         f"- group {code(group.key)}: {len(records)} runs of {len({r['method_label'] for r in records})} method"
-        f" labels, seeds {', '.join(map(str, seeds))}; numerics version {group.results_version or 'unrecorded'}"
+        f" labels, seeds {', '.join(map(str, seeds))}, domain order(s) {', '.join(orders)}; numerics version"
+        f" {group.results_version or 'unrecorded'}"
         f" (methods: {text(', '.join(versions))})",
         f"- model {code(config['model'])}; data {code(config['data_root'])}; general held-out text"
         f" {code(config.get('general_heldout'))}; inputs checksum {code(_digest(group.payload['inputs']))}",
@@ -92,6 +96,33 @@ def group_header(group: Group) -> list[str]:
         "```",
         "</details>",
     ]
+
+
+ORDER_COLUMNS = ("final gain", "final macro-F1")
+"""The columns shown per domain order in a group run over several orders."""
+
+
+def order_tables(stats: GroupStatistics) -> list[str]:
+    """For a group run over several domain orders: per method, each order's mean over seeds of the headline columns,
+    and the spread (std) of those order means; empty for a group of one order."""
+    part = stats.part
+    orders = sorted(part["order"].unique())
+    if len(orders) < 2:
+        return []
+    lines = ["### Over domain orders", "", "Mean over seeds per order; the last column is the std over the orders.", ""]
+    for title in (t for t in ORDER_COLUMNS if t in part):
+        means = part.pivot_table(index="method", columns="order", values=title, aggfunc="mean")
+        scale = 100.0 if next(c for c in ALL_COLUMNS if c.title == title).kind == "pct" else 1.0
+        lines += [f"{text(title)}:", "", "| method | " + " | ".join(map(code, orders)) + " | std over orders |"]
+        lines.append("|---" * (len(orders) + 2) + "|")
+        for label, row in means.iterrows():
+            cells = ["–" if pd.isna(row.get(o)) else f"{row[o] * scale:.3f}" for o in orders]
+            spread = row.dropna().std(ddof=1) * scale if row.notna().sum() > 1 else float("nan")
+            lines.append(
+                f"| {code(label)} | " + " | ".join(cells) + f" | {'–' if pd.isna(spread) else f'{spread:.3f}'} |"
+            )
+        lines.append("")
+    return lines
 
 
 def _digest(value) -> str:

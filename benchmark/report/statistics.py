@@ -171,8 +171,8 @@ def compare(
     Benjamini-Hochberg q-values over the methods for each of the two tests."""
     from scipy.stats import false_discovery_control, ttest_rel
 
-    wide = part.pivot_table(index="seed", columns="method", values=column)
-    runs = part.set_index(["method", "seed"])["run_id"]
+    wide = part.pivot_table(index="pair", columns="method", values=column)  # (order, seed) pairs
+    runs = part.set_index(["method", "pair"])["run_id"]
     out = []
     for method in (m for m in wide.columns if m != reference) if reference in wide else []:
         pairs = wide[[method, reference]].dropna()

@@ -1,0 +1,229 @@
+"""Recipe options of every method (issue #28): data replay and learning-rate schedules."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from benchmark.config import DapConfig, ReplayConfig, ScheduleConfig, apply_overrides
+from benchmark.data.sampling import DOMAIN, ReplayPlan, StageMicroBatches
+from benchmark.engine.recipe import learning_rate_curve
+from benchmark.errors import DapbenchError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    general=st.floats(0, 0.6),
+    past=st.floats(0, 0.39),
+    micro=st.integers(1, 16),
+    per_update=st.integers(1, 8),
+    start=st.integers(0, 50),
+)
+def test_replay_fractions_are_exact_per_update(general, past, micro, per_update, start):
+    plan = ReplayPlan((general, past), (100, 50), micro, per_update)
+    chunks = micro * per_update
+    expected = [round(general * chunks), min(round(past * chunks), chunks - round(general * chunks))]
+    assert plan.totals() == expected
+    update = [plan.counts(i) for i in range(start * per_update, (start + 1) * per_update)]
+    assert [sum(c[p] for c in update) for p in (0, 1)] == expected  # exact within every update
+    assert all(sum(c) <= micro and min(c) >= 0 for c in update)
+
+
+def _take(sampler, n):
+    return list(itertools.islice(iter(sampler), n))
+
+
+def test_replayed_chunks_replace_domain_chunks_and_do_not_depend_on_the_process_layout():
+    plan = ReplayPlan((0.25, 0.25), (30, 20), micro=4, micro_per_update=2)  # 2 + 2 of every 8 chunks
+    one = _take(StageMicroBatches(size=40, micro=4, seed=5, stage=1, replay=plan), 8)
+    rank0 = _take(StageMicroBatches(size=40, micro=4, seed=5, stage=1, rank=0, world=2, replay=plan), 4)
+    rank1 = _take(StageMicroBatches(size=40, micro=4, seed=5, stage=1, rank=1, world=2, replay=plan), 4)
+    assert one[0::2] == rank0 and one[1::2] == rank1
+    assert all(len(batch) == 4 for batch in one)  # the token budget of every micro-batch stays
+    for u in range(4):
+        sources = [source for batch in one[2 * u : 2 * u + 2] for _, source, _ in batch]
+        assert sources.count(DOMAIN) == 4 and sources.count(1) == 2 and sources.count(2) == 2
+    plain = _take(StageMicroBatches(size=40, micro=4, seed=5, stage=1), 8)
+    assert [b[: sum(s == DOMAIN for _, s, _ in b)] for b in one] == [
+        p[: sum(s == DOMAIN for _, s, _ in b)] for p, b in zip(plain, one, strict=True)
+    ]  # the domain's own chunks are the replay-free stream's, cut short
+
+
+def test_replay_options_are_checked():
+    with pytest.raises(DapbenchError, match="leaves no chunk of the current domain"):
+        ReplayConfig(general=0.6, past=0.4)
+    with pytest.raises(DapbenchError):
+        ReplayConfig(general=-0.1)
+    with pytest.raises(DapbenchError):
+        ScheduleConfig(name="triangle")
+
+
+def test_the_general_heldout_text_never_enters_a_replay_batch(tiny_config):
+    """By construction the pool is ``general_corpus``; shown here by every replayed chunk of a stage."""
+    from benchmark.data.corpora import load_heldout_text
+    from benchmark.data.inputs import prepare_data
+    from benchmark.data.sampling import stage_stream
+    from benchmark.engine.stages import replay_pools
+
+    config = apply_overrides(tiny_config, ["replay.general=0.5"])
+    data = prepare_data(config)
+    cache = Path(config.work_dir) / "cache"
+    heldout, _ = load_heldout_text("general", config.general_heldout, data.tokenizer, config.dap.seq_len, cache)
+    parts = type("Parts", (), {"config": config, "data": data})()
+    probe = type("Probe", (), {"training_chunks": lambda self: _general_chunks(config, data, cache)})()
+    pools = replay_pools(parts, 0, probe)
+    (share, pool), plan = pools[0], ReplayPlan((0.5,), (len(pools[0][1]),), 4, 2)
+    assert share == 0.5
+    stream = stage_stream(data.training_set([0]), data.tokenizer, 4, 0.15, 3, 0, 0, 1, replay=(plan, (pool,)))
+    heldout_rows = {tuple(row["input_ids"].tolist()) for row in heldout}
+    pool_rows = {tuple(row["input_ids"].tolist()) for row in pool}
+    replayed = 0
+    for _, batch in itertools.islice(iter(stream), 6):
+        for row in batch["input_ids"][-2:]:  # the last 2 of every micro-batch of 4 are replayed
+            original = tuple(torch.where(row == data.tokenizer.mask_token_id, -1, row).tolist())
+            assert not any(_matches(original, h) for h in heldout_rows)
+            assert any(_matches(original, p) for p in pool_rows)
+            replayed += 1
+    assert replayed == 12
+
+
+def _general_chunks(config, data, cache):
+    from benchmark.data.corpora import load_heldout_text
+
+    return load_heldout_text("general-train", config.general_corpus, data.tokenizer, config.dap.seq_len, cache)[0]
+
+
+def _matches(masked: tuple[int, ...], row: tuple[int, ...]) -> bool:
+    """Whether a masked row (masked and randomly replaced tokens aside) is ``row``: at least 70% of positions equal."""
+    return sum(a == b for a, b in zip(masked, row, strict=True)) >= 0.7 * len(row)
+
+
+def test_replay_of_the_heldout_text_and_replay_without_a_past_are_refused(tiny_config):
+    from benchmark.preflight import check_recipe
+
+    same = dataclasses.replace(tiny_config, general_corpus=tiny_config.general_heldout)
+    with pytest.raises(DapbenchError, match="general held-out text"):
+        check_recipe(apply_overrides(same, ["replay.general=0.1"]))
+    with pytest.raises(DapbenchError, match="does not pre-train"):
+        check_recipe(dataclasses.replace(apply_overrides(tiny_config, ["replay.past=0.1"]), methods=("none",)))
+    with pytest.raises(DapbenchError, match="no past to replay"):
+        check_recipe(dataclasses.replace(apply_overrides(tiny_config, ["replay.past=0.1"]), methods=("one",)))
+    check_recipe(dataclasses.replace(apply_overrides(tiny_config, ["replay.past=0.1"]), methods=("ncl", "das")))
+
+
+def _formula(name: str, s: int, t: int, n: int, domains: int, warmup_ratio: float, floor: float, decay: float):
+    """Each schedule's factor of lr at update ``s`` of domain ``t`` (``benchmark.engine.recipe``'s docstring)."""
+    if name == "global":
+        s, n = t * n + s, domains * n
+    w = int(warmup_ratio * n)
+    if name == "per_domain_linear":
+        return s / max(1, w) if s < w else max(0.0, (n - s) / max(1, n - w))
+    if name in ("rewarm_cosine", "global"):
+        return s / max(1, w) if s < w else floor + (1 - floor) * (1 + math.cos(math.pi * (s - w) / max(1, n - w))) / 2
+    d = int(decay * n)
+    if s < w:
+        return floor + (1 - floor) * s / max(1, w)
+    if s < n - d:
+        return 1.0
+    return floor + (1 - floor) * (1 - (s - (n - d)) / max(1, d))
+
+
+@pytest.mark.parametrize("name", ["per_domain_linear", "rewarm_cosine", "global", "wsd"])
+def test_each_schedule_follows_its_formula_at_every_update(name):
+    dap = DapConfig(lr=3e-4, warmup_ratio=0.1)
+    schedule = ScheduleConfig(name=name, min_lr_ratio=0.1, decay_fraction=0.25)
+    curve = learning_rate_curve(dap, schedule, [40, 40, 40])
+    expected = [
+        3e-4 * _formula(name, s, t, 40, 3, 0.1, 0.1, 0.25) for t in range(3) for s in range(40)
+    ]  # fmt: skip
+    assert curve == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    if name == "global":
+        assert curve[40] < curve[39] and curve[0] == 0  # no re-warming at a domain's start
+    else:
+        assert curve[40] == curve[0]  # every domain starts its schedule again
+
+
+def _cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "benchmark.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=900)  # fmt: skip
+
+
+def test_recipe_options_label_the_row_enter_the_id_and_leave_defaults_ids_alone(tiny_config, tmp_path):
+    from benchmark.api import planned_run_ids
+
+    default = planned_run_ids(tiny_config)
+    spelled = planned_run_ids(apply_overrides(tiny_config, ["replay.general=0", "schedule.name=per_domain_linear"]))
+    replayed = planned_run_ids(apply_overrides(tiny_config, ["replay.general=0.05"]))
+    assert default == spelled and not set(default.values()) & set(replayed.values())
+
+
+def test_a_run_with_replay_and_a_schedule_records_them(world_root, tiny_model, tmp_path):
+    args = ["run", "--profile", "synthetic", "--model", str(tiny_model), "--data-root", str(world_root)]
+    args += ["--general-heldout", str(world_root / "general_heldout.txt"), "--sequence", "alpha,beta"]
+    args += ["--methods", "ncl", "--seeds", "1", "--output-dir", str(tmp_path), "--quiet"]
+    for setting in ("dap.steps=4", "dap.per_device_batch_size=16", "finetune.default_epochs=1",
+                    f"general_corpus={world_root / 'general.txt'}", "replay.general=0.25", "replay.past=0.25",
+                    "schedule.name=wsd"):  # fmt: skip
+        args += ["--set", setting]
+    result = _cli(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (path,) = (tmp_path / "results" / "synthetic").glob("ncl-*.json")
+    record = json.loads(path.read_text())
+    assert record["method_label"] == "ncl[replay.general=0.25,replay.past=0.25,schedule.name=wsd]"
+    assert record["config"]["replay"] == {"general": 0.25, "past": 0.25}
+    assert record["config"]["schedule"]["name"] == "wsd" and record["comparison_role"] is None
+    assert "ncl[replay.general=0.25" in (tmp_path / "leaderboard.md").read_text()
+
+
+def test_tensorboard_event_files_hold_every_update_and_the_stage_results(world_root, tiny_model, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = ["run", "--profile", "synthetic", "--model", str(tiny_model), "--data-root", str(world_root)]
+    args += ["--general-heldout", str(world_root / "general_heldout.txt"), "--sequence", "alpha,beta"]
+    args += ["--methods", "ncl", "--seeds", "1", "--output-dir", str(tmp_path), "--quiet", "--report-to"]
+    args += ["tensorboard", "--set", "dap.steps=4", "--set", "finetune.default_epochs=1"]
+    result = _cli(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (record_path,) = (tmp_path / "results" / "synthetic").glob("ncl-*.json")
+    record = json.loads(record_path.read_text())
+    (run_dir,) = (tmp_path / "tracking").iterdir()
+    assert run_dir.name == record["run_id"]
+    events = EventAccumulator(str(run_dir)).Reload()
+    scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert [step for step, _ in scalars["dap/mlm"]] == list(range(1, 9))  # every update of both domains
+    assert [step for step, _ in scalars["dap/lr"]] == list(range(1, 9)) and scalars["dap/lr"][0][1] >= 0
+    logged = [value for step, value in scalars["dap/mlm"] if step in (2, 4)]
+    assert logged and all(math.isfinite(v) for v in logged)
+    losses = record["mlm_loss"]["after_domain"]
+    assert scalars["heldout/alpha"][-1][1] == pytest.approx(losses[-1]["alpha"], abs=1e-5)
+    assert any(tag.startswith("end_task/") for tag in scalars) and any(tag.startswith("final/") for tag in scalars)
+
+
+def test_a_records_learning_rate_curve_is_its_schedule_and_plots(tmp_path):
+    from benchmark.api import learning_rates, plot_learning_rates
+    from benchmark.config import RunConfig, spelled_config
+
+    (path,) = (REPO / "results" / "ci").glob("ncl-*.json")
+    record = json.loads(path.read_text())
+    config = RunConfig.from_dict(spelled_config(record["config"]))
+    steps, domains = config.dap.steps, len(record["sequence"])
+    rates = learning_rates(record)
+    assert len(rates) == steps * domains and rates[:steps] == rates[steps : 2 * steps]  # re-warmed per domain
+    assert rates == pytest.approx([config.dap.lr * _formula("per_domain_linear", s, t, steps, domains, 0.1, 0, 0)
+                                   for t in range(domains) for s in range(steps)])  # fmt: skip
+    out = plot_learning_rates([path], tmp_path / "lr.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
