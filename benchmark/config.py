@@ -291,8 +291,10 @@ def _section_from_dict(section: type, name: str, data: Any):
 def _mini() -> RunConfig:
     """The measured mini leaderboard: real data, the small shared model, budgets that fit a 2-core CPU.
 
-    Every registered method x six domains x 3 seeds with ``--matrix full`` is sized to about three hours on
-    2 CPU cores (README, "The mini leaderboard"). Full fine-tuning does not fit that: the small model needs
+    One method x six domains x one seed with ``--matrix full`` takes 12 (no DAP) to 37 minutes (DER++) with two runs
+    sharing 2 CPU cores (measured): most of it is the held-out evaluation, 512 chunks per set after every domain,
+    sized so that the evaluation sample's own error is small against method differences (docs/protocol.md).
+    Full fine-tuning does not fit such a budget: the small model needs
     about 60 updates of 16 examples at lr 3e-4 per end task to leave the majority class (measured), and a
     full matrix is 21 fine-tunes per method and seed. So end tasks are scored with a linear probe on frozen
     features (500 train / 300 test examples per task), which the base model already lifts above the

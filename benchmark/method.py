@@ -253,6 +253,11 @@ class ContinualMethod(MethodDeclaration):
 
         return classifier_from_checkpoint(ctx.checkpoint_dir, ctx.num_labels)
 
+    def finetune_report(self, model: nn.Module) -> dict[str, Any]:
+        """JSON-ready facts about the model ``finetune_model`` returned, after its end task was scored (e.g. a learned
+        mixing); kept per cell ``t/k`` in the record's ``finetune_reports`` when not empty."""
+        return {}
+
     def domain_report(self) -> dict[str, Any]:
         """JSON-ready facts about the method's state after a domain (kept small: summaries, not tensors);
         stored per domain in the run record and plotted by ``dapbench report``."""

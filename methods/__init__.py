@@ -19,4 +19,5 @@ BUILTIN_METHODS: dict[str, str] = {
     "prompt_one": "methods.prompt_one:PromptONE",
     "hat": "methods.hat:HAT",
     "hat_all": "methods.hat_all:HATAll",
+    "domix": "methods.domix:DoMIX",
 }

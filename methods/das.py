@@ -49,6 +49,13 @@ the same units at the same optimizer state. ``other_params=freeze`` keeps the pa
 owns (embeddings and the tied decoder, LayerNorms, the MLM head) out of DAP training; the paper and
 the reference train them freely (``train``).
 
+On a decoder (GPT-2, Llama/Qwen style) the same algorithm runs on the decoder's units: the query heads (under
+grouped-query attention a key/value head takes the smallest keep, 1 - I, of the query heads that read it) and the
+FFN neurons (a gated MLP's gate and up rows and down column together). The MLM loss is the next-token loss, the
+importance of a domain is its gradient through the unit gates, and the dropout views of the contrastive loss and
+the KL proxy use attention dropout 0.1 where the decoder's config has none (``methods/_shared/dropout.py``), so the
+two views differ as the paper's encoder views do.
+
 Not reproduced: the reference leaks the importance pass's parameter gradients into the first
 update (negligible, and zero with its KL proxy) and trains past its last step with LR 0 (same
 weights). Ablation presets (``ablation=``): ``no_init`` (no general-knowledge importance),
@@ -83,7 +90,7 @@ from methods._shared.softmask import (
     accumulate_importance,
     damping_by_importance,
     importance_histogram,
-    keep_factor,
+    mask_gradient,
     masked_tensors,
     normalize_importance,
     shuffle_within_layers,
@@ -208,9 +215,9 @@ class DAS(ContinualMethod):
     version: ClassVar[int] = 2
     """2: the reference's KL proxy and normalisation as the reference computes them (rounding noise, no epsilon)."""
     multi_process: ClassVar[bool] = True
-    fsdp_refusal: ClassVar[str] = (
-        "its soft masks scale per-unit slices of whole gradients, and its importance is taken over whole parameters"
-    )
+    fsdp_refusal: ClassVar[str] = ""
+    """Sharded training works: importance is computed on the whole model before and after a domain's updates, and
+    the soft masks scale each process's shard of a gradient (or update) by its part of the per-unit factor."""
     config_cls: ClassVar[type[MethodConfig]] = DASConfig
     studies: ClassVar[dict] = {
         "importance-similarity": importance_study.similarity_study,
@@ -375,8 +382,7 @@ class DAS(ContinualMethod):
             self._before_step = [t.param.detach().clone() for t in self._masked_tensors(model)]
             return
         for tensor in self._masked_tensors(model):
-            if tensor.param.grad is not None:
-                tensor.param.grad.mul_(keep_factor(tensor, importance).to(tensor.param.grad.dtype))
+            mask_gradient(tensor, importance)
 
     def after_optimizer_step(self, ctx: StepContext) -> None:
         """Scale the step just taken (``mask_target=update``); at the domain's last step, measure the damping."""

@@ -227,3 +227,19 @@ def test_a_records_learning_rate_curve_is_its_schedule_and_plots(tmp_path):
                                    for t in range(domains) for s in range(steps)])  # fmt: skip
     out = plot_learning_rates([path], tmp_path / "lr.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_replay_and_a_schedule_run_on_a_decoder(world_root, tiny_llama, tmp_path):
+    """The recipe options work for causal LMs too: the general pool is packed as the decoder's text is."""
+    args = ["run", "--profile", "synthetic", "--model", str(tiny_llama), "--data-root", str(world_root)]
+    args += ["--general-heldout", str(world_root / "general_heldout.txt"), "--sequence", "alpha,beta"]
+    args += ["--methods", "ncl", "--seeds", "1", "--output-dir", str(tmp_path), "--quiet"]
+    for setting in ("dap.steps=4", "dap.per_device_batch_size=16", "finetune.default_epochs=1",
+                    f"general_corpus={world_root / 'general.txt'}", "replay.general=0.25", "replay.past=0.25",
+                    "schedule.name=rewarm_cosine"):  # fmt: skip
+        args += ["--set", setting]
+    result = _cli(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (path,) = (tmp_path / "results" / "synthetic").glob("ncl-*.json")
+    record = json.loads(path.read_text())
+    assert record["model_kind"] == "causal" and record["method_label"].startswith("ncl[replay.general=0.25")

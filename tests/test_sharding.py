@@ -15,8 +15,9 @@ from benchmark.records.reproduce import Tolerance, compare_records
 from benchmark.registry import default_registry
 
 REPO = Path(__file__).resolve().parents[1]
-SHARDED = ("ncl", "ewc")
-"""The naive baseline and a method with a per-parameter hook (EWC's penalty on the shards each process holds)."""
+SHARDED = ("ncl", "ewc", "das")
+"""The naive baseline, a method with a per-parameter hook (EWC's penalty on the shards each process holds) and a
+per-unit method (DAS: importance on the whole model, soft masks on each process's shard of the gradients)."""
 TOLERANCE = Tolerance(score=0.0, loss=1e-5, drift=1e-5, report=1e-5)
 """Sharded against unsharded: reduce-scatter sums in another order than one process accumulating, so held-out
 losses and logs within one rounding unit of the record (1e-5), end-task scores identical."""
@@ -57,10 +58,10 @@ def test_methods_whose_hooks_need_whole_parameters_are_refused_by_name(world_roo
     from benchmark.cli import main
 
     refused = sorted(n for n in default_registry().names() if default_registry().get(n).fsdp_refusal)
-    assert {"das", "hat", "kd"} <= set(refused)
+    assert {"hat", "kd"} <= set(refused) and not {"ncl", "ewc", "das"} & set(refused)
     args = _args(world_root, tiny_model, tmp_path, "dap.sharding=fsdp")[2:]
-    args[args.index("--methods") + 1] = "ncl,das"
+    args[args.index("--methods") + 1] = "ncl,hat"
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "method 'das' cannot train with dap.sharding=fsdp: its soft masks scale per-unit slices" in err
+    assert "method 'hat' cannot train with dap.sharding=fsdp: its gradient blocking scales per-unit slices" in err
     assert not (tmp_path / "results").exists()

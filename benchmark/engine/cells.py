@@ -41,22 +41,27 @@ class EndTaskRunner:
             model = p.method.finetune_model(ctx).to(p.accelerator.device)
             with error_context(f"{p.where}, checkpoint after domain {t}, end task {task.name}"):
                 result = evaluate_end_task(model, task, p.data.tokenizer, p.config.finetune, seed, p.accelerator)
-            atomic_write_json(p.layout.finetune_cell(row_key, k), {"row": t, "task": task.name, **result})
+            report = p.method.finetune_report(model)
+            cell = {"row": t, "task": task.name, **result, **({"method_report": report} if report else {})}
+            atomic_write_json(p.layout.finetune_cell(row_key, k), cell)
             if p.tracker is not None:
                 p.tracker.log_values(f"end_task/{task.name}/after_{t}", result)
             on_cell_done()
         acc.wait_for_everyone()  # every cell of the row is on disk before anyone reads the matrix or trains on
 
-    def matrices(self) -> tuple[dict[str, list[list[float | None]]], dict[str, list[int]]]:
-        """A[t][k] per score from the finished cells (None where the matrix mode skips a cell), and each cell's
-        test predictions keyed ``t/k`` (what the report bootstraps the test sample over)."""
+    def matrices(self) -> tuple[dict[str, list[list[float | None]]], dict[str, list[int]], dict[str, dict]]:
+        """A[t][k] per score from the finished cells (None where the matrix mode skips a cell), each cell's test
+        predictions keyed ``t/k`` (what the report bootstraps the test sample over) and the method's reports on the
+        cells' fine-tuned models (``finetune_report``; empty for most methods)."""
         p, size = self.parts, len(self.parts.data.domains)
         out: dict[str, list[list[float | None]]] = {m: [[None] * size for _ in range(size)] for m in SCORES}
-        predictions = {}
+        predictions, reports = {}, {}
         for t in p.schedule.stages():
             for k in p.schedule.row_tasks(t):
                 cell = read_json(p.layout.finetune_cell(p.schedule.row_key(t), k), "fine-tune result")
                 for metric in out:
                     out[metric][t][k] = cell[metric]
                 predictions[f"{t}/{k}"] = cell["predictions"]
-        return out, predictions
+                if "method_report" in cell:
+                    reports[f"{t}/{k}"] = cell["method_report"]
+        return out, predictions, reports

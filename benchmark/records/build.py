@@ -43,11 +43,11 @@ def build_record(
     ``cells`` the matrices A[t][k] per score and each cell's test predictions."""
     import dataclasses
 
-    caps, (matrices, predictions) = method.capabilities, cells
+    caps, (matrices, predictions, reports) = method.capabilities, cells
     after_domain = [None if s is None else s["mlm_loss"] for s in stage_stats]
     chunk_rows = [None if s is None else s["mlm_loss_chunks"] for s in stage_stats]
     present = [{k: v for k, v in s.items() if k != "mlm_loss_chunks"} for s in stage_stats if s is not None]
-    return {
+    record: RunRecord = {
         "schema": SCHEMA_VERSION,
         "run_id": run_id,
         "status": "complete",
@@ -82,6 +82,9 @@ def build_record(
         "environment": environment,
         "data_checksums": data.checksums,
     }
+    if reports:  # only methods that report on their fine-tuned models carry the field
+        record["finetune_reports"] = reports
+    return record
 
 
 def _identity_block(identity) -> RunIdentityBlock:

@@ -90,6 +90,7 @@ KIND_RULES = (
     ("domains/*/representation/*", "drift"),
     ("domains/*/mlm_loss/*", "loss"),
     ("domains/*/method_report/*", "report"),
+    ("finetune_reports/*", "report"),
     ("domains/*/loss_log/*/step", "exact"),
     ("domains/*/loss_log/*", "loss"),
     ("domains/*/steps", "exact"),

@@ -25,7 +25,7 @@ Schema history:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from benchmark.config import shared_root
 
@@ -153,9 +153,15 @@ class RunRecord(TypedDict):
     environment: dict[str, Any]
     data_checksums: dict[str, str]
     """Content checksums of every input (``corpus/<domain>``, ``task/<task>``, ``model``, ...)."""
+    finetune_reports: NotRequired[dict[str, dict[str, Any]]]
+    """Per cell ``t/k``: what the method reports about its fine-tuned model (DoMIX's learned bridge); present only
+    for methods that report something."""
 
 
-REQUIRED = tuple(RunRecord.__annotations__)
+OPTIONAL = ("finetune_reports",)
+"""Fields only some records carry (declared ``NotRequired``; the annotations are strings here, so named again)."""
+
+REQUIRED = tuple(name for name in RunRecord.__annotations__ if name not in OPTIONAL)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -66,6 +66,15 @@ def activate_adapter(model: nn.Module, name: str) -> None:
             module.set_adapter(name)
 
 
+def activate_adapters(model: nn.Module, names: list[str]) -> None:
+    """Route every adapted layer through the adapters ``names`` together (their outputs summed)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for module in model.modules():
+        if isinstance(module, BaseTunerLayer):
+            module.set_adapter(list(names))
+
+
 def adapter_parameters(model: nn.Module, name: str) -> list[tuple[str, nn.Parameter]]:
     """The named parameters of adapter ``name``."""
     return [(n, p) for n, p in model.named_parameters() if ".lora_" in n and f".{name}." in n]

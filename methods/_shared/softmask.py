@@ -173,6 +173,32 @@ def keep_factor(tensor: MaskedTensor, importance: dict[str, torch.Tensor]) -> to
     return tensor.factor(keep).to(device=tensor.param.device, dtype=tensor.param.dtype)
 
 
+def local(value: torch.Tensor) -> torch.Tensor:
+    """What this process holds of ``value``: its shard under FSDP (a view: in-place changes reach the parameter),
+    else ``value`` itself."""
+    from benchmark.engine.sharding import is_sharded
+
+    return value.to_local() if is_sharded(value) else value
+
+
+def local_keep(tensor: MaskedTensor, importance: dict[str, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """:func:`keep_factor` for what this process holds of ``like`` (the parameter or its gradient): the broadcast
+    factor, or under FSDP the part of the full factor that lies on this process's shard."""
+    from benchmark.engine.sharding import is_sharded, local_part
+
+    factor = keep_factor(tensor, importance)
+    if not is_sharded(like):
+        return factor
+    return local_part(factor.expand(like.shape).contiguous(), like)
+
+
+def mask_gradient(tensor: MaskedTensor, importance: dict[str, torch.Tensor]) -> None:
+    """Multiply the tensor's gradient (this process's shard of it under FSDP) by (1 - importance) of its units."""
+    grad = tensor.param.grad
+    if grad is not None:
+        local(grad).mul_(local_keep(tensor, importance, grad).to(grad.dtype))
+
+
 def soft_mask_gradients(
     layers: list[LayerModules],
     importance: dict[str, torch.Tensor],
@@ -184,8 +210,7 @@ def soft_mask_gradients(
     """Multiply gradients in place by (1 - importance) of the units they belong to (see
     :func:`masked_tensors` for which slices those are)."""
     for tensor in masked_tensors(layers, tuple(importance), head_dim, qkv_axis, mask_attn_out_bias, down_columns):
-        if tensor.param.grad is not None:
-            tensor.param.grad.mul_(keep_factor(tensor, importance).to(tensor.param.grad.dtype))
+        mask_gradient(tensor, importance)
 
 
 def soft_mask_updates(
@@ -194,7 +219,8 @@ def soft_mask_updates(
     """Scale the step the optimizer just took by (1 - importance): theta = before + keep * (theta - before)."""
     with torch.no_grad():
         for tensor, old in zip(tensors, before, strict=True):
-            tensor.param.copy_(torch.lerp(old, tensor.param, keep_factor(tensor, importance)))
+            param = local(tensor.param)
+            param.copy_(torch.lerp(local(old), param, local_keep(tensor, importance, tensor.param)))
 
 
 def adam_update_magnitudes(
@@ -227,6 +253,13 @@ def adam_update_magnitudes(
     return torch.where(keep > 0, taken, torch.zeros_like(taken)), unmasked
 
 
+def _whole(value: torch.Tensor) -> torch.Tensor:
+    """The full tensor of a sharded optimizer state (gathered from every process: all call this in one order)."""
+    from benchmark.engine.sharding import is_sharded
+
+    return value.full_tensor() if is_sharded(value) else value
+
+
 def importance_histogram(importance: dict[str, torch.Tensor], bins: int = IMPORTANCE_BINS) -> dict[str, list[int]]:
     """Unit counts per equal-width importance bin of [0, 1], per unit type."""
     return {
@@ -253,8 +286,8 @@ def damping_by_importance(
             continue
         group = settings[id(tensor.param)]
         taken, unmasked = adam_update_magnitudes(
-            state["exp_avg"].float(),
-            state["exp_avg_sq"].float(),
+            _whole(state["exp_avg"]).float(),
+            _whole(state["exp_avg_sq"]).float(),
             int(state["step"]),
             group["betas"][1],
             group["eps"],
