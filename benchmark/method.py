@@ -211,8 +211,8 @@ class ContinualMethod(MethodDeclaration):
     """Base class of every method: the hooks the runner calls. Every hook has a no-op default, so NCL is the
     empty subclass. Per stage: ``setup`` (on every model load: fresh, checkpoint, fine-tune) ->
     ``load_state_dict`` -> ``before_domain`` -> per update [``training_loss`` -> ``after_backward`` ->
-    ``after_optimizer_step``] -> ``after_domain`` -> ``domain_report`` -> ``heldout_view`` -> ``state_dict``;
-    then per end task ``finetune_model``."""
+    ``after_optimizer_step``] -> ``after_domain`` -> ``domain_report`` -> ``heldout_view`` -> ``state_dict``; then
+    per end task ``finetune_model`` -> ``finetune_report``."""
 
     def setup(self, model: nn.Module) -> nn.Module:
         """Modify the freshly loaded model once (gates, adapters, prompts) and return the model to train."""
@@ -242,9 +242,8 @@ class ContinualMethod(MethodDeclaration):
 
     @contextlib.contextmanager
     def heldout_view(self, model: nn.Module, domain_index: int | None) -> Iterator[None]:
-        """Inside the block ``model`` is as it is evaluated on held-out text of domain ``domain_index``
-        (None: general text) after the current domain; the default leaves it as it is. A method whose
-        model depends on the domain (task masks) selects what it would use for that domain."""
+        """Inside the block ``model`` is as evaluated on held-out text of domain ``domain_index`` (None: general text)
+        after the current domain; a method whose model depends on the domain (task masks) selects that domain's."""
         yield
 
     def finetune_model(self, ctx: FinetuneContext) -> nn.Module:
@@ -254,8 +253,7 @@ class ContinualMethod(MethodDeclaration):
         return classifier_from_checkpoint(ctx.checkpoint_dir, ctx.num_labels)
 
     def finetune_report(self, model: nn.Module) -> dict[str, Any]:
-        """JSON-ready facts about the model ``finetune_model`` returned, after its end task was scored (e.g. a learned
-        mixing); kept per cell ``t/k`` in the record's ``finetune_reports`` when not empty."""
+        """Facts about ``finetune_model``'s model after scoring (record: ``finetune_reports[t/k]`` if not empty)."""
         return {}
 
     def domain_report(self) -> dict[str, Any]:

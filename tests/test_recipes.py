@@ -171,18 +171,23 @@ def test_recipe_options_label_the_row_enter_the_id_and_leave_defaults_ids_alone(
     assert default == spelled and not set(default.values()) & set(replayed.values())
 
 
-def test_a_run_with_replay_and_a_schedule_records_them(world_root, tiny_model, tmp_path):
-    args = ["run", "--profile", "synthetic", "--model", str(tiny_model), "--data-root", str(world_root)]
+def _replayed_ncl_record(world_root: Path, model: Path, out: Path, schedule: str) -> dict:
+    """The record of a synthetic NCL run with 25% general and 25% past replay under ``schedule``."""
+    args = ["run", "--profile", "synthetic", "--model", str(model), "--data-root", str(world_root)]
     args += ["--general-heldout", str(world_root / "general_heldout.txt"), "--sequence", "alpha,beta"]
-    args += ["--methods", "ncl", "--seeds", "1", "--output-dir", str(tmp_path), "--quiet"]
+    args += ["--methods", "ncl", "--seeds", "1", "--output-dir", str(out), "--quiet"]
     for setting in ("dap.steps=4", "dap.per_device_batch_size=16", "finetune.default_epochs=1",
                     f"general_corpus={world_root / 'general.txt'}", "replay.general=0.25", "replay.past=0.25",
-                    "schedule.name=wsd"):  # fmt: skip
+                    f"schedule.name={schedule}"):  # fmt: skip
         args += ["--set", setting]
     result = _cli(*args)
     assert result.returncode == 0, result.stderr[-3000:]
-    (path,) = (tmp_path / "results" / "synthetic").glob("ncl-*.json")
-    record = json.loads(path.read_text())
+    (path,) = (out / "results" / "synthetic").glob("ncl-*.json")
+    return json.loads(path.read_text())
+
+
+def test_a_run_with_replay_and_a_schedule_records_them(world_root, tiny_model, tmp_path):
+    record = _replayed_ncl_record(world_root, tiny_model, tmp_path, "wsd")
     assert record["method_label"] == "ncl[replay.general=0.25,replay.past=0.25,schedule.name=wsd]"
     assert record["config"]["replay"] == {"general": 0.25, "past": 0.25}
     assert record["config"]["schedule"]["name"] == "wsd" and record["comparison_role"] is None
@@ -231,15 +236,5 @@ def test_a_records_learning_rate_curve_is_its_schedule_and_plots(tmp_path):
 
 def test_replay_and_a_schedule_run_on_a_decoder(world_root, tiny_llama, tmp_path):
     """The recipe options work for causal LMs too: the general pool is packed as the decoder's text is."""
-    args = ["run", "--profile", "synthetic", "--model", str(tiny_llama), "--data-root", str(world_root)]
-    args += ["--general-heldout", str(world_root / "general_heldout.txt"), "--sequence", "alpha,beta"]
-    args += ["--methods", "ncl", "--seeds", "1", "--output-dir", str(tmp_path), "--quiet"]
-    for setting in ("dap.steps=4", "dap.per_device_batch_size=16", "finetune.default_epochs=1",
-                    f"general_corpus={world_root / 'general.txt'}", "replay.general=0.25", "replay.past=0.25",
-                    "schedule.name=rewarm_cosine"):  # fmt: skip
-        args += ["--set", setting]
-    result = _cli(*args)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (path,) = (tmp_path / "results" / "synthetic").glob("ncl-*.json")
-    record = json.loads(path.read_text())
+    record = _replayed_ncl_record(world_root, tiny_llama, tmp_path, "rewarm_cosine")
     assert record["model_kind"] == "causal" and record["method_label"].startswith("ncl[replay.general=0.25")

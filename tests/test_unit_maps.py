@@ -81,31 +81,31 @@ def test_a_gpt2_head_owns_its_slice_of_each_fused_third_and_its_projection_rows(
 
 @pytest.mark.parametrize("build", [llama, gpt2])
 def test_gating_a_head_to_zero_equals_removing_its_output_columns(build):
-    model = build().eval()
-    ids = torch.randint(0, 40, (2, 9))
-    gates = {"head": torch.ones(2, 4)}
-    gates["head"][0, 1] = 0
-    with torch.no_grad(), gated(model, gates):
-        gated_logits = model(input_ids=ids).logits
-    layer = layer_modules(model)[0]
-    with torch.no_grad():
-        weight = layer.attn_out.weight
+    def remove(layer):
         if type(layer.attn_out).__name__ == "Conv1D":
-            weight[4:8] = 0
+            layer.attn_out.weight[4:8] = 0
         else:
-            weight[:, 4:8] = 0
-        removed = model(input_ids=ids).logits
+            layer.attn_out.weight[:, 4:8] = 0
+
+    gated_logits, removed = _gated_and_removed(build().eval(), "head", 4, 1, remove)
     assert torch.allclose(gated_logits, removed, atol=1e-6)
 
 
-def test_gating_a_gated_mlp_unit_to_zero_equals_removing_its_down_column():
-    model = llama().eval()
+def _gated_and_removed(model, unit: str, width: int, index: int, remove):
+    """Logits with unit ``index`` of the first layer gated to 0, and with ``remove(first layer)`` applied instead."""
     ids = torch.randint(0, 40, (2, 9))
-    gates = {"intermediate": torch.ones(2, 12)}
-    gates["intermediate"][0, 7] = 0
+    gates = {unit: torch.ones(2, width)}
+    gates[unit][0, index] = 0
     with torch.no_grad(), gated(model, gates):
         gated_logits = model(input_ids=ids).logits
     with torch.no_grad():
-        layer_modules(model)[0].output.weight[:, 7] = 0
-        removed = model(input_ids=ids).logits
+        remove(layer_modules(model)[0])
+        return gated_logits, model(input_ids=ids).logits
+
+
+def test_gating_a_gated_mlp_unit_to_zero_equals_removing_its_down_column():
+    def remove(layer):
+        layer.output.weight[:, 7] = 0
+
+    gated_logits, removed = _gated_and_removed(llama().eval(), "intermediate", 12, 7, remove)
     assert torch.allclose(gated_logits, removed, atol=1e-6)

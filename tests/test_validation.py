@@ -105,6 +105,9 @@ def _rewrite_jsonl(path: Path, change) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+ESCAPE = f"dapbench-escape-{os.getpid()}"
+"""Where a domain named like a path would write if it were not refused (unique per test process)."""
+
 DATA_CASES = {
     "a label that is a list": (
         lambda w: _rewrite_jsonl(w / "alpha_train.jsonl", lambda r: r[0].update(label=["L0"])),
@@ -125,7 +128,7 @@ DATA_CASES = {
     ),
     "a domain named like a path": (
         lambda w: (w / "dapbench_suite.yaml").write_text(
-            (w / "dapbench_suite.yaml").read_text().replace("  alpha:", "  ../../../tmp/x:", 1)
+            (w / "dapbench_suite.yaml").read_text().replace("  alpha:", f"  ../../../tmp/{ESCAPE}:", 1)
         ),
         "cannot name a file",
     ),
@@ -141,7 +144,7 @@ def test_bad_data_is_refused_by_name_before_any_work(case, world_root, tiny_mode
     assert main(_args(world, tiny_model, tmp_path / "out", *extra)) == 2
     assert message in capsys.readouterr().err
     _no_record(tmp_path / "out")
-    assert not Path("/tmp/x").exists() or case != "a domain named like a path"
+    assert not Path("/tmp", ESCAPE).exists() or case != "a domain named like a path"
 
 
 def test_repeated_example_ids_in_an_asc_json_file_are_refused(tmp_path):

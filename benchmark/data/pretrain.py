@@ -93,37 +93,30 @@ EOS = "<|endoftext|>"
 
 def _base_model(spec: BaseModelSpec, tokenizer):
     """A fresh model of the spec's kind sized to the tokenizer."""
+    sizes = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": spec.hidden_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "intermediate_size": spec.intermediate_size,
+        "max_position_embeddings": max(spec.seq_len, 64),
+    }
     if not spec.causal:
         from transformers import BertConfig, BertForMaskedLM
 
-        return BertForMaskedLM(
-            BertConfig(
-                vocab_size=len(tokenizer),
-                hidden_size=spec.hidden_size,
-                num_hidden_layers=spec.num_layers,
-                num_attention_heads=spec.num_heads,
-                intermediate_size=spec.intermediate_size,
-                max_position_embeddings=max(spec.seq_len, 64),
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        )
+        return BertForMaskedLM(BertConfig(**sizes, pad_token_id=tokenizer.pad_token_id))
     from transformers import LlamaConfig, LlamaForCausalLM
 
     eos = tokenizer.eos_token_id
     return LlamaForCausalLM(
         LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=spec.hidden_size,
-            num_hidden_layers=spec.num_layers,
-            num_attention_heads=spec.num_heads,
+            **sizes,
             num_key_value_heads=spec.kv_heads or spec.num_heads,
-            intermediate_size=spec.intermediate_size,
-            max_position_embeddings=max(spec.seq_len, 64),
             tie_word_embeddings=True,
             pad_token_id=eos,
             bos_token_id=eos,
             eos_token_id=eos,
-        )
+        )  # fmt: skip
     )
 
 

@@ -47,7 +47,7 @@ def build_record(
     after_domain = [None if s is None else s["mlm_loss"] for s in stage_stats]
     chunk_rows = [None if s is None else s["mlm_loss_chunks"] for s in stage_stats]
     present = [{k: v for k, v in s.items() if k != "mlm_loss_chunks"} for s in stage_stats if s is not None]
-    record: RunRecord = {
+    return {
         "schema": SCHEMA_VERSION,
         "run_id": run_id,
         "status": "complete",
@@ -81,10 +81,8 @@ def build_record(
         "domains": present,
         "environment": environment,
         "data_checksums": data.checksums,
+        **({"finetune_reports": reports} if reports else {}),  # only methods that report on fine-tuned models
     }
-    if reports:  # only methods that report on their fine-tuned models carry the field
-        record["finetune_reports"] = reports
-    return record
 
 
 def _identity_block(identity) -> RunIdentityBlock:
