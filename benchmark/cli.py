@@ -26,7 +26,12 @@ examples:
   dapbench run                                   # the offline synthetic world, a few minutes on a CPU
   dapbench run --profile mini --methods ncl,das --seeds 2021,111,222
   dapbench run --profile ci --methods ncl --sequence restaurant --output-dir out
+  dapbench run --profile mini --methods ncl --set replay.general=0.05 --set schedule.name=wsd
+  dapbench run --profile mini --methods domix,das --set finetune.protocol=finetune --report-to tensorboard
   dapbench run --profile paper --model roberta-base --data-root DATA --sequence seq0..seq4 --launcher local:4""",
+    "lr-curve": """\
+examples:
+  dapbench lr-curve dapbench-out/results/mini/ncl-*.json --output lr.png   # one line per record""",
     "report": """\
 examples:
   dapbench report                                # regenerate ./dapbench-out/leaderboard.md from its records
@@ -211,7 +216,7 @@ def _add_record_commands(command) -> None:
 
 
 def _add_run_arguments(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--profile", default="synthetic", help="synthetic (default), mini, ci or paper")
+    run.add_argument("--profile", default="synthetic", help="synthetic (default), mini, mini-causal, ci or paper")
     run.add_argument("--methods", help="comma-separated method names, any case, or all (default: the profile's)")
     run.add_argument("--model", help="hub id or local directory of the base model")
     run.add_argument("--data-root", help="the paper's data-release folder (or env DAPBENCH_DATA)")
@@ -313,7 +318,10 @@ def _print_outcome(records, config) -> None:
     print("", *run_summary(records, out), sep="\n")
     print(f"\nleaderboard: {out / 'leaderboard.md'}\nrecords:     {out / 'results' / config.profile}")
     if config.profile == "synthetic":
-        print("next: dapbench run --profile mini --methods ncl,das --seeds 2021,111,222   (real data, ~1 h per run)")
+        print(
+            "next: dapbench run --profile mini --methods ncl,das --seeds 2021,111,222"
+            "   (real data, 12-37 min per method and seed on 2 CPU cores)"
+        )
     else:
         print("next: more seeds (--seeds) or methods (dapbench list); dapbench reproduce RECORD re-derives a record")
 
