@@ -99,7 +99,7 @@ class HAT(ContinualMethod):
 
     name: ClassVar[str] = "hat"
     multi_process: ClassVar[bool] = True
-    fsdp_refusal: ClassVar[str] = "its gradient blocking scales per-unit slices of whole gradients"
+    fsdp_refusal: ClassVar[str] = ""
     config_cls: ClassVar[type[MethodConfig]] = HATConfig
     capabilities: ClassVar[Capabilities] = Capabilities(needs_domain_id_at_finetune=True)
     leaderboard_note: ClassVar[str] = (

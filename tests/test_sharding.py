@@ -15,9 +15,10 @@ from benchmark.records.reproduce import Tolerance, compare_records
 from benchmark.registry import default_registry
 
 REPO = Path(__file__).resolve().parents[1]
-SHARDED = ("ncl", "ewc", "das")
-"""The naive baseline, a method with a per-parameter hook (EWC's penalty on the shards each process holds) and a
-per-unit method (DAS: importance on the whole model, soft masks on each process's shard of the gradients)."""
+SHARDED = ("ncl", "ewc", "das", "hat")
+"""The naive baseline, a method with a per-parameter hook (EWC's penalty on the shards each process holds) and two
+per-unit methods (DAS: importance on the whole model, soft masks on each process's shard of the gradients; HAT:
+task embeddings outside the blocks, gradient blocking on each shard)."""
 TOLERANCE = Tolerance(score=0.0, loss=1e-5, drift=1e-5, report=1e-5)
 """Sharded against unsharded: reduce-scatter sums in another order than one process accumulating, so held-out
 losses and logs within one rounding unit of the record (1e-5), end-task scores identical."""
@@ -58,10 +59,10 @@ def test_methods_whose_hooks_need_whole_parameters_are_refused_by_name(world_roo
     from benchmark.cli import main
 
     refused = sorted(n for n in default_registry().names() if default_registry().get(n).fsdp_refusal)
-    assert {"hat", "kd"} <= set(refused) and not {"ncl", "ewc", "das"} & set(refused)
+    assert {"kd", "derpp"} <= set(refused) and not set(SHARDED) & set(refused)
     args = _args(world_root, tiny_model, tmp_path, "dap.sharding=fsdp")[2:]
-    args[args.index("--methods") + 1] = "ncl,hat"
+    args[args.index("--methods") + 1] = "ncl,kd"
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "method 'hat' cannot train with dap.sharding=fsdp: its gradient blocking scales per-unit slices" in err
+    assert "method 'kd' cannot train with dap.sharding=fsdp: its teacher is a whole copy of the model" in err
     assert not (tmp_path / "results").exists()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from benchmark.modeling import LayerModules, out_axis
-from methods._shared.softmask import soft_mask_gradients
+from methods._shared.softmask import scale_gradient, soft_mask_gradients
 
 
 def anneal_s(step: int, total_steps: int, smax: float) -> float:
@@ -62,8 +62,7 @@ def mask_hat_gradients(layers: list[LayerModules], previous: dict[str, torch.Ten
         out_mask = previous["output"][index]
         in_mask = previous["intermediate"][index] if "intermediate" in previous else torch.ones_like(out_mask[:1])
         weight, bias = layer.output.weight, layer.output.bias
-        if weight.grad is not None:
-            keep = 1 - torch.minimum(out_mask[:, None], in_mask[None, :])  # out x in
-            weight.grad.mul_((keep if out_axis(layer.output) == 0 else keep.T).to(weight.grad.dtype))
-        if bias is not None and bias.grad is not None:
-            bias.grad.mul_((1 - out_mask).to(bias.grad.dtype))
+        keep = 1 - torch.minimum(out_mask[:, None], in_mask[None, :])  # out x in
+        scale_gradient(weight, keep if out_axis(layer.output) == 0 else keep.T)
+        if bias is not None:
+            scale_gradient(bias, 1 - out_mask)

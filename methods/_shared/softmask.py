@@ -199,6 +199,18 @@ def mask_gradient(tensor: MaskedTensor, importance: dict[str, torch.Tensor]) -> 
         local(grad).mul_(local_keep(tensor, importance, grad).to(grad.dtype))
 
 
+def scale_gradient(param: torch.nn.Parameter, factor: torch.Tensor) -> None:
+    """Multiply ``param``'s gradient by ``factor`` (broadcastable to the whole parameter; under FSDP, the part of it
+    on this process's shard)."""
+    from benchmark.engine.sharding import is_sharded, local_part
+
+    grad = param.grad
+    if grad is None:
+        return
+    factor = factor.to(device=grad.device, dtype=grad.dtype)
+    local(grad).mul_(local_part(factor.expand(grad.shape).contiguous(), grad) if is_sharded(grad) else factor)
+
+
 def soft_mask_gradients(
     layers: list[LayerModules],
     importance: dict[str, torch.Tensor],
