@@ -215,6 +215,7 @@ def test_tensorboard_event_files_hold_every_update_and_the_stage_results(world_r
     assert logged and all(math.isfinite(v) for v in logged)
     losses = record["mlm_loss"]["after_domain"]
     assert scalars["heldout/alpha"][-1][1] == pytest.approx(losses[-1]["alpha"], abs=1e-5)
+    assert [step for step, _ in scalars["heldout/alpha"]] == [4, 8]  # at each stage's last update
     assert any(tag.startswith("end_task/") for tag in scalars) and any(tag.startswith("final/") for tag in scalars)
 
 

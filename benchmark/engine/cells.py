@@ -44,8 +44,7 @@ class EndTaskRunner:
             report = p.method.finetune_report(model)
             cell = {"row": t, "task": task.name, **result, **({"method_report": report} if report else {})}
             atomic_write_json(p.layout.finetune_cell(row_key, k), cell)
-            if p.tracker is not None:
-                p.tracker.log_values(f"end_task/{task.name}/after_{t}", result)
+            p.tracker.log_values(f"end_task/{task.name}/after_{t}", result)
             on_cell_done()
         acc.wait_for_everyone()  # every cell of the row is on disk before anyone reads the matrix or trains on
 

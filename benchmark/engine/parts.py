@@ -23,9 +23,9 @@ class RunParts:
     layout: RunLayout
     schedule: StageSchedule
     accelerator: Any
+    tracker: Any
+    """The run's :class:`~benchmark.engine.tracking.RunTracker` (its calls do nothing when no tracker is asked for)."""
     show_progress: bool = True
-    tracker: Any = None
-    """The run's :class:`~benchmark.engine.tracking.RunTracker`."""
 
     @property
     def where(self) -> str:

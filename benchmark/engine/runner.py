@@ -49,10 +49,9 @@ class ContinualRun:
             config, data, build_method(cls, config.method_options.get(method_name, {}), env), seed,
             RunLayout(Path(config.work_dir) / "runs" / self.run_id),
             StageSchedule(cls.capabilities, len(data.domains), config.dap.steps, config.matrix),
-            accelerator, show_progress,
+            accelerator, RunTracker(accelerator, config.report_to, self.run_id, config.to_dict()), show_progress,
         )  # fmt: skip
         p = self.parts
-        p.tracker = RunTracker(accelerator, config.report_to, self.run_id, config.to_dict())
         self.method, self.layout, self.schedule, self.seed = p.method, p.layout, p.schedule, p.seed
         self.models, self.base = StageModels(p), BaseEvaluation(p)
         self.stages, self.end_tasks = StageRunner(p, self.models, self.base), EndTaskRunner(p, self.models)

@@ -82,11 +82,6 @@ def replay_pools(p: RunParts, t: int, general: GeneralProbe) -> list[tuple[float
     return out
 
 
-def _track(p: RunParts, prefix: str, values: dict, step: int) -> None:
-    if p.tracker is not None:
-        p.tracker.log_values(prefix, values, step=step)
-
-
 def _stage_plan(p: RunParts, t: int, general: GeneralProbe):
     """Stage ``t``'s updates, schedule and replay pools."""
     s = p.schedule
@@ -117,7 +112,7 @@ class StageRunner:
         view = self._heldout_view(model)
         evaluation = heldout_evaluation(model, p.data.heldout_batches, device, view, p.accelerator)
         stats["mlm_loss"], stats["mlm_loss_chunks"] = evaluation.losses, evaluation.chunk_sums
-        _track(p, "heldout", evaluation.losses, (t + 1) * p.config.dap.steps)
+        p.tracker.log_values("heldout", evaluation.losses, step=p.schedule.step_offset(t) + p.schedule.updates())
         features = heldout_features(model, p.data.feature_batches(), device, view, p.accelerator)
         stats["representation"] = representation_drift(self.base.features(), features)
         stats["peak_memory_mb"] = peak_memory_mb()

@@ -71,11 +71,14 @@ def _apply_update(ctx: StepContext, step_module, scheduler, method: ContinualMet
     optimizer.zero_grad(set_to_none=True)
 
 
-def _logged_means(sums: dict[str, torch.Tensor], count: int, acc, what: str, step: int) -> dict[str, float]:
-    """The mean of each loss term since the last log entry, over every process's micro-batches (as in one)."""
+def _log_entry(sums: dict[str, torch.Tensor], count: int, acc, method: str, step: int, bar) -> dict:
+    """The log entry of the ``count`` updates since the last one: each loss term's mean over every process's
+    micro-batches (as in one), shown on the progress bar too."""
     if acc.num_processes > 1:
         sums = {k: acc.reduce(v, "mean") for k, v in sums.items()}
-    return finite_means(sums, count, what, step)
+    means = finite_means(sums, count, f"{method}: DAP loss term(s)", step)  # the loop's only host sync
+    bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})
+    return {"step": step, **{k: round(v, 5) for k, v in means.items()}}
 
 
 @dataclass
@@ -121,6 +124,7 @@ class DapTrainer:
         self, ctx: StepContext, step_module, scheduler, batches: Iterator[tuple[int, dict]], accum: int, desc: str
     ) -> list[dict]:
         model, acc, dap = ctx.model, self.accelerator, self.dap
+        tracking = self.tracker is not None and self.tracker.active
         sums: dict[str, torch.Tensor] = {}
         log: list[dict] = []
         last_logged, offset = 0, ctx.global_step
@@ -128,15 +132,14 @@ class DapTrainer:
         bar = tqdm(range(ctx.total_domain_steps), desc=desc, disable=not self.show_progress, leave=False)
         for step in bar:
             ctx.domain_step, ctx.global_step = step, offset + step
-            terms, lr = accumulate(ctx, step_module, batches, accum, self.seed, sums), scheduler.get_last_lr()[0]
+            terms = {} if tracking else None  # an update's own terms, kept only for a tracker (no work otherwise)
+            accumulate(ctx, step_module, batches, accum, self.seed, sums, terms)
+            lr = scheduler.get_last_lr()[0]  # the rate this update is taken at, before the schedule steps
             _apply_update(ctx, step_module, scheduler, self.method, dap.max_grad_norm)
-            if self.tracker is not None:
+            if tracking:
                 self.tracker.log_update(ctx.global_step + 1, terms, lr)
             if (step + 1) % dap.log_every == 0 or step + 1 == ctx.total_domain_steps:
-                what = f"{self.method.name}: DAP loss term(s)"
-                means = _logged_means(sums, step + 1 - last_logged, acc, what, step + 1)
-                bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})  # the only host sync is above
-                log.append({"step": step + 1, **{k: round(v, 5) for k, v in means.items()}})
+                log.append(_log_entry(sums, step + 1 - last_logged, acc, self.method.name, step + 1, bar))
                 last_logged = step + 1
         return log
 
@@ -153,12 +156,18 @@ def training_stream(
 
 
 def accumulate(
-    ctx: StepContext, step_module, batches: Iterator[tuple[int, dict]], accum: int, seed: int, sums: dict
-) -> dict[str, torch.Tensor]:
+    ctx: StepContext,
+    step_module,
+    batches: Iterator[tuple[int, dict]],
+    accum: int,
+    seed: int,
+    sums: dict,
+    update: dict | None = None,
+) -> None:
     """Forward and backward of an update's ``accum`` micro-batches (gradients synchronised across processes at the
-    last), each under the seed of its global index; adds each loss term's mean into ``sums`` on the device and
-    returns the update's own means (this process's)."""
-    acc, update = ctx.accelerator, {}
+    last), each under the seed of its global index; adds each loss term's mean into ``sums`` on the device (and
+    into ``update``, if given: the update's own means on this process)."""
+    acc = ctx.accelerator
     for micro in range(accum):
         ctx.micro_batch, batch = next(batches)
         batch = {k: v.to(acc.device, non_blocking=True) for k, v in batch.items()}
@@ -169,8 +178,8 @@ def accumulate(
         for key, value in terms.items():
             share = value.detach() / accum
             sums[key] = sums.get(key, 0) + share
-            update[key] = update.get(key, 0) + share
-    return update
+            if update is not None:
+                update[key] = update.get(key, 0) + share
 
 
 def _no_sync(acc, step_module):
