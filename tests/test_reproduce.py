@@ -53,6 +53,17 @@ def test_compare_records_uses_the_tolerance_of_each_kind():
     assert any(m.actual is None or m.expected is None for m in compare_records(expected, actual, Tolerance(1, 1)))
 
 
+def test_one_rounding_unit_is_within_a_tolerance_of_one_unit_and_two_are_not():
+    expected, actual = fake_record(), copy.deepcopy(fake_record())
+    expected["mlm_loss"]["after_domain"][1]["general"] = 6.26021  # stored decimals: 6.26022 - 6.26021 > 1e-5 in floats
+    actual["mlm_loss"]["after_domain"][1]["general"] = 6.26022
+    assert compare_records(expected, actual, Tolerance(score=0.0, loss=1e-5)) == []
+    actual["mlm_loss"]["after_domain"][1]["general"] = 6.26023
+    assert [m.name for m in compare_records(expected, actual, Tolerance(score=0.0, loss=1e-5))] == [
+        "mlm_loss/after_domain/1/general"
+    ]
+
+
 def test_largest_differences_per_kind():
     expected, actual = fake_record(), copy.deepcopy(fake_record())
     same = largest_differences(expected, actual)

@@ -157,9 +157,16 @@ def compare_records(expected: dict, actual: dict, tolerance: Tolerance) -> list[
     for name in sorted(set(want) | set(got)):
         allowed = tolerance.allowed(kind_of(name), _chunk_tokens(expected, actual, name))
         a, b = want.get(name), got.get(name)
-        if a is None or b is None or not math.isclose(a, b, rel_tol=0.0, abs_tol=allowed):
+        if a is None or b is None or not _within(a, b, allowed):
             mismatches.append(Mismatch(name, a, b, allowed))
     return mismatches
+
+
+def _within(a: float, b: float, allowed: float) -> bool:
+    """``|a - b| <= allowed``, where the difference of two decimals as stored (6.26022 - 6.26021) may come out a
+    few units in the last place above what it is; a zero tolerance stays exact equality."""
+    slack = 4 * math.ulp(max(abs(a), abs(b))) if allowed > 0 else 0.0
+    return abs(a - b) <= allowed + slack
 
 
 def _chunk_tokens(expected: dict, actual: dict, path: str) -> int:
