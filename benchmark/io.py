@@ -151,6 +151,22 @@ def atomic_directory(final: str | Path, fill: Callable[[Path], None]) -> Path:
     return final
 
 
+def built_once(final: str | Path, build: Callable[[], object]) -> Path:
+    """``final``, calling ``build()`` (which writes it, atomically) only if it does not exist yet.
+
+    Concurrent callers sharing a work folder (parallel runs, a cluster job array) wait on one lock file beside it,
+    so exactly one of them builds and the others find it complete, instead of racing on its temporary folder.
+    """
+    from filelock import FileLock
+
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(final) + ".lock"):
+        if not final.exists():
+            build()
+    return final
+
+
 def read_json(path: str | Path, what: str = "JSON file") -> Any:
     """Read a JSON file, turning a missing or corrupt file into a :class:`DapbenchError`."""
     path = Path(path)

@@ -108,3 +108,31 @@ def test_corpus_packing_holds_out_the_first_lines(world_root, tiny_model, tmp_pa
     assert corpus.heldout[0]["input_ids"].tolist()[: len(first_ids)] == first_ids[:32]
     again = load_corpus("alpha", str(world_root / "alpha.txt"), tokenizer, 32, 0.05, None, tmp_path)
     assert len(again.train) == len(corpus.train)  # served from the cache
+
+
+def test_a_recipe_base_model_is_built_once_and_a_missing_corpus_is_named(monkeypatch, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    import benchmark.config
+    from benchmark.data import bases
+    from benchmark.data.pretrain import BaseModelSpec
+
+    shared = tmp_path / "shared"
+    (shared / "text").mkdir(parents=True)
+    lines = [f"line {i} of the general text says the {w} thing ." for i in range(300) for w in ("same", "other")]
+    (shared / "text" / "general.txt").write_text("\n".join(lines) + "\n")
+    spec = BaseModelSpec(vocab_size=200, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, seq_len=16,
+                         steps=2, batch_size=4, causal=True, kv_heads=1)  # fmt: skip
+    recipes = {"tiny": bases.Recipe("text/general.txt", spec, "a tiny test decoder")}
+    monkeypatch.setattr(bases, "RECIPES", recipes)
+    monkeypatch.setattr(benchmark.config, "shared_root", lambda: shared)
+    said: list[str] = []
+    first = bases.build_recipe("recipe:tiny", tmp_path / "work", echo=said.append)
+    again = bases.build_recipe("recipe:tiny", tmp_path / "work", echo=said.append)
+    assert first == again and len(said) == 1  # cached: built on first use only
+    assert AutoModelForCausalLM.from_pretrained(first).config.num_key_value_heads == 1
+    monkeypatch.setattr(bases, "RECIPES", {"tiny": bases.Recipe("text/missing.txt", spec, "no corpus")})
+    with pytest.raises(DapbenchError, match="corpus of recipe 'tiny' is missing"):
+        bases.build_recipe("recipe:tiny", tmp_path / "other-work")
+    with pytest.raises(DapbenchError, match="unknown base-model recipe"):
+        bases.build_recipe("recipe:nothing", tmp_path / "work")

@@ -255,3 +255,26 @@ def test_a_lost_cell_whose_checkpoint_was_deleted_names_how_to_redo_it(tiny_conf
     run.layout.domain_done(0).unlink()  # what the advice says: domain 0 is retrained, domain 1 kept
     again = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).execute()
     assert _numbers(again) == _numbers(first)
+
+
+def _build_slowly(final: str, log: str) -> str:
+    """A cached input's builder that takes a while and notes every call (runs in a separate process)."""
+    from benchmark.io import atomic_directory, built_once
+
+    def build() -> None:
+        with open(log, "a") as handle:
+            handle.write(f"{os.getpid()}\n")
+        time.sleep(0.5)
+        atomic_directory(final, lambda tmp: (tmp / "weights").write_text("complete"))
+
+    return (built_once(final, build) / "weights").read_text()
+
+
+def test_concurrent_runs_sharing_a_work_folder_build_a_cached_input_once(tmp_path):
+    from concurrent.futures import ProcessPoolExecutor
+
+    final, log = tmp_path / "bases" / "general-causal", tmp_path / "calls.txt"
+    with ProcessPoolExecutor(3) as pool:
+        results = list(pool.map(_build_slowly, [str(final)] * 3, [str(log)] * 3))
+    assert results == ["complete"] * 3  # every caller sees the finished folder
+    assert len(log.read_text().split()) == 1  # one build: the others waited on the lock and found it there

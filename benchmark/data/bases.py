@@ -15,6 +15,7 @@ from pathlib import Path
 
 from benchmark.data.pretrain import BaseModelSpec
 from benchmark.errors import DapbenchError
+from benchmark.io import built_once
 
 RECIPE = "recipe:"
 
@@ -65,11 +66,13 @@ def build_recipe(
     recipe = RECIPES[name]
     digest = hashlib.sha256(json.dumps({"corpus": recipe.corpus, **asdict(recipe.spec)}).encode()).hexdigest()[:8]
     out = Path(work_dir) / "bases" / f"{name}-{digest}"
-    if not out.exists():
-        corpus = shared_root() / recipe.corpus
-        if not corpus.is_file():
-            raise DapbenchError(f"the corpus of recipe {name!r} is missing: {corpus}", "set DAPBENCH_SHARED")
+    corpus = shared_root() / recipe.corpus
+    if not out.exists() and not corpus.is_file():
+        raise DapbenchError(f"the corpus of recipe {name!r} is missing: {corpus}", "set DAPBENCH_SHARED")
+
+    def pretrain() -> None:
         echo(f"{name}: pre-training {recipe.description} (once; {recipe.spec.steps} updates on one thread)")
         with cpu_threads(1):
             pretrain_base(str(corpus), out, recipe.spec, show_progress=show_progress)
-    return out
+
+    return built_once(out, pretrain)

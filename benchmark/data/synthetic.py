@@ -28,7 +28,7 @@ import yaml
 
 from benchmark.config import RunConfig
 from benchmark.data.suite import SUITE_FILE
-from benchmark.io import atomic_directory
+from benchmark.io import atomic_directory, built_once
 
 VERSION = 1
 """Bump when the generator changes: cached worlds and base models live under a versioned folder."""
@@ -209,13 +209,14 @@ def materialise(config: RunConfig, show_progress: bool = False, echo: Callable[[
     causal = SYNTHETIC_MODELS[config.model]
     root = Path(config.work_dir) / f"synthetic-v{VERSION}"
     data_root, model_dir = root / "data", root / ("base-model-causal" if causal else "base-model")
-    if not data_root.exists():
-        write_world(build_world(seed=0), data_root)
-    if not model_dir.exists():
-        echo(
-            f"synthetic: pre-training the tiny {'causal' if causal else 'masked'} base model on the general text (once)"
-        )
+    built_once(data_root, lambda: write_world(build_world(seed=0), data_root))
+
+    def pretrain() -> None:
+        kind = "causal" if causal else "masked"
+        echo(f"synthetic: pre-training the tiny {kind} base model on the general text (once)")
         pretrain_synthetic_base(data_root, model_dir, show_progress=show_progress, causal=causal)
+
+    built_once(model_dir, pretrain)
     return dataclasses.replace(
         config,
         model=str(model_dir),
