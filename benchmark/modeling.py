@@ -328,6 +328,8 @@ def classifier_from_checkpoint(checkpoint_dir: str | Path, num_labels: int) -> n
 
     pad = load_tokenizer(str(checkpoint_dir)).pad_token_id
     with quiet_transformers():
+        # fp32 whatever the checkpoint stores: transformers 5 loads its dtype ("auto"), and a bf16 hub model would
+        # otherwise be fine-tuned in bf16 weights while DAP trains the same weights in fp32.
         return AutoModelForSequenceClassification.from_pretrained(
-            checkpoint_dir, num_labels=num_labels, pad_token_id=pad
+            checkpoint_dir, num_labels=num_labels, pad_token_id=pad, dtype=torch.float32
         )

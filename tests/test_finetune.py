@@ -83,3 +83,18 @@ def test_linear_probe_separates_a_separable_task_and_leaves_the_model_untouched(
     result = probe_and_evaluate(model, task, tokenizer, FinetuneConfig(protocol="linear_probe"), Accelerator(cpu=True))
     assert result["acc"] == 1.0 and result["protocol"] == "linear_probe"
     assert all(torch.equal(before[n], p) for n, p in model.state_dict().items())
+
+
+def test_an_end_task_classifier_is_fp32_even_from_a_bf16_checkpoint(tiny_model, tmp_path):
+    import shutil
+
+    from transformers import AutoModelForMaskedLM
+
+    from benchmark.modeling import classifier_from_checkpoint
+
+    stored = tmp_path / "bf16"
+    shutil.copytree(tiny_model, stored)
+    AutoModelForMaskedLM.from_pretrained(tiny_model, dtype=torch.bfloat16).save_pretrained(stored)
+    assert AutoModelForMaskedLM.from_pretrained(stored).dtype == torch.bfloat16  # what transformers 5 loads by itself
+    classifier = classifier_from_checkpoint(stored, num_labels=3)
+    assert {p.dtype for p in classifier.parameters()} == {torch.float32}  # fine-tuned in fp32, as DAP trains

@@ -22,6 +22,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
 from benchmark.errors import DapbenchError
@@ -104,7 +105,9 @@ def classifier_with_dap_encoder(ctx: FinetuneContext, prepare: Callable[[nn.Modu
     from transformers import AutoModelForSequenceClassification
 
     with quiet_transformers():
-        model = AutoModelForSequenceClassification.from_pretrained(ctx.checkpoint_dir, num_labels=ctx.num_labels)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            ctx.checkpoint_dir, num_labels=ctx.num_labels, dtype=torch.float32
+        )  # fp32 as in DAP, whatever the checkpoint stores
     model = prepare(model)
     missing, unexpected = encoder_of(model).load_state_dict(encoder_of(ctx.model).state_dict(), strict=False)
     missing = [name for name in missing if not name.startswith("pooler.")]
