@@ -130,8 +130,8 @@ class StageRunner:
         ctx = DomainContext(t, p.data.domains[t], model, probe, p.accelerator, mlm_loss, self.general_probe)
         trainable = sum(q.numel() for _, q in p.method.trainable_parameters(model))
         p.method.before_domain(ctx)
-        trainer = DapTrainer(p.method, dap, p.data.tokenizer, p.accelerator, p.seed, p.show_progress,
-                             self.instrument, p.data.causal, p.tracker)  # fmt: skip
+        trainer = DapTrainer(p.method, dap, p.data.tokenizer, p.accelerator, p.seed, p.tracker, p.show_progress,
+                             self.instrument, p.data.causal)  # fmt: skip
         dataset = p.data.training_set(p.schedule.training_domains(t))
         plan = _stage_plan(p, t, self.general_probe)
         stats = trainer.train(model, dataset, plan, t, f"{p.method.name} {p.data.domains[t]}")

@@ -91,14 +91,14 @@ class DapTrainer:
     accelerator: Any
     seed: int
     """The run's seed: with the stage, it names every draw of the stage's stream (:mod:`benchmark.data.sampling`)."""
+    tracker: Any
+    """The run's :class:`~benchmark.engine.tracking.RunTracker` (inactive when no tracker is asked for)."""
     show_progress: bool = True
     instrument: Callable[[], contextlib.AbstractContextManager] | None = None
     """Makes a context entered around the stage's updates only (not its setup or evaluation): ``dapbench bench``
     counts FLOPs (``torch.utils.flop_counter``) and records ``torch.profiler`` traces with it."""
     causal: bool = False
     """Whether the model is a causal LM (its stream predicts next tokens instead of masked ones)."""
-    tracker: Any = None
-    """The run's experiment trackers (:mod:`benchmark.engine.tracking`), None for none."""
 
     def train(self, model, dataset: Dataset, plan: StagePlan, t: int, desc: str) -> dict:
         """Run ``plan.steps`` updates on ``dataset`` (and its replay pools) and return the stage's statistics."""
@@ -124,7 +124,7 @@ class DapTrainer:
         self, ctx: StepContext, step_module, scheduler, batches: Iterator[tuple[int, dict]], accum: int, desc: str
     ) -> list[dict]:
         model, acc, dap = ctx.model, self.accelerator, self.dap
-        tracking = self.tracker is not None and self.tracker.active
+        tracking = self.tracker.active
         sums: dict[str, torch.Tensor] = {}
         log: list[dict] = []
         last_logged, offset = 0, ctx.global_step

@@ -184,9 +184,14 @@ def local(value: torch.Tensor) -> torch.Tensor:
 def local_keep(tensor: MaskedTensor, importance: dict[str, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     """:func:`keep_factor` for what this process holds of ``like`` (the parameter or its gradient): the broadcast
     factor, or under FSDP the part of the full factor that lies on this process's shard."""
+    return local_factor(keep_factor(tensor, importance), like)
+
+
+def local_factor(factor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``factor`` (broadcastable to the whole of ``like``) as it applies to what this process holds of ``like``: the
+    factor itself, or under FSDP the part of the expanded factor that lies on this process's shard."""
     from benchmark.engine.sharding import is_sharded, local_part
 
-    factor = keep_factor(tensor, importance)
     if not is_sharded(like):
         return factor
     return local_part(factor.expand(like.shape).contiguous(), like)
@@ -194,21 +199,15 @@ def local_keep(tensor: MaskedTensor, importance: dict[str, torch.Tensor], like: 
 
 def mask_gradient(tensor: MaskedTensor, importance: dict[str, torch.Tensor]) -> None:
     """Multiply the tensor's gradient (this process's shard of it under FSDP) by (1 - importance) of its units."""
-    grad = tensor.param.grad
-    if grad is not None:
-        local(grad).mul_(local_keep(tensor, importance, grad).to(grad.dtype))
+    scale_gradient(tensor.param, keep_factor(tensor, importance))
 
 
 def scale_gradient(param: torch.nn.Parameter, factor: torch.Tensor) -> None:
     """Multiply ``param``'s gradient by ``factor`` (broadcastable to the whole parameter; under FSDP, the part of it
     on this process's shard)."""
-    from benchmark.engine.sharding import is_sharded, local_part
-
     grad = param.grad
-    if grad is None:
-        return
-    factor = factor.to(device=grad.device, dtype=grad.dtype)
-    local(grad).mul_(local_part(factor.expand(grad.shape).contiguous(), grad) if is_sharded(grad) else factor)
+    if grad is not None:
+        local(grad).mul_(local_factor(factor.to(device=grad.device, dtype=grad.dtype), grad))
 
 
 def soft_mask_gradients(
