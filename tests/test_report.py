@@ -22,7 +22,7 @@ from benchmark.records.store import load_records
 from benchmark.report.escape import code, printable, text
 from benchmark.report.frame import LOSS_COLUMNS, leaderboard_frame, reference_labels
 from benchmark.report.groups import group_records
-from benchmark.report.reading import option_parents, variant_reading, verdicts
+from benchmark.report.reading import end_task_reading, option_parents, variant_reading, verdicts
 from benchmark.report.statistics import EvaluationSample, GroupStatistics, weighted_scores
 from benchmark.report.writer import write_report
 
@@ -163,6 +163,20 @@ def test_record_strings_are_escaped_in_markdown_and_on_the_terminal(records):
     board = leaderboard_markdown([(group, stats, {})])
     outside_code = re.sub(r"`[^`]*`", "", board)  # CommonMark shows code spans literally: HTML there is inert
     assert "<script>" not in outside_code and "\x1b" not in board
+
+
+def test_the_best_dap_method_against_no_dap_is_one_the_tests_cover(records):
+    one_seed_das = records[6]
+    (group,), _ = group_records([*records[:6], one_seed_das])
+    stats = _statistics(group)
+    # the one-seed row scores best of all: it must not be named best beside verdicts it never had
+    stats.part.loc[stats.part["method"] == "das", "final macro-F1"] = 1.0
+    (line,) = [x for x in end_task_reading(stats) if x.startswith("- DAP vs no DAP")]
+    assert "best DAP method of more than one seed (`ncl`)" in line
+    assert "1 one-seed row(s) are neither ranked nor tested" in line
+    ncl_gain = 100 * (stats.part.groupby("method")["final macro-F1"].mean()["ncl"]
+                      - stats.part.groupby("method")["final macro-F1"].mean()["none"])  # fmt: skip
+    assert f"is {ncl_gain:+.2f} points" in line
 
 
 def test_variant_reading_and_option_parents():
