@@ -9,7 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
-from benchmark.config import DEFAULT_OUTPUT
+from benchmark.config import DEFAULT_OUTPUT, PROFILES
 from benchmark.errors import DapbenchError
 
 DESCRIPTION = """\
@@ -216,7 +216,7 @@ def _add_record_commands(command) -> None:
 
 
 def _add_run_arguments(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--profile", default="synthetic", help="synthetic (default), mini, mini-causal, ci or paper")
+    run.add_argument("--profile", default="synthetic", help=f"one of {', '.join(PROFILES)} (default: synthetic)")
     run.add_argument("--methods", help="comma-separated method names, any case, or all (default: the profile's)")
     run.add_argument("--model", help="hub id or local directory of the base model")
     run.add_argument("--data-root", help="the paper's data-release folder (or env DAPBENCH_DATA)")

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from benchmark.config import DapConfig, FinetuneConfig, RunConfig, apply_overrides, profile_config
+from benchmark.config import PROFILES, DapConfig, FinetuneConfig, RunConfig, apply_overrides, profile_config
 from benchmark.errors import DapbenchError
 from benchmark.registry import default_registry
 from benchmark.settings import undeclared_fields
@@ -45,7 +45,7 @@ def test_declarations_refuse_by_name(override, message):
         validate_config(apply_overrides(profile_config("mini"), [override]))
 
 
-@pytest.mark.parametrize("profile", ["synthetic", "mini", "ci", "paper"])
+@pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_every_profile_round_trips_through_its_dict(profile):
     config = dataclasses.replace(profile_config(profile), method_options={"das": {"fidelity": "reference"}})
     assert RunConfig.from_dict(config.to_dict()) == config
