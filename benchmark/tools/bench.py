@@ -4,10 +4,11 @@ For every method, on the same data and batch: seconds per update and tokens/s of
 first domain runs before it, so replay, penalties, o_prev and other terms that need an earlier domain act), model
 FLOPs per update counted by ``torch.utils.flop_counter`` on one counted update, and from them the utilisation of
 the peak a square GEMM reaches in the same process (MFU) and the update's cost in units of the runner's plain MLM
-pass (``passes``: NCL's update is 1). The reference row is a plain transformers MLM training step of the same model
-(transformers' collator and loss over every position, the same micro-batches and accumulation, AdamW), measured in
-the same process: ``vs_plain`` is a method's tokens/s over that step's. ``--trace DIR`` adds a ``torch.profiler``
-record of a few of each method's updates (:func:`trace_updates`): where the step spends its time.
+pass (``passes``: NCL's update is 1). The reference row is a plain transformers training step of the same model
+(transformers' collator, masking or next-token labels by the model's kind, and its loss over every position, the same
+micro-batches and accumulation, AdamW), measured in the same process: ``vs_plain`` is a method's tokens/s over that
+step's. ``--trace DIR`` adds a ``torch.profiler`` record of a few of each method's updates (:func:`trace_updates`):
+where the step spends its time.
 """
 
 from __future__ import annotations
@@ -140,15 +141,16 @@ def _second_stage(cfg: RunConfig, data: RunData, name: str, seed: int, updates: 
 
 
 def encoder_share(cfg: RunConfig, data: RunData) -> float:
-    """The encoder's share of the FLOPs of the plain MLM update (forward and backward) of the base model on one
-    training micro-batch; the rest is the MLM head on the masked tokens."""
+    """The encoder's (a decoder's: the transformer body's) share of the FLOPs of the plain LM update (forward and
+    backward) of the base model on one training micro-batch; the rest is the LM head on the predicted tokens."""
     from benchmark.data.sampling import SeededMasking
     from benchmark.modeling import encoder_of, load_masked_lm, mlm_loss
 
     model, _ = load_masked_lm(cfg.model)
     train = data.corpora[data.domains[0]].train
     micro = min(cfg.dap.per_device_batch_size, len(train))
-    _, batch = SeededMasking(data.tokenizer, cfg.dap.mlm_probability, 0, 0)([(0, train[i]) for i in range(micro)])
+    masking = SeededMasking(data.tokenizer, cfg.dap.mlm_probability, 0, 0, causal=data.causal)
+    _, batch = masking([(0, train[i]) for i in range(micro)])
     encoder = encoder_of(model)
 
     def counted(loss) -> int:
@@ -164,9 +166,10 @@ def encoder_share(cfg: RunConfig, data: RunData) -> float:
 
 
 def plain_step(cfg: RunConfig, data: RunData, updates: int, accelerator) -> dict[str, Any]:
-    """A plain transformers MLM training step of the base model: ``DataCollatorForLanguageModeling``, the model's own
-    loss (logits at every position), AdamW (fused on CUDA, like the DAP step), the run's micro-batches, accumulation
-    and mixed precision; the first update is a warm-up and not timed."""
+    """A plain transformers training step of the base model: ``DataCollatorForLanguageModeling`` (masking for a
+    masked LM, next-token labels for a causal one), the model's own loss (logits at every position), AdamW (fused on
+    CUDA, like the DAP step), the run's micro-batches, accumulation and mixed precision; the first update is a
+    warm-up and not timed."""
     from transformers import DataCollatorForLanguageModeling
 
     from benchmark.engine.environment import peak_memory_mb, reset_peak_memory
@@ -177,7 +180,7 @@ def plain_step(cfg: RunConfig, data: RunData, updates: int, accelerator) -> dict
     fused = fused_adamw(accelerator.device, accelerator.mixed_precision) or None
     optimizer = torch.optim.AdamW(model.parameters(), lr=dap.lr, fused=fused)
     model, optimizer = accelerator.prepare(model, optimizer)
-    collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=dap.mlm_probability)
+    collate = DataCollatorForLanguageModeling(tokenizer, mlm=not data.causal, mlm_probability=dap.mlm_probability)
     train = data.corpora[data.domains[0]].train
     micro, accum = dap.per_device_batch_size, max(1, dap.batch_size // dap.per_device_batch_size)
     chunks = [{"input_ids": train[i % len(train)]["input_ids"]} for i in range(micro * accum)]
