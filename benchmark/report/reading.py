@@ -173,14 +173,14 @@ def end_task_reading(stats: GroupStatistics) -> list[str]:
 
 
 def _against_no_dap(stats: GroupStatistics, no_dap: str, means: pd.Series) -> list[str]:
-    dap = means.drop(no_dap)
-    seeds = stats.part.groupby("method").size()
-    # The paired tests need more than one seed; naming a one-seed row "best" beside verdicts it never had would
-    # read as a result, so the best is taken among the rows the tests cover whenever there are any.
-    tested = dap[seeds.reindex(dap.index) > 1]
-    untested = len(dap) - len(tested) if len(tested) else 0
-    dap = tested if len(tested) else dap
     comparisons = stats.comparisons(no_dap, _column("final macro-F1"))
+    dap = means.drop(no_dap)
+    # The paired tests cover only rows of more than one seed; naming a one-seed row "best" beside verdicts it never
+    # had would read as a result, so the best is taken among the rows compared below whenever there are any.
+    tested = dap[dap.index.isin([c.label for c in comparisons])]
+    untested = len(dap) - len(tested) if len(tested) else 0
+    if untested:
+        dap = tested
     above = [c for c in comparisons if c.resolved() and c.mean > 0]
     below = [c for c in comparisons if c.resolved() and c.mean < 0]
 
