@@ -161,7 +161,9 @@ def _parser() -> argparse.ArgumentParser:
     bench = command("bench", "DAP update cost per method: time, FLOPs, MFU, memory, against a plain step", cmd_bench)
     _add_run_arguments(bench)
     bench.add_argument("--steps", type=int, default=20, help="timed updates per method")
-    bench.add_argument("--save", metavar="DIR", help="write the JSON report to DIR/<device>-<profile>.json")
+    bench.add_argument(
+        "--save", metavar="DIR", help="write the JSON report to DIR/<device>-<profile>[-causal][-compiled].json"
+    )
     bench.add_argument("--trace", metavar="DIR", help="also record a torch.profiler trace of a few updates per method")
 
     study = command("study", "a method's named measurement, e.g. DAS's importance-stability", cmd_study)
@@ -356,14 +358,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """``dapbench bench``: each method's DAP update against the GEMM peak and a plain transformers step."""
     from benchmark.api import bench
     from benchmark.io import atomic_write_json
-    from benchmark.tools.bench import device_slug, markdown_table
+    from benchmark.tools.bench import markdown_table, report_file_name
 
     config = _config(args)
     trace = Path(args.trace) if args.trace else None
     report = bench(config, args.steps, trace, show_progress=not args.quiet)
     print(markdown_table(report))
     if args.save:
-        path = Path(args.save) / f"{device_slug(report['device'])}-{config.profile}.json"
+        path = Path(args.save) / report_file_name(report, config.profile)
         atomic_write_json(path, report)
         print(f"bench: {path}")
     else:

@@ -81,6 +81,11 @@ class DapConfig:
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass instead of storing them (less memory, about a third
     more compute); the same numbers, so not in the run id."""
+    compile: bool = False
+    """Compile each transformer block with ``torch.compile`` (one graph the blocks share; the rest of the model,
+    the loss and the method's hooks stay eager): faster updates after a one-off compile of each mode. Random draws
+    (dropout) come from torch's generator as in eager (inductor's ``fallback_random``), so the same numbers up to
+    float rounding, and not in the run id."""
 
     def __post_init__(self):
         check_settings("dap", self)

@@ -122,3 +122,19 @@ def test_the_bench_command_prints_the_table_and_saves_the_report_by_device(tiny_
     from benchmark.records.store import load_records
 
     assert load_records(tmp_path / "results") == []  # results/bench/ holds bench reports, not run records
+
+
+@pytest.mark.parametrize(
+    ("kind", "compiled", "name"),
+    [
+        ("masked", False, "nvidia-h100-80gb-hbm3-paper.json"),
+        ("causal", False, "nvidia-h100-80gb-hbm3-paper-causal.json"),
+        ("masked", True, "nvidia-h100-80gb-hbm3-paper-compiled.json"),
+        ("causal", True, "nvidia-h100-80gb-hbm3-paper-causal-compiled.json"),
+    ],
+)
+def test_saved_reports_of_one_device_and_profile_do_not_overwrite_each_other(kind, compiled, name):
+    from benchmark.tools.bench import report_file_name
+
+    report = {"device": "NVIDIA H100 80GB HBM3", "model_kind": kind, "compiled": compiled}
+    assert report_file_name(report, "paper") == name

@@ -64,6 +64,16 @@ def test_one_rounding_unit_is_within_a_tolerance_of_one_unit_and_two_are_not():
     ]
 
 
+def test_a_chunk_sum_may_differ_by_one_unit_of_its_stored_last_place_unless_the_tolerance_is_zero():
+    def record(chunk_sum: float) -> dict:
+        return {"mlm_loss": {"chunks": {"counts": {"alpha": [2]}, "after_domain": [{"alpha": [chunk_sum]}]}}}
+
+    loose, exact = Tolerance(score=0.0, loss=1e-5), Tolerance(score=0.0, loss=0.0)
+    assert compare_records(record(25.4616), record(25.4617), loose) == []  # 2 tokens x 1e-5 < 1e-4, its last place
+    assert compare_records(record(25.4616), record(25.4618), loose)
+    assert compare_records(record(25.4616), record(25.4617), exact)
+
+
 def test_largest_differences_per_kind():
     expected, actual = fake_record(), copy.deepcopy(fake_record())
     same = largest_differences(expected, actual)

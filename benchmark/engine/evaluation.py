@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from benchmark.errors import NonFiniteError
 from benchmark.metrics import anisotropy, linear_cka, mean_cosine
 from benchmark.modeling import encoder_of, mean_pool, mlm_forward
+from benchmark.records.schema import CHUNK_SUM_DECIMALS
 
 Batches = Mapping[str, list[dict[str, torch.Tensor]]]
 View = Callable[[str], contextlib.AbstractContextManager]
@@ -79,7 +80,7 @@ def heldout_evaluation(model, heldout: Batches, device, view: View = _as_is, pro
                     "the model holds NaN or infinite weights: lower dap.lr or check the method",
                 )
             losses[name] = round(total / count, 5)
-            chunks[name] = [round(sums[c], 4) for c in sorted(sums)]
+            chunks[name] = [round(sums[c], CHUNK_SUM_DECIMALS) for c in sorted(sums)]
     return HeldoutLosses(losses, chunks)
 
 

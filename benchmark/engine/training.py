@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from benchmark.config import DapConfig
 from benchmark.data.sampling import DROPOUT, derived_seed, seeded, stage_stream
 from benchmark.engine.recipe import StagePlan, stage_scheduler
+from benchmark.engine.recompute import disable_activation_checkpointing, enable_activation_checkpointing
 from benchmark.engine.sharding import accumulating, average_replicated, shard
 from benchmark.errors import NonFiniteError
 from benchmark.method import ContinualMethod, StepContext, StepOutput
@@ -32,16 +33,45 @@ from benchmark.modeling import mlm_forward
 
 
 @contextlib.contextmanager
-def _stage_context(model, activation_checkpointing: bool, instrument):
+def _stage_context(model, dap: DapConfig, instrument):
     """Around a stage's updates: activation checkpointing on (if asked) and ``instrument``'s context entered."""
+    activation_checkpointing = dap.activation_checkpointing
     if activation_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_activation_checkpointing(model, compiled=dap.compile)
     try:
         with instrument() if instrument else contextlib.nullcontext():
             yield
     finally:
         if activation_checkpointing:
-            model.gradient_checkpointing_disable()
+            disable_activation_checkpointing(model)
+
+
+COMPILED_VARIANTS = 64
+"""Compiled variants of a block kept per run (dynamo's ``recompile_limit``)."""
+
+
+def compile_blocks(model) -> None:
+    """Compile every transformer block of ``model`` in place (``nn.Module.compile``: parameter names, hooks and
+    checkpoints unchanged). Blocks of one architecture share one compiled graph (parameters are graph inputs), so
+    the compile cost is per block shape and mode, not per block; a block compiled before is left as it is.
+    Inductor draws random numbers through torch's generator (``fallback_random``), so the seeded dropout of every
+    micro-batch (:mod:`benchmark.data.sampling`) is the eager one; dynamo guards on module hooks, so the unit
+    gates methods hook into a block for a pass (:mod:`methods._shared.units`) are traced, not skipped."""
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    from benchmark.engine.sharding import transformer_blocks
+
+    inductor_config.fallback_random = True
+    dynamo_config.skip_nnmodule_hook_guards = False
+    # Each mode (train, eval, no_grad) and each set of hooks is one more compiled variant: more than dynamo's
+    # default 8 for the hook-heavy methods, past which it would quietly fall back to eager.
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, COMPILED_VARIANTS)
+    blocks = [block for block in transformer_blocks(model) if getattr(block, "_compiled_call_impl", None) is None]
+    if len(blocks) == len(transformer_blocks(model)):  # a new run's model: the last run's variants are of no use
+        torch._dynamo.reset()
+    for block in blocks:
+        block.compile()
 
 
 def _prepared_step(model, method: ContinualMethod, acc, optimizer, replicated):
@@ -104,6 +134,8 @@ class DapTrainer:
         """Run ``plan.steps`` updates on ``dataset`` (and its replay pools) and return the stage's statistics."""
         dap, acc, steps = self.dap, self.accelerator, plan.steps
         replicated = shard(model, acc.device) if dap.sharding == "fsdp" else None
+        if dap.compile:
+            compile_blocks(model)
         params = self.method.trainable_parameters(model)
         optimizer = build_optimizer(params, dap, fused=fused_adamw(acc.device, acc.mixed_precision))
         scheduler = stage_scheduler(optimizer, plan)
@@ -113,7 +145,7 @@ class DapTrainer:
         step, optimizer = _prepared_step(model, self.method, acc, optimizer, replicated)
         ctx = StepContext(model, t, 0, steps, plan.step_offset, acc, optimizer)
         start = time.perf_counter()
-        with _stage_context(model, dap.activation_checkpointing, self.instrument):
+        with _stage_context(model, dap, self.instrument):
             log = self._loop(ctx, step, scheduler, iter(stream), accum, desc)
         seconds = time.perf_counter() - start
         return stage_statistics(

@@ -23,6 +23,7 @@ from typing import Any
 
 from benchmark.config import RunConfig, profile_config
 from benchmark.errors import DapbenchError
+from benchmark.records.schema import CHUNK_SUM_DECIMALS
 
 PATH_FIELDS = ("model", "data_root", "general_heldout", "general_corpus")
 
@@ -46,7 +47,8 @@ class Tolerance:
         if kind == "exact":
             return 0.0
         if kind == "chunk":
-            return self.loss * tokens
+            # a sum stored to CHUNK_SUM_DECIMALS: any difference at all may show as one unit of its last place
+            return max(self.loss * tokens, 10.0**-CHUNK_SUM_DECIMALS) if self.loss > 0 else 0.0
         return getattr(self, kind)
 
 

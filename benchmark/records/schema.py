@@ -30,6 +30,8 @@ from typing import Any, NotRequired, TypedDict
 from benchmark.config import shared_root
 
 SCHEMA_VERSION = 3
+CHUNK_SUM_DECIMALS = 4
+"""Decimals a record keeps of each held-out chunk's loss sum (``mlm_loss.chunks``)."""
 
 
 class LossMetrics(TypedDict):

@@ -64,6 +64,8 @@ def bench(
         "precision": precision,
         "torch_threads": torch.get_num_threads(),
         "model": _portable(config.model),
+        "model_kind": "causal" if data.causal else "masked",
+        "compiled": cfg.dap.compile,
         "micro_batch": cfg.dap.per_device_batch_size,
         "global_batch": cfg.dap.batch_size,
         "seq_len": cfg.dap.seq_len,
@@ -251,6 +253,14 @@ def device_name(device: torch.device) -> str:
 def device_slug(name: str) -> str:
     """A file-name form of a device name (``NVIDIA H100 80GB HBM3`` -> ``nvidia-h100-80gb-hbm3``)."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
+
+
+def report_file_name(report: dict[str, Any], profile: str) -> str:
+    """Where ``dapbench bench --save`` puts ``report``: ``<device>-<profile>.json``, with ``-causal`` for a decoder
+    and ``-compiled`` for compiled blocks, so the reports of one device and profile never overwrite each other."""
+    kind = "-causal" if report.get("model_kind") == "causal" else ""
+    compiled = "-compiled" if report.get("compiled") else ""
+    return f"{device_slug(report['device'])}-{profile}{kind}{compiled}.json"
 
 
 def markdown_table(report: dict[str, Any]) -> str:

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 
 from torch import nn
 
+from benchmark.engine.recompute import restored_on_recompute
+
 VIEW_DROPOUT = 0.1
 
 
@@ -29,10 +31,17 @@ def has_dropout(model: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def dropout_views(model: nn.Module, p: float = VIEW_DROPOUT) -> Iterator[None]:
-    """Inside the block a model without any dropout has attention dropout ``p``; others are unchanged."""
+    """Inside the block a model without any dropout has attention dropout ``p`` (and so has a block that activation
+    checkpointing recomputes in the backward pass, :mod:`benchmark.engine.recompute`); others are unchanged."""
     if has_dropout(model):
         yield
         return
+    with restored_on_recompute(lambda: _raised(model, p)), _raised(model, p):
+        yield
+
+
+@contextlib.contextmanager
+def _raised(model: nn.Module, p: float) -> Iterator[None]:
     changed = [m for m in model.modules() if isinstance(getattr(m, "attention_dropout", None), float)]
     for module in changed:
         module.attention_dropout = p

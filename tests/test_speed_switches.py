@@ -1,0 +1,105 @@
+"""Switches that change how fast a run goes, not what it computes: compiled blocks (``dap.compile=true``, every
+transformer block through ``torch.compile``, inductor on CPU) and activation checkpointing
+(``dap.activation_checkpointing=true``) each give the record a plain run gives, under the same run id."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmark.records.reproduce import Tolerance, compare_records
+from benchmark.registry import default_registry
+
+REPO = Path(__file__).resolve().parents[1]
+TOLERANCE = Tolerance(score=0.0, loss=1e-5, drift=1e-5, report=1e-5)
+"""Fused kernels and recomputed activations round in another order than plain ones: held-out losses, logs and
+method reports within 1e-5 (a chunk's stored loss sum within one unit of its last place), end-task scores
+(fine-tuned from the checkpoint without either switch) identical."""
+FAST = ("ncl", "das")
+"""The naive baseline and the method with the most hooks (soft masks on gradients, importance by backward passes
+through gated blocks, contrastive views with dropout): the default suite's check."""
+
+
+def _args(world_root: Path, model: Path, out: Path, methods: tuple[str, ...], *extra: str) -> list[str]:
+    args = ["-m", "benchmark.cli", "run", "--profile", "synthetic", "--model", str(model), "--data-root"]
+    args += [str(world_root), "--general-heldout", str(world_root / "general_heldout.txt"), "--sequence"]
+    args += ["alpha,beta", "--methods", ",".join(methods), "--seeds", "1", "--output-dir", str(out), "--quiet"]
+    # the synthetic model has 64 positions: 100 prompt vectors + 32 tokens would not fit
+    prompt = ("prompt_one.num_tokens=8",) if "prompt_one" in methods else ()
+    for setting in ("dap.steps=3", "finetune.default_epochs=1", *prompt, *extra):
+        args += ["--set", setting]
+    return args
+
+
+def _run(args: list[str]) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+SWITCHES = (
+    ("dap.compile=true",),
+    ("dap.activation_checkpointing=true",),
+    ("dap.compile=true", "dap.activation_checkpointing=true"),
+)
+
+
+def _switched_equal_plain(world_root: Path, model: Path, tmp_path: Path, methods: tuple[str, ...]) -> None:
+    _run(_args(world_root, model, tmp_path / "plain", methods))
+    for switches in SWITCHES:
+        out = tmp_path / "+".join(switches)
+        _run(_args(world_root, model, out, methods, *switches))
+        for method in methods:
+            (a,) = (tmp_path / "plain" / "results" / "synthetic").glob(f"{method}-*.json")
+            (b,) = (out / "results" / "synthetic").glob(f"{method}-*.json")
+            assert a.name == b.name  # the switches change how, not what: one run id
+            plain, switched = json.loads(a.read_text()), json.loads(b.read_text())
+            assert all(switched["config"]["dap"][s.split("=")[0].split(".")[1]] is True for s in switches)
+            assert not compare_records(plain, switched, TOLERANCE), (switches, method)
+
+
+def test_compiled_or_checkpointed_runs_give_the_plain_record(world_root, tiny_model, tmp_path):
+    _switched_equal_plain(world_root, tiny_model, tmp_path, FAST)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny_model", "tiny_gpt2", "tiny_llama"])
+def test_every_method_compiled_or_checkpointed_gives_the_plain_record(model, world_root, tmp_path, request):
+    # the decoders run FAST's methods too: a Llama-style model's DAS views raise its attention dropout for the pass
+    methods = tuple(n for n in default_registry().names() if model != "tiny_model" or n not in FAST)
+    _switched_equal_plain(world_root, request.getfixturevalue(model), tmp_path, methods)
+
+
+def test_compiling_keeps_parameter_names_and_shares_one_graph():
+    import torch
+    from model_helpers import tiny_mlm
+    from torch._dynamo.utils import counters
+
+    from benchmark.engine.sharding import transformer_blocks
+    from benchmark.engine.training import compile_blocks
+
+    model = tiny_mlm("roberta").eval()
+    names = list(model.state_dict())
+    compile_blocks(model)
+    compile_blocks(model)  # a second stage: nothing compiled twice
+    assert list(model.state_dict()) == names
+    assert all(block._compiled_call_impl is not None for block in transformer_blocks(model))
+    batch = torch.randint(5, 50, (2, 8))
+    eager = tiny_mlm("roberta").eval()
+    counters.clear()
+    assert torch.allclose(model(input_ids=batch).logits, eager(input_ids=batch).logits, atol=1e-6)
+    assert len(transformer_blocks(model)) == 2 and counters["stats"]["unique_graphs"] == 1  # compiled once
+
+
+def test_compiling_a_sharded_run_is_refused_by_name(world_root, tiny_model, tmp_path, capsys):
+    from benchmark.cli import main
+
+    args = _args(world_root, tiny_model, tmp_path, ("ncl",), "dap.compile=true", "dap.sharding=fsdp")[2:]
+    assert main(args) == 2
+    assert "dap.compile=true with dap.sharding=fsdp is not verified" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
