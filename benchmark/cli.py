@@ -162,7 +162,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_run_arguments(bench)
     bench.add_argument("--steps", type=int, default=20, help="timed updates per method")
     bench.add_argument(
-        "--save", metavar="DIR", help="write the JSON report to DIR/<device>-<profile>[-causal][-compiled].json"
+        "--save",
+        metavar="DIR",
+        help="write the JSON report to DIR/<device>-<profile>[-causal][-compiled][-checkpointed].json",
     )
     bench.add_argument("--trace", metavar="DIR", help="also record a torch.profiler trace of a few updates per method")
 

@@ -125,16 +125,18 @@ def test_the_bench_command_prints_the_table_and_saves_the_report_by_device(tiny_
 
 
 @pytest.mark.parametrize(
-    ("kind", "compiled", "name"),
+    ("kind", "compiled", "checkpointed", "name"),
     [
-        ("masked", False, "nvidia-h100-80gb-hbm3-paper.json"),
-        ("causal", False, "nvidia-h100-80gb-hbm3-paper-causal.json"),
-        ("masked", True, "nvidia-h100-80gb-hbm3-paper-compiled.json"),
-        ("causal", True, "nvidia-h100-80gb-hbm3-paper-causal-compiled.json"),
+        ("masked", False, False, "nvidia-h100-80gb-hbm3-paper.json"),
+        ("causal", False, False, "nvidia-h100-80gb-hbm3-paper-causal.json"),
+        ("masked", True, False, "nvidia-h100-80gb-hbm3-paper-compiled.json"),
+        ("masked", False, True, "nvidia-h100-80gb-hbm3-paper-checkpointed.json"),
+        ("causal", True, True, "nvidia-h100-80gb-hbm3-paper-causal-compiled-checkpointed.json"),
     ],
 )
-def test_saved_reports_of_one_device_and_profile_do_not_overwrite_each_other(kind, compiled, name):
+def test_saved_reports_of_one_device_and_profile_do_not_overwrite_each_other(kind, compiled, checkpointed, name):
     from benchmark.tools.bench import report_file_name
 
     report = {"device": "NVIDIA H100 80GB HBM3", "model_kind": kind, "compiled": compiled}
+    report["activation_checkpointing"] = checkpointed
     assert report_file_name(report, "paper") == name

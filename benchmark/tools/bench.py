@@ -66,6 +66,7 @@ def bench(
         "model": _portable(config.model),
         "model_kind": "causal" if data.causal else "masked",
         "compiled": cfg.dap.compile,
+        "activation_checkpointing": cfg.dap.activation_checkpointing,
         "micro_batch": cfg.dap.per_device_batch_size,
         "global_batch": cfg.dap.batch_size,
         "seq_len": cfg.dap.seq_len,
@@ -256,11 +257,13 @@ def device_slug(name: str) -> str:
 
 
 def report_file_name(report: dict[str, Any], profile: str) -> str:
-    """Where ``dapbench bench --save`` puts ``report``: ``<device>-<profile>.json``, with ``-causal`` for a decoder
-    and ``-compiled`` for compiled blocks, so the reports of one device and profile never overwrite each other."""
+    """Where ``dapbench bench --save`` puts ``report``: ``<device>-<profile>.json``, with ``-causal`` for a decoder,
+    ``-compiled`` for compiled blocks and ``-checkpointed`` for activation checkpointing, so the reports of one device
+    and profile never overwrite each other."""
     kind = "-causal" if report.get("model_kind") == "causal" else ""
     compiled = "-compiled" if report.get("compiled") else ""
-    return f"{device_slug(report['device'])}-{profile}{kind}{compiled}.json"
+    checkpointed = "-checkpointed" if report.get("activation_checkpointing") else ""
+    return f"{device_slug(report['device'])}-{profile}{kind}{compiled}{checkpointed}.json"
 
 
 def markdown_table(report: dict[str, Any]) -> str:
