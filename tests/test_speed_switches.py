@@ -16,10 +16,11 @@ from benchmark.records.reproduce import Tolerance, compare_records
 from benchmark.registry import default_registry
 
 REPO = Path(__file__).resolve().parents[1]
-TOLERANCE = Tolerance(score=0.0, loss=1e-5, drift=1e-5, report=1e-5)
-"""Fused kernels and recomputed activations round in another order than plain ones: held-out losses, logs and
-method reports within 1e-5 (a chunk's stored loss sum within one unit of its last place), end-task scores
-(fine-tuned from the checkpoint without either switch) identical."""
+TOLERANCE = Tolerance(score=0.0, loss=2e-5, drift=1e-5, report=1e-5)
+"""Fused kernels and recomputed activations round in another order than plain ones: a stored held-out loss (5
+decimals) may move by one unit of its last place, and a loss metric, the difference of two stored losses, by two
+(2e-5); a chunk's stored loss sum by one unit of its last place; drift and method reports within 1e-5; end-task
+scores (fine-tuned from the checkpoint without either switch) identical."""
 FAST = ("ncl", "das")
 """The naive baseline and the method with the most hooks (soft masks on gradients, importance by backward passes
 through gated blocks, contrastive views with dropout): the default suite's check."""
