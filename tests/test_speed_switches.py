@@ -81,8 +81,8 @@ def test_compiling_keeps_parameter_names_and_shares_one_graph():
     from model_helpers import tiny_mlm
     from torch._dynamo.utils import counters
 
+    from benchmark.engine.compiling import compile_blocks
     from benchmark.engine.sharding import transformer_blocks
-    from benchmark.engine.training import compile_blocks
 
     model = tiny_mlm("roberta").eval()
     names = list(model.state_dict())

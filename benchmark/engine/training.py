@@ -24,9 +24,10 @@ from tqdm.auto import tqdm
 
 from benchmark.config import DapConfig
 from benchmark.data.sampling import DROPOUT, derived_seed, seeded, stage_stream
+from benchmark.engine.compiling import prepare_blocks
 from benchmark.engine.recipe import StagePlan, stage_scheduler
 from benchmark.engine.recompute import disable_activation_checkpointing, enable_activation_checkpointing
-from benchmark.engine.sharding import accumulating, average_replicated, shard
+from benchmark.engine.sharding import accumulating, average_replicated
 from benchmark.errors import NonFiniteError
 from benchmark.method import ContinualMethod, StepContext, StepOutput
 from benchmark.modeling import mlm_forward
@@ -44,34 +45,6 @@ def _stage_context(model, dap: DapConfig, instrument):
     finally:
         if activation_checkpointing:
             disable_activation_checkpointing(model)
-
-
-COMPILED_VARIANTS = 64
-"""Compiled variants of a block kept per run (dynamo's ``recompile_limit``)."""
-
-
-def compile_blocks(model) -> None:
-    """Compile every transformer block of ``model`` in place (``nn.Module.compile``: parameter names, hooks and
-    checkpoints unchanged). Blocks of one architecture share one compiled graph (parameters are graph inputs), so
-    the compile cost is per block shape and mode, not per block; a block compiled before is left as it is.
-    Inductor draws random numbers through torch's generator (``fallback_random``), so the seeded dropout of every
-    micro-batch (:mod:`benchmark.data.sampling`) is the eager one; dynamo guards on module hooks, so the unit
-    gates methods hook into a block for a pass (:mod:`methods._shared.units`) are traced, not skipped."""
-    import torch._dynamo.config as dynamo_config
-    import torch._inductor.config as inductor_config
-
-    from benchmark.engine.sharding import transformer_blocks
-
-    inductor_config.fallback_random = True
-    dynamo_config.skip_nnmodule_hook_guards = False
-    # Each mode (train, eval, no_grad) and each set of hooks is one more compiled variant: more than dynamo's
-    # default 8 for the hook-heavy methods, past which it would quietly fall back to eager.
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, COMPILED_VARIANTS)
-    blocks = [block for block in transformer_blocks(model) if getattr(block, "_compiled_call_impl", None) is None]
-    if len(blocks) == len(transformer_blocks(model)):  # a new run's model: the last run's variants are of no use
-        torch._dynamo.reset()
-    for block in blocks:
-        block.compile()
 
 
 def _prepared_step(model, method: ContinualMethod, acc, optimizer, replicated):
@@ -133,9 +106,7 @@ class DapTrainer:
     def train(self, model, dataset: Dataset, plan: StagePlan, t: int, desc: str) -> dict:
         """Run ``plan.steps`` updates on ``dataset`` (and its replay pools) and return the stage's statistics."""
         dap, acc, steps = self.dap, self.accelerator, plan.steps
-        replicated = shard(model, acc.device) if dap.sharding == "fsdp" else None
-        if dap.compile:
-            compile_blocks(model)
+        replicated = prepare_blocks(model, dap, acc.device)
         params = self.method.trainable_parameters(model)
         optimizer = build_optimizer(params, dap, fused=fused_adamw(acc.device, acc.mixed_precision))
         scheduler = stage_scheduler(optimizer, plan)
