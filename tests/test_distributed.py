@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import synthetic_run
 from safetensors.torch import load_file
 
 from benchmark.records.reproduce import Tolerance
@@ -112,12 +113,8 @@ def test_without_ddp_the_comparison_notices_unsynchronised_processes(tiny_model,
 
 
 def _run_args(world_root: Path, model: Path, out: Path, methods: str) -> list[str]:
-    args = ["-m", "benchmark.cli", "run", "--profile", "synthetic", "--model", str(model), "--data-root"]
-    args += [str(world_root), "--general-heldout", str(world_root / "general_heldout.txt"), "--sequence"]
-    args += ["alpha,beta", "--methods", methods, "--seeds", "1", "--output-dir", str(out), "--quiet"]
-    for setting in ("dap.steps=4", "dap.per_device_batch_size=16", "finetune.default_epochs=1"):
-        args += ["--set", setting]
-    return args
+    settings = ("dap.steps=4", "dap.per_device_batch_size=16", "finetune.default_epochs=1")
+    return ["-m", "benchmark.cli", *synthetic_run(world_root, model, out, methods, *settings)]
 
 
 RECORD_METHODS = ("ncl", "das", "derpp")

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import synthetic_run
 
 from benchmark.cli import main
 from benchmark.errors import DapbenchError
@@ -18,12 +19,8 @@ NUMBERS = ("matrices", "summary", "mlm_loss", "representation")
 
 
 def _args(world_root: Path, model: Path, out: Path, methods: str, seeds: str) -> list[str]:
-    args = ["run", "--profile", "synthetic", "--model", str(model), "--data-root", str(world_root)]
-    args += ["--general-heldout", str(world_root / "general_heldout.txt"), "--sequence", "alpha,beta"]
-    args += ["--methods", methods, "--seeds", seeds, "--output-dir", str(out), "--quiet"]
-    for setting in ("dap.steps=4", "finetune.default_epochs=1", "finetune.max_train_examples=24"):
-        args += ["--set", setting]
-    return args
+    settings = ("dap.steps=4", "finetune.default_epochs=1", "finetune.max_train_examples=24")
+    return synthetic_run(world_root, model, out, methods, *settings, seeds=seeds)
 
 
 def _records(out: Path) -> dict[str, dict]:

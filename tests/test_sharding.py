@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import synthetic_run
 
 from benchmark.records.reproduce import Tolerance, compare_records
 from benchmark.registry import default_registry
@@ -25,12 +26,8 @@ losses and logs within one rounding unit of the record (1e-5), end-task scores i
 
 
 def _args(world_root: Path, model: Path, out: Path, *extra: str) -> list[str]:
-    args = ["-m", "benchmark.cli", "run", "--profile", "synthetic", "--model", str(model), "--data-root"]
-    args += [str(world_root), "--general-heldout", str(world_root / "general_heldout.txt"), "--sequence"]
-    args += ["alpha,beta", "--methods", ",".join(SHARDED), "--seeds", "1", "--output-dir", str(out), "--quiet"]
-    for setting in ("dap.steps=4", "dap.per_device_batch_size=16", "finetune.default_epochs=1", *extra):
-        args += ["--set", setting]
-    return args
+    settings = ("dap.steps=4", "dap.per_device_batch_size=16", "finetune.default_epochs=1", *extra)
+    return ["-m", "benchmark.cli", *synthetic_run(world_root, model, out, ",".join(SHARDED), *settings)]
 
 
 def _run(command: list[str]) -> subprocess.CompletedProcess:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import synthetic_run
 
 from benchmark.records.reproduce import Tolerance, compare_records
 from benchmark.registry import default_registry
@@ -27,14 +28,10 @@ through gated blocks, contrastive views with dropout): the default suite's check
 
 
 def _args(world_root: Path, model: Path, out: Path, methods: tuple[str, ...], *extra: str) -> list[str]:
-    args = ["-m", "benchmark.cli", "run", "--profile", "synthetic", "--model", str(model), "--data-root"]
-    args += [str(world_root), "--general-heldout", str(world_root / "general_heldout.txt"), "--sequence"]
-    args += ["alpha,beta", "--methods", ",".join(methods), "--seeds", "1", "--output-dir", str(out), "--quiet"]
     # the synthetic model has 64 positions: 100 prompt vectors + 32 tokens would not fit
     prompt = ("prompt_one.num_tokens=8",) if "prompt_one" in methods else ()
-    for setting in ("dap.steps=3", "finetune.default_epochs=1", *prompt, *extra):
-        args += ["--set", setting]
-    return args
+    settings = ("dap.steps=3", "finetune.default_epochs=1", *prompt, *extra)
+    return ["-m", "benchmark.cli", *synthetic_run(world_root, model, out, ",".join(methods), *settings)]
 
 
 def _run(args: list[str]) -> None:

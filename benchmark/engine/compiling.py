@@ -36,8 +36,9 @@ def compile_blocks(model) -> None:
     # Each mode (train, eval, no_grad) and each set of hooks is one more compiled variant: more than dynamo's
     # default 8 for the hook-heavy methods, past which it would quietly fall back to eager.
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, COMPILED_VARIANTS)
-    blocks = [block for block in transformer_blocks(model) if getattr(block, "_compiled_call_impl", None) is None]
-    if len(blocks) == len(transformer_blocks(model)):  # a new run's model: the last run's variants are of no use
+    every = transformer_blocks(model)
+    fresh = [block for block in every if getattr(block, "_compiled_call_impl", None) is None]
+    if len(fresh) == len(every):  # a new run's model: the last run's variants are of no use
         torch._dynamo.reset()
-    for block in blocks:
+    for block in fresh:
         block.compile()
