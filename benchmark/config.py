@@ -347,12 +347,15 @@ def _gpu_small() -> RunConfig:
     DAS importance over every training chunk (the paper's whole-corpus pass). End tasks: the paper's protocol
     unchanged (full fine-tuning on the full splits, per-task epochs, lr 3e-5, batch 16, length 164): on the small
     base model it leaves the majority class (measured on the CPU machine, ``docs/protocol.md``). One run of a method
-    is a few minutes on an H100; several runs share one GPU.
+    is a few minutes on an H100; several runs share one GPU. The base model is ``small`` with its weights rounded to
+    float16 (``recipe:small-half``), which fits a lent GPU's 64 MiB carry and builds byte-identically from the
+    float32 original.
     """
     mini = _mini()
     return dataclasses.replace(
         mini,
         profile="gpu-small",
+        model="recipe:small-half",  # the small model in half the bytes to carry (benchmark.data.bases.Rounded)
         dap=DapConfig(
             steps=150,
             batch_size=32,

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 from benchmark.data.corpora import load_corpus, read_corpus_lines
 from benchmark.data.endtasks import Example, load_end_task, repartition
@@ -136,3 +137,33 @@ def test_a_recipe_base_model_is_built_once_and_a_missing_corpus_is_named(monkeyp
         bases.build_recipe("recipe:tiny", tmp_path / "other-work")
     with pytest.raises(DapbenchError, match="unknown base-model recipe"):
         bases.build_recipe("recipe:nothing", tmp_path / "work")
+
+
+def test_a_rounded_recipe_builds_the_same_files_from_the_float32_model_and_from_a_half_precision_copy(
+    monkeypatch, tmp_path
+):
+    from safetensors.torch import load_file, save_file
+
+    import benchmark.config
+    from benchmark.data import bases
+    from benchmark.records.identity import FileHashCache, model_checksum
+
+    tensors = {"w": torch.randn(5, 7, generator=torch.Generator().manual_seed(0)), "ids": torch.arange(4)}
+    for name, cast in (("full", lambda t: t), ("half", lambda t: t.half() if t.is_floating_point() else t)):
+        folder = tmp_path / name / "models" / "m"
+        folder.mkdir(parents=True)
+        save_file({k: cast(v) for k, v in tensors.items()}, folder / "model.safetensors")
+        (folder / "config.json").write_text('{"model_type": "bert"}')
+    monkeypatch.setattr(bases, "RECIPES", {"m-half": bases.Rounded("models/m", "float16", "a test model")})
+    built = {}
+    for name in ("full", "half"):
+        monkeypatch.setattr(benchmark.config, "shared_root", lambda name=name: tmp_path / name)
+        built[name] = bases.build_recipe("recipe:m-half", tmp_path / f"work-{name}", echo=lambda _: None)
+    checksums = {model_checksum(str(d), FileHashCache(tmp_path / f"hashes-{n}.json")) for n, d in built.items()}
+    assert len(checksums) == 1  # byte-identical wherever it is built from
+    rounded = load_file(built["full"] / "model.safetensors")
+    assert rounded["w"].dtype == torch.float32 and torch.equal(rounded["w"], tensors["w"].half().float())
+    assert torch.equal(rounded["ids"], tensors["ids"]) and (built["full"] / "config.json").is_file()
+    monkeypatch.setattr(benchmark.config, "shared_root", lambda: tmp_path / "nowhere")
+    with pytest.raises(DapbenchError, match="model of recipe 'm-half' is missing"):
+        bases.build_recipe("recipe:m-half", tmp_path / "work-new", echo=lambda _: None)

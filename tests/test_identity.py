@@ -96,6 +96,16 @@ def test_the_recorded_commit_is_dirty_for_changed_code_not_for_generated_results
     assert git_commit(tmp_path) == clean + "-dirty"
 
 
+def test_a_copy_without_git_records_the_commit_it_names_and_none_otherwise(tmp_path, monkeypatch):
+    from benchmark.engine.environment import git_commit
+
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no checkout above tmp_path is found
+    monkeypatch.delenv("DAPBENCH_GIT_COMMIT", raising=False)
+    assert git_commit(tmp_path) is None
+    monkeypatch.setenv("DAPBENCH_GIT_COMMIT", "0123abcd")
+    assert git_commit(tmp_path) == "0123abcd"
+
+
 def test_spelling_out_a_default_keeps_the_run_id(tiny_config):
     before = _ids(tiny_config)
     spelled = apply_overrides(

@@ -1,21 +1,25 @@
-"""Base models made by a recipe on first use (``--model recipe:<name>``): a corpus and a :class:`BaseModelSpec`,
-trained by ``dapbench pretrain-base`` with one CPU thread (so every machine of one CPU type builds the same weights)
-and cached in the work folder under a name that hashes the recipe. A record names such a model ``local:<name>`` and
-its checksum; ``dapbench reproduce`` rebuilds it from the profile's recipe, and the checksum says whether it is the
-same model.
+"""Base models made by a recipe on first use (``--model recipe:<name>``), cached in the work folder under a name that
+hashes the recipe: a corpus and a :class:`BaseModelSpec`, trained by ``dapbench pretrain-base`` with one CPU thread
+(so every machine of one CPU type builds the same weights), or a shared model with its weights rounded to half
+precision (:class:`Rounded`: byte-identical on every machine, from the float32 original or a half-precision copy).
+A record names such a model ``local:<name>`` and its checksum; ``dapbench reproduce`` rebuilds it from the
+profile's recipe, and the checksum says whether it is the same model.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
 from benchmark.data.pretrain import BaseModelSpec
 from benchmark.errors import DapbenchError
-from benchmark.io import built_once
+from benchmark.io import atomic_directory, built_once
 
 RECIPE = "recipe:"
 
@@ -30,7 +34,21 @@ class Recipe:
     description: str
 
 
-RECIPES = {
+@dataclass(frozen=True)
+class Rounded:
+    """A shared model directory with every floating-point weight rounded to ``dtype`` and stored back as float32.
+
+    Why: a half-precision copy is half the bytes to carry to a machine that cannot reach the shared folder (a lent GPU
+    takes at most 64 MiB per call), and rounding is idempotent, so the float32 original and such a copy build the
+    same files, and the same checksum, everywhere."""
+
+    model: str
+    """Relative to the shared assets folder (``DAPBENCH_SHARED``)."""
+    dtype: str
+    description: str
+
+
+RECIPES: dict[str, Recipe | Rounded] = {
     "general-causal": Recipe(
         corpus="data/general/train.txt",
         spec=BaseModelSpec(
@@ -49,6 +67,12 @@ RECIPES = {
         description="a Llama-style decoder (4 layers, hidden 256, 8 query / 2 key-value heads) trained on the general"
         " corpus: the base model of the mini-causal profile",
     ),
+    "small-half": Rounded(
+        model="models/small",
+        dtype="float16",
+        description="the shared small model with its weights rounded to float16: the base model of the gpu-small"
+        " profile",
+    ),
 }
 
 
@@ -64,15 +88,46 @@ def build_recipe(
     if name not in RECIPES:
         raise DapbenchError(f"unknown base-model recipe {name!r}", f"known recipes: {', '.join(RECIPES)}")
     recipe = RECIPES[name]
-    digest = hashlib.sha256(json.dumps({"corpus": recipe.corpus, **asdict(recipe.spec)}).encode()).hexdigest()[:8]
+    source = shared_root() / (recipe.corpus if isinstance(recipe, Recipe) else recipe.model)
+    fields = {"corpus": recipe.corpus, **asdict(recipe.spec)} if isinstance(recipe, Recipe) else asdict(recipe)
+    fields.pop("description", None)
+    digest = hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:8]
     out = Path(work_dir) / "bases" / f"{name}-{digest}"
-    corpus = shared_root() / recipe.corpus
-    if not out.exists() and not corpus.is_file():
-        raise DapbenchError(f"the corpus of recipe {name!r} is missing: {corpus}", "set DAPBENCH_SHARED")
+    if not out.exists() and not source.exists():
+        raise DapbenchError(f"the {'corpus' if isinstance(recipe, Recipe) else 'model'} of recipe {name!r} is missing:"
+                            f" {source}", "set DAPBENCH_SHARED")  # fmt: skip
 
     def pretrain() -> None:
         echo(f"{name}: pre-training {recipe.description} (once; {recipe.spec.steps} updates on one thread)")
         with cpu_threads(1):
-            pretrain_base(str(corpus), out, recipe.spec, show_progress=show_progress)
+            pretrain_base(str(source), out, recipe.spec, show_progress=show_progress)
 
-    return built_once(out, pretrain)
+    def round_weights() -> None:
+        echo(f"{name}: building {recipe.description} (once)")
+        write_rounded(source, out, getattr(torch, recipe.dtype))
+
+    return built_once(out, pretrain if isinstance(recipe, Recipe) else round_weights)
+
+
+def write_rounded(source: Path, out: Path, dtype: torch.dtype) -> None:
+    """``source``'s model directory at ``out`` (written atomically), its floating-point weights rounded to ``dtype``
+    and stored as float32; the other files (config, tokenizer) copied as they are."""
+    from safetensors.torch import load_file, save_file
+
+    if not any(source.glob("*.safetensors")):
+        raise DapbenchError(f"{source} holds no .safetensors weights", "point the recipe at a model directory")
+
+    def fill(tmp: Path) -> None:
+        for file in sorted(source.iterdir()):
+            if file.suffix == ".safetensors":
+                tensors = load_file(file)
+                rounded = {k: _rounded(tensors[k], dtype) for k in sorted(tensors)}
+                save_file(rounded, tmp / file.name, metadata={"format": "pt"})
+            elif file.is_file():
+                shutil.copyfile(file, tmp / file.name)
+
+    atomic_directory(out, fill)
+
+
+def _rounded(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return tensor.to(dtype).float().contiguous() if tensor.is_floating_point() else tensor.contiguous()

@@ -136,7 +136,8 @@ def peak_memory_mb() -> float:
 
 
 def git_commit(checkout: Path | None = None) -> str | None:
-    """The checkout's commit (``-dirty`` when it has uncommitted changes), None outside a git checkout.
+    """The checkout's commit (``-dirty`` when it has uncommitted changes); outside a git checkout, the commit a copy
+    of the code says it was made from (``DAPBENCH_GIT_COMMIT``), else None.
 
     Generated outputs (``results/``, ``leaderboard.md``) do not count: records written into the checkout by
     an earlier run of the same command would otherwise mark every later record dirty."""
@@ -146,5 +147,6 @@ def git_commit(checkout: Path | None = None) -> str | None:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--", *code], cwd=here, capture_output=True, text=True)
     except (OSError, subprocess.CalledProcessError):
-        return None
+        # A copy of the code without its .git (a container image, a synced tree) names its commit itself.
+        return os.environ.get("DAPBENCH_GIT_COMMIT") or None
     return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
