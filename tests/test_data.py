@@ -167,3 +167,18 @@ def test_a_rounded_recipe_builds_the_same_files_from_the_float32_model_and_from_
     monkeypatch.setattr(benchmark.config, "shared_root", lambda: tmp_path / "nowhere")
     with pytest.raises(DapbenchError, match="model of recipe 'm-half' is missing"):
         bases.build_recipe("recipe:m-half", tmp_path / "work-new", echo=lambda _: None)
+
+
+def test_a_table_is_read_in_slices_with_the_rows_a_row_by_row_read_gives():
+    from datasets import Dataset
+
+    from benchmark.data.masking import table_rows
+
+    ids = torch.arange(60).reshape(10, 6)
+    table = Dataset.from_dict({"input_ids": ids.tolist(), "special_tokens_mask": (ids % 5 == 0).long().tolist()})
+    table = table.with_format("torch")
+    rows = table_rows(table, 2, 7)
+    assert len(rows) == 5
+    for got, want in zip(rows, (table[i] for i in range(2, 7)), strict=True):
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    assert table_rows([{"a": 1}, {"a": 2}, {"a": 3}], 1, 3) == [{"a": 2}, {"a": 3}]

@@ -118,7 +118,16 @@ def fixed_mlm_batches(
     evaluation for every run, method and device, whatever the global RNG has been used for."""
     collator = MlmCollator(tokenizer, mlm_probability, generator=torch.Generator().manual_seed(seed), causal=causal)
     n = min(n_chunks, len(dataset))
-    return [collator([dataset[i] for i in range(s, min(s + batch_size, n))]) for s in range(0, n, batch_size)]
+    return [collator(table_rows(dataset, s, min(s + batch_size, n))) for s in range(0, n, batch_size)]
+
+
+def table_rows(dataset, start: int, stop: int) -> list[dict]:
+    """Rows ``start``..``stop - 1`` of ``dataset`` as row dicts; a ``datasets`` table is read as one slice, because
+    reading it row by row costs about a millisecond a row (half a minute of a bench at the paper's shape)."""
+    if hasattr(dataset, "column_names"):
+        columns = dataset[start:stop]
+        return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+    return [dataset[i] for i in range(start, stop)]
 
 
 def heldout_mlm_batches(
