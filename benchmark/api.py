@@ -249,14 +249,26 @@ def run_study(config: RunConfig, method: str, study: str, options: Mapping[str, 
     return cls.studies[study](materialise(config), dict(options or {}))
 
 
-def bench(config: RunConfig, steps: int, trace_dir: str | Path | None = None, show_progress: bool = False) -> dict:
-    """Each method's DAP update against the GEMM peak and a plain transformers step (:mod:`benchmark.tools.bench`)."""
+def bench(
+    config: RunConfig,
+    steps: int,
+    trace_dir: str | Path | None = None,
+    show_progress: bool = False,
+    warmup: int = 0,
+) -> dict:
+    """Each method's DAP update against the GEMM peak and a plain transformers step (:mod:`benchmark.tools.bench`):
+    ``steps`` timed updates per method, after ``warmup`` untimed ones (0: the stage's whole time)."""
     from benchmark.tools.bench import bench as measure
 
+    if warmup < 0 or steps < 1:
+        raise DapbenchError(
+            f"bench needs steps >= 1 and warmup >= 0, got {steps} and {warmup}", "e.g. --steps 8 --warmup 2"
+        )
     quiet_libraries()
     config = materialise(config, show_progress)
     check_inputs([config])
-    return measure(config, list(config.methods), steps, trace_dir=Path(trace_dir) if trace_dir else None)
+    trace = Path(trace_dir) if trace_dir else None
+    return measure(config, list(config.methods), steps, trace_dir=trace, warmup=warmup)
 
 
 def pretrain_base(corpus: str | Path, out_dir: str | Path, spec=None) -> Path:

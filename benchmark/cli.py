@@ -162,6 +162,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_run_arguments(bench)
     bench.add_argument("--steps", type=int, default=20, help="timed updates per method")
     bench.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="untimed updates before them (the loader's start, allocation, compilation); 0: the stage's whole time",
+    )
+    bench.add_argument(
         "--save",
         metavar="DIR",
         help="write the JSON report to DIR/<device>-<profile>[-causal][-compiled][-checkpointed].json",
@@ -364,7 +370,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     config = _config(args)
     trace = Path(args.trace) if args.trace else None
-    report = bench(config, args.steps, trace, show_progress=not args.quiet)
+    report = bench(config, args.steps, trace, show_progress=not args.quiet, warmup=args.warmup)
     print(markdown_table(report))
     if args.save:
         path = Path(args.save) / report_file_name(report, config.profile)

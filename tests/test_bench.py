@@ -8,6 +8,8 @@ import json
 import pytest
 import torch
 
+from benchmark.errors import DapbenchError
+
 
 def test_counted_flops_of_an_mlm_update_equal_the_hand_count(tiny_model):
     """Forward matmul FLOPs per layer and token: 8 d^2 (Q, K, V, O) + 4 d f (feed-forward) + 4 L d (scores and
@@ -98,6 +100,45 @@ def test_a_trace_records_exactly_the_updates_of_the_second_stage(tiny_config, tm
     assert "Self CPU" in (tmp_path / "trace" / "ncl-ops.txt").read_text()
     assert info["files"] == ["ncl.trace.json", "ncl-ops.txt"] and info["self_time"] == "cpu"
     assert len(info["top_ops"]) == 5 and 0 < sum(info["top_ops"].values()) <= 1
+
+
+def test_a_warmed_up_bench_times_only_the_updates_after_the_warmup(tiny_config, tmp_path, monkeypatch):
+    from benchmark.data.inputs import prepare_data
+    from benchmark.tools import bench as bench_module
+
+    config = dataclasses.replace(tiny_config, work_dir=str(tmp_path / "work"))
+    data = prepare_data(config)
+    data = dataclasses.replace(data, domains=data.domains[:2])
+    made = []
+
+    class Spy(bench_module.UpdateClock):
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+        def around(self, run):
+            self.method = run.method
+            return super().around(run)
+
+    monkeypatch.setattr(bench_module, "UpdateClock", Spy)
+    steps = dataclasses.replace(config, dap=dataclasses.replace(config.dap, steps=3))
+    row = bench_module.method_step(steps, data, "ncl", 0, share=0.9, warmup=2)
+    (clock,) = made
+    assert len(clock.marks) == 3 + 2  # every update of the stage marked, the warm-up ones too
+    expected = (clock.marks[-1] - clock.marks[1]) / 3
+    assert row["step_seconds"] == round(expected, 4) > 0
+    assert row["tokens_per_second"] == round(config.dap.batch_size * config.dap.seq_len / expected, 1)
+    assert "after_optimizer_step" not in vars(clock.method)  # the method's own hook again after the stage
+    with pytest.raises(ValueError, match="none after the first 5"):
+        clock.seconds_per_update(after=5)
+
+
+def test_a_bench_without_timed_updates_or_with_a_negative_warmup_is_refused(tiny_config):
+    from benchmark.api import bench
+
+    for steps, warmup in ((0, 0), (2, -1)):
+        with pytest.raises(DapbenchError, match="steps >= 1 and warmup >= 0"):
+            bench(tiny_config, steps, warmup=warmup)
 
 
 @pytest.mark.parametrize("precision", ["no", "bf16"])

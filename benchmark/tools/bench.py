@@ -37,10 +37,16 @@ BENCH_SCHEMA = 1
 
 
 def bench(
-    config: RunConfig, methods: list[str], updates: int, seed: int = 0, trace_dir: Path | None = None
+    config: RunConfig,
+    methods: list[str],
+    updates: int,
+    seed: int = 0,
+    trace_dir: Path | None = None,
+    warmup: int = 0,
 ) -> dict[str, Any]:
-    """The bench report of ``methods`` (``updates`` timed updates each) on the first two domains of ``config``;
-    with ``trace_dir``, a profiler record of each method's updates there (:func:`trace_updates`)."""
+    """The bench report of ``methods`` (``updates`` timed updates each, after ``warmup`` untimed ones) on the first
+    two domains of ``config``; with ``trace_dir``, a profiler record of each method's updates there
+    (:func:`trace_updates`)."""
     _count_cpu_attention()
     with tempfile.TemporaryDirectory() as work:
         # Each stage a bench runs still evaluates its model on held-out text, which the bench does not measure: two
@@ -54,7 +60,7 @@ def bench(
         peak = gemm_peak(device, _dtype(precision))
         plain = plain_step(cfg, data, updates, accelerator)
         share = encoder_share(cfg, data, device)  # of the base model: the same for every method's bound
-        rows = {name: method_step(cfg, data, name, seed, share, trace_dir) for name in methods}
+        rows = {name: method_step(cfg, data, name, seed, share, trace_dir, warmup) for name in methods}
         unit = rows["ncl"]["flops_per_update"] if "ncl" in rows else mlm_update_flops(cfg, data, seed, share)
     for row in [plain, *rows.values()]:
         _derive(row, peak, unit, plain)
@@ -71,6 +77,7 @@ def bench(
         "global_batch": cfg.dap.batch_size,
         "seq_len": cfg.dap.seq_len,
         "timed_updates": updates,
+        "warmup_updates": warmup,
         "gemm_peak_tflops": round(peak / 1e12, 4),
         "mlm_pass_gflops": round(unit / 1e9, 3),
         "plain_transformers": plain,
@@ -79,13 +86,29 @@ def bench(
 
 
 def method_step(
-    cfg: RunConfig, data: RunData, name: str, seed: int, share: float, trace_dir: Path | None = None
+    cfg: RunConfig,
+    data: RunData,
+    name: str,
+    seed: int,
+    share: float,
+    trace_dir: Path | None = None,
+    warmup: int = 0,
 ) -> dict[str, Any]:
     """A method's second-domain stage: its timing and peak memory, FLOPs of one counted update, its declared bound
-    given the encoder's ``share`` of an MLM update, and (with ``trace_dir``) a profiler record of a few updates."""
-    timed, stats, _ = _second_stage(cfg, data, name, seed, cfg.dap.steps, lambda _: contextlib.nullcontext())
+    given the encoder's ``share`` of an MLM update, and (with ``trace_dir``) a profiler record of a few updates.
+
+    With ``warmup`` 0 the time is the stage's (its first update's one-off work included: loader start, allocation,
+    compilation); otherwise the stage runs ``warmup`` more updates first and only the later ones are timed, from
+    the end of one update to the end of the last (:class:`UpdateClock`), as the plain step is timed."""
+    clock = UpdateClock()
+    make = (lambda run: clock.around(run)) if warmup else (lambda _: contextlib.nullcontext())
+    timed, stats, _ = _second_stage(cfg, data, name, seed, cfg.dap.steps + warmup, make)
     if timed is None:
         return {"trains": False}
+    if warmup:
+        seconds = clock.seconds_per_update(after=warmup)
+        tokens = cfg.dap.batch_size * cfg.dap.seq_len
+        stats = {**stats, "step_seconds": round(seconds, 4), "tokens_per_second": round(tokens / seconds, 1)}
     counted, _, counter = _second_stage(cfg, data, name, seed, 1, lambda _: FlopCounterMode(display=False))
     row = {
         "trains": True,
@@ -100,6 +123,49 @@ def method_step(
     return row
 
 
+class UpdateClock:
+    """The end of every update of a stage, marked after its optimizer step (a CUDA event on a GPU, recorded without a
+    host sync; the host clock elsewhere), so that the time of the updates after the first few can be read."""
+
+    def __init__(self):
+        self.marks: list = []
+        self.cuda = False
+
+    @contextlib.contextmanager
+    def around(self, run: ContinualRun):
+        """Mark the end of every update of ``run``'s stage while inside."""
+        self.cuda = run.parts.accelerator.device.type == "cuda"
+        method = run.method
+        original = method.after_optimizer_step
+
+        def marked(ctx) -> None:
+            original(ctx)
+            self.marks.append(self._now())
+
+        method.after_optimizer_step = marked  # an instance attribute shadows the method for this stage only
+        try:
+            yield self
+        finally:
+            del method.after_optimizer_step
+
+    def seconds_per_update(self, after: int) -> float:
+        """Mean seconds of the updates after the first ``after`` (from the end of update ``after`` to the last's)."""
+        if len(self.marks) <= after:
+            raise ValueError(f"{len(self.marks)} updates marked: none after the first {after}")
+        first, last = self.marks[after - 1], self.marks[-1]
+        if self.cuda:
+            last.synchronize()
+            return first.elapsed_time(last) / 1000 / (len(self.marks) - after)
+        return (last - first) / (len(self.marks) - after)
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+
 TRACE_UPDATES = 3
 """Updates of the second stage a ``--trace`` records (the first carries the stage's one-off work: read it apart)."""
 
@@ -110,8 +176,9 @@ def trace_updates(cfg: RunConfig, data: RunData, name: str, seed: int, out: Path
     (operators by self time). Returns the file names and the five operators with the largest share of self time."""
     from torch.profiler import ProfilerActivity, profile
 
-    def profiler(device: torch.device):
-        return profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if device.type == "cuda" else [])])
+    def profiler(run: ContinualRun):
+        cuda = run.parts.accelerator.device.type == "cuda"
+        return profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])])
 
     run, _, profiler = _second_stage(cfg, data, name, seed, TRACE_UPDATES, profiler)
     gpu = run.parts.accelerator.device.type == "cuda"
@@ -132,14 +199,14 @@ def trace_updates(cfg: RunConfig, data: RunData, name: str, seed: int, out: Path
 
 def _second_stage(cfg: RunConfig, data: RunData, name: str, seed: int, updates: int, make: Callable) -> tuple:
     """A fresh run of ``name`` with ``updates`` updates per stage whose second stage's updates run inside the context
-    ``make(device)`` returns: the run, the stage's statistics and that context, after the stage (three Nones for a
+    ``make(run)`` returns: the run, the stage's statistics and that context, after the stage (three Nones for a
     method that does not train)."""
     short = dataclasses.replace(cfg, dap=dataclasses.replace(cfg.dap, steps=updates, log_every=updates))
     run = ContinualRun(short, data, name, seed, show_progress=False)
     if not run.schedule.trains():
         return None, None, None
     run.stages.run(0)
-    instrument = make(run.parts.accelerator.device)
+    instrument = make(run)
     run.stages.instrument = lambda: instrument
     return run, run.stages.run(1), instrument
 
