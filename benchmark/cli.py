@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from benchmark.config import DEFAULT_OUTPUT, PROFILES
@@ -75,8 +77,10 @@ def main(argv: list[str] | None = None, *, console: bool = False) -> int:
         parser.print_help()
         return 0
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if _main_thread() else {}
+    unraisable_hook = sys.unraisablehook
     if handlers:
         signal.signal(signal.SIGTERM, _terminated)
+        sys.unraisablehook = _SwallowedStopRedelivery(unraisable_hook)
     try:
         _quiet_libraries()
         return args.func(args)
@@ -98,14 +102,38 @@ def main(argv: list[str] | None = None, *, console: bool = False) -> int:
         if not console:  # an in-process caller (a Slurm job, a test) gets its own handlers back
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+            sys.unraisablehook = unraisable_hook
 
 
-class _Terminated(Exception):
-    """SIGTERM, turned into an exception so that the run stops like on Ctrl-C (cluster schedulers send it)."""
+class _Terminated(BaseException):
+    """SIGTERM, turned into an exception so that the run stops like on Ctrl-C (cluster schedulers send it); a
+    BaseException, like KeyboardInterrupt, so that no library's ``except Exception`` swallows it."""
 
 
 def _terminated(signum, frame) -> None:
     raise _Terminated
+
+
+class _SwallowedStopRedelivery:
+    """A ``sys.unraisablehook`` for the run: a stop signal that lands while a finaliser (``__del__``, a weakref
+    callback) runs raises there, where Python can only print the exception and carry on, so the run would neither
+    stop nor stay quiet. This hook keeps it quiet and sends the same signal again a moment later, from a helper
+    thread, when the finaliser has returned; every other unraisable exception goes to the previous hook."""
+
+    def __init__(self, previous) -> None:
+        self.previous = previous
+
+    def __call__(self, unraisable) -> None:
+        stop = unraisable.exc_value
+        if not isinstance(stop, (KeyboardInterrupt, _Terminated)):
+            self.previous(unraisable)
+            return
+        signum = signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT
+        threading.Timer(0.05, self._send_again, (signum,)).start()
+
+    def _send_again(self, signum: int) -> None:
+        if sys.unraisablehook is self:  # still this run's: an in-process caller's own handlers are not targeted
+            os.kill(os.getpid(), signum)
 
 
 def _ignore_further_signals() -> None:
@@ -116,8 +144,6 @@ def _ignore_further_signals() -> None:
 
 
 def _main_thread() -> bool:
-    import threading
-
     return threading.current_thread() is threading.main_thread()
 
 

@@ -114,6 +114,60 @@ def test_interrupt_is_one_line_with_resume_advice_and_keeps_finished_work(
     assert ledger.exists()  # finished work is kept
 
 
+STOP_IN_A_FINALISER = """
+import os, signal, sys, time
+from benchmark import cli
+
+
+class StopInItsFinaliser:
+    def __del__(self):
+        os.kill(os.getpid(), signal.{signame})
+        time.sleep(1)  # the handler runs here, inside the finaliser, where Python can only print what it raises
+
+
+def finalise_then_work(args):
+    StopInItsFinaliser()
+    time.sleep(15)
+    print("the work finished", file=sys.stderr)
+    return 0
+
+
+cli.cmd_list = finalise_then_work  # the command `list` now runs the finaliser, then works
+sys.exit(cli.main(["list"], console=True))
+"""
+
+
+@pytest.mark.parametrize(("signame", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_stop_signal_that_lands_in_a_finaliser_still_stops_the_run_quietly(signame, code):
+    """CI once saw SIGTERM land in a tokenizer library's ``__del__``: Python printed an "Exception ignored"
+    traceback there and the run went on until a second signal."""
+    import signal
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", STOP_IN_A_FINALISER.format(signame=signame)],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    assert done.returncode == code, done.stderr
+    assert "the work finished" not in done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    assert "run the same command again to resume" in done.stderr
+
+
+def test_other_exceptions_in_finalisers_still_reach_the_previous_hook():
+    from types import SimpleNamespace
+
+    from benchmark.cli import _SwallowedStopRedelivery
+
+    seen = []
+    hook = _SwallowedStopRedelivery(seen.append)
+    unraisable = SimpleNamespace(exc_value=ValueError("a finaliser's own bug"))
+    hook(unraisable)
+    assert seen == [unraisable]
+
+
 def test_two_identical_commands_in_one_folder_neither_crash_nor_duplicate(world_root, tiny_model, tmp_path):
     import subprocess
     import sys
