@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -76,11 +77,12 @@ def main(argv: list[str] | None = None, *, console: bool = False) -> int:
     if args.command is None:  # bare `dapbench`: what it can do
         parser.print_help()
         return 0
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if _main_thread() else {}
-    unraisable_hook = sys.unraisablehook
-    if handlers:
-        signal.signal(signal.SIGTERM, _terminated)
-        sys.unraisablehook = _SwallowedStopRedelivery(unraisable_hook)
+    with _signals_stop_the_run(restore=not console):
+        return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """The parsed command's exit code: its own, 2 for bad input (one line), 130/143 when a signal stopped it."""
     try:
         _quiet_libraries()
         return args.func(args)
@@ -98,8 +100,24 @@ def main(argv: list[str] | None = None, *, console: bool = False) -> int:
             file=sys.stderr,
         )
         return code
+
+
+@contextlib.contextmanager
+def _signals_stop_the_run(restore: bool):
+    """While a command runs in the main thread: SIGTERM raises like Ctrl-C does, and a stop signal swallowed by a
+    finaliser is sent again; with ``restore``, an in-process caller (a Slurm job, a test) gets its own signal
+    handlers and unraisable hook back afterwards. Elsewhere (only the main thread may set handlers) nothing changes."""
+    if not _main_thread():
+        yield
+        return
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    unraisable_hook = sys.unraisablehook
+    signal.signal(signal.SIGTERM, _terminated)
+    sys.unraisablehook = _SwallowedStopRedelivery(unraisable_hook)
+    try:
+        yield
     finally:
-        if not console:  # an in-process caller (a Slurm job, a test) gets its own handlers back
+        if restore:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
             sys.unraisablehook = unraisable_hook
