@@ -33,6 +33,26 @@ class Recipe:
     spec: BaseModelSpec
     description: str
 
+    source_kind = "corpus"
+
+    @property
+    def source(self) -> str:
+        """What the build reads, relative to the shared assets folder."""
+        return self.corpus
+
+    def fingerprint(self) -> dict:
+        """Every field that decides the built weights (the cache folder's name hashes it)."""
+        return {"corpus": self.corpus, **asdict(self.spec)}
+
+    def build(self, name: str, source: Path, out: Path, show_progress: bool, echo: Callable[[str], None]) -> None:
+        """Pre-train the model at ``out`` with one CPU thread (so one CPU type builds the same weights)."""
+        from benchmark.data.pretrain import pretrain_base
+        from benchmark.records.reproduce import cpu_threads
+
+        echo(f"{name}: pre-training {self.description} (once; {self.spec.steps} updates on one thread)")
+        with cpu_threads(1):
+            pretrain_base(str(source), out, self.spec, show_progress=show_progress)
+
 
 @dataclass(frozen=True)
 class Rounded:
@@ -46,6 +66,22 @@ class Rounded:
     """Relative to the shared assets folder (``DAPBENCH_SHARED``)."""
     dtype: str
     description: str
+
+    source_kind = "model"
+
+    @property
+    def source(self) -> str:
+        """What the build reads, relative to the shared assets folder."""
+        return self.model
+
+    def fingerprint(self) -> dict:
+        """Every field that decides the built weights (the cache folder's name hashes it)."""
+        return {"model": self.model, "dtype": self.dtype}
+
+    def build(self, name: str, source: Path, out: Path, show_progress: bool, echo: Callable[[str], None]) -> None:
+        """Write the rounded copy at ``out``."""
+        echo(f"{name}: building {self.description} (once)")
+        write_rounded(source, out, getattr(torch, self.dtype))
 
 
 RECIPES: dict[str, Recipe | Rounded] = {
@@ -81,32 +117,17 @@ def build_recipe(
 ) -> Path:
     """The directory of the base model ``recipe:<name>`` names, built now if it is not cached yet."""
     from benchmark.config import shared_root
-    from benchmark.data.pretrain import pretrain_base
-    from benchmark.records.reproduce import cpu_threads
 
     name = model.removeprefix(RECIPE)
     if name not in RECIPES:
         raise DapbenchError(f"unknown base-model recipe {name!r}", f"known recipes: {', '.join(RECIPES)}")
     recipe = RECIPES[name]
-    source = shared_root() / (recipe.corpus if isinstance(recipe, Recipe) else recipe.model)
-    fields = {"corpus": recipe.corpus, **asdict(recipe.spec)} if isinstance(recipe, Recipe) else asdict(recipe)
-    fields.pop("description", None)
-    digest = hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:8]
+    source = shared_root() / recipe.source
+    digest = hashlib.sha256(json.dumps(recipe.fingerprint()).encode()).hexdigest()[:8]
     out = Path(work_dir) / "bases" / f"{name}-{digest}"
     if not out.exists() and not source.exists():
-        raise DapbenchError(f"the {'corpus' if isinstance(recipe, Recipe) else 'model'} of recipe {name!r} is missing:"
-                            f" {source}", "set DAPBENCH_SHARED")  # fmt: skip
-
-    def pretrain() -> None:
-        echo(f"{name}: pre-training {recipe.description} (once; {recipe.spec.steps} updates on one thread)")
-        with cpu_threads(1):
-            pretrain_base(str(source), out, recipe.spec, show_progress=show_progress)
-
-    def round_weights() -> None:
-        echo(f"{name}: building {recipe.description} (once)")
-        write_rounded(source, out, getattr(torch, recipe.dtype))
-
-    return built_once(out, pretrain if isinstance(recipe, Recipe) else round_weights)
+        raise DapbenchError(f"the {recipe.source_kind} of recipe {name!r} is missing: {source}", "set DAPBENCH_SHARED")
+    return built_once(out, lambda: recipe.build(name, source, out, show_progress, echo))
 
 
 def write_rounded(source: Path, out: Path, dtype: torch.dtype) -> None:
