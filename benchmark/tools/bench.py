@@ -123,6 +123,10 @@ def method_step(
     return row
 
 
+def _on_cuda(run: ContinualRun) -> bool:
+    return run.parts.accelerator.device.type == "cuda"
+
+
 class UpdateClock:
     """The end of every update of a stage, marked after its optimizer step (a CUDA event on a GPU, recorded without a
     host sync; the host clock elsewhere), so that the time of the updates after the first few can be read."""
@@ -134,7 +138,7 @@ class UpdateClock:
     @contextlib.contextmanager
     def around(self, run: ContinualRun):
         """Mark the end of every update of ``run``'s stage while inside."""
-        self.cuda = run.parts.accelerator.device.type == "cuda"
+        self.cuda = _on_cuda(run)
         method = run.method
         original = method.after_optimizer_step
 
@@ -177,11 +181,10 @@ def trace_updates(cfg: RunConfig, data: RunData, name: str, seed: int, out: Path
     from torch.profiler import ProfilerActivity, profile
 
     def profiler(run: ContinualRun):
-        cuda = run.parts.accelerator.device.type == "cuda"
-        return profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])])
+        return profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if _on_cuda(run) else [])])
 
     run, _, profiler = _second_stage(cfg, data, name, seed, TRACE_UPDATES, profiler)
-    gpu = run.parts.accelerator.device.type == "cuda"
+    gpu = _on_cuda(run)
     out.mkdir(parents=True, exist_ok=True)
     profiler.export_chrome_trace(str(out / f"{name}.trace.json"))
     key = "self_device_time_total" if gpu else "self_cpu_time_total"
