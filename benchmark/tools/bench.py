@@ -219,6 +219,7 @@ def encoder_share(cfg: RunConfig, data: RunData, device: torch.device | None = N
     backward) of the base model on one training micro-batch; the rest is the LM head on the predicted tokens. Counted
     on ``device`` (the CPU by default): the count is the same on any device, a GPU's is a second instead of 19 at the
     paper's shape."""
+    from benchmark.data.masking import table_rows
     from benchmark.data.sampling import SeededMasking
     from benchmark.modeling import encoder_of, load_masked_lm, mlm_loss
 
@@ -228,7 +229,7 @@ def encoder_share(cfg: RunConfig, data: RunData, device: torch.device | None = N
     train = data.corpora[data.domains[0]].train
     micro = min(cfg.dap.per_device_batch_size, len(train))
     masking = SeededMasking(data.tokenizer, cfg.dap.mlm_probability, 0, 0, causal=data.causal)
-    _, batch = masking([(0, train[i]) for i in range(micro)])
+    _, batch = masking([(0, row) for row in table_rows(train, 0, micro)])
     batch = {k: v.to(device) for k, v in batch.items()}
     encoder = encoder_of(model)
 
