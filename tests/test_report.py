@@ -219,6 +219,21 @@ def test_the_report_rewrites_only_what_changed_and_deletes_only_its_own_files(re
     assert "| `ncl` | 3 |" in board and "±" in board and "Evaluation sample:" in board
 
 
+def test_a_change_of_the_rendering_code_redraws_pages_and_plots_of_unchanged_records(records, tmp_path, monkeypatch):
+    from benchmark.report import writer
+
+    out = tmp_path / "out"
+    _write(out, records[:6])
+    write_report(out)
+    page = out / "results" / "report" / "runs" / f"{records[3]['run_id']}.md"
+    monkeypatch.setattr(writer, "run_tables", lambda record: f"new layout of {record['run_id']}\n")
+    assert write_report(out)["files"] == 1 + 6  # every page, no plot: the plotting code did not change
+    assert page.read_text() == f"new layout of {records[3]['run_id']}\n"
+    monkeypatch.setattr(writer, "_plots_code", lambda: "other plotting code")
+    plots = sorted((out / "results" / "report" / "plots").iterdir())
+    assert write_report(out)["files"] == 1 + len(plots)  # every plot redrawn, no page
+
+
 def test_symbolic_links_in_the_results_folder_are_refused(records, tmp_path):
     out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
     _write(out, records[:1])
@@ -273,3 +288,24 @@ def test_runs_over_several_domain_orders_form_one_group_paired_by_order_and_seed
     assert lines[0] == "### Over domain orders" and any(line.startswith("| `das` |") for line in lines)
     (ncl_cmp,) = [c for c in stats.comparisons("ncl", LOSS_COLUMNS[0]) if c.label == "das"]
     assert ncl_cmp.n == 2  # paired over the two orders of seed 2021
+
+
+def test_a_decoder_group_names_its_next_token_loss_and_the_base_perplexity(records):
+    from benchmark.report.markdown import leaderboard_markdown
+    from benchmark.report.writer import run_tables
+
+    decoders = copy.deepcopy(records[:6])
+    for record in decoders:
+        record["model_kind"] = "causal"
+    (group,), _ = group_records(decoders)
+    board = leaderboard_markdown([(group, _statistics(group), {})])
+    assert "### Continual (held-out next-token loss, nats per token)" in board
+    base = decoders[0]["mlm_loss"]["base"]
+    for column in decoders[0]["mlm_loss"]["columns"]:
+        assert f"{text(column)} {np.exp(base[column]):.1f}" in board
+    page = run_tables(decoders[3])
+    assert "## held-out next-token loss (nats per token)" in page and "## perplexity (exp of the loss)" in page
+    (masked,), _ = group_records(records[:6])
+    plain = leaderboard_markdown([(masked, _statistics(masked), {})])
+    assert "### Continual (held-out loss, nats)" in plain and "perplexity" not in plain
+    assert "perplexity" not in run_tables(records[3])

@@ -5,6 +5,7 @@ verdicts, links to plots, the reading. Every string that comes from a record is 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -49,7 +50,7 @@ def leaderboard_markdown(
         lines.append("No complete run records yet.")
     for group, stats, plots in sections:
         lines += [f"## {text(group.title)}", "", *group_header(group), ""]
-        lines += ["### Continual (held-out loss, nats)", ""]
+        lines += ["### Continual ({}, {})".format(*loss_unit(group.records[0])), ""]
         lines += table(stats, LOSS_COLUMNS, "final gain", verdicts(stats), trailing=COST_COLUMNS)
         lines += ["", "### End tasks", "", *table(stats, END_TASK_COLUMNS, "final macro-F1"), ""]
         lines += order_tables(stats)
@@ -85,6 +86,7 @@ def group_header(group: Group) -> list[str]:
         f"- DAP per domain: {dap['steps']} updates of {dap['batch_size']} x {dap['seq_len']} tokens, lr {dap['lr']},"
         f" warmup {dap['warmup_ratio']}, weight decay {dap['weight_decay']}; held-out: up to {dap['heldout_chunks']}"
         f" chunks x {dap.get('heldout_mask_draws', 1)} mask draw(s) per set",
+        *_decoder_line(first),
         f"- end tasks: {end_task_protocol(ft)}; matrix {code(config['matrix'])}",
         f"- made by commit(s) {', '.join(code(c) for c in commits)} on {text('; '.join(devices))}; {wall / 3600:.2f} h"
         " of run wall time in all (runs that shared the machine overlap)",
@@ -95,6 +97,28 @@ def group_header(group: Group) -> list[str]:
         json.dumps(group.payload["config"], indent=1, sort_keys=True).replace("```", "'''"),
         "```",
         "</details>",
+    ]
+
+
+def is_decoder(record: dict) -> bool:
+    """Whether the record's base model is a causal LM (its held-out losses are next-token losses)."""
+    return record.get("model_kind") == "causal"
+
+
+def loss_unit(record: dict) -> tuple[str, str]:
+    """What the record's held-out losses measure, and their unit."""
+    return ("held-out next-token loss", "nats per token") if is_decoder(record) else ("held-out loss", "nats")
+
+
+def _decoder_line(record: dict) -> list[str]:
+    # the base model is part of the group's settings, so every record of the group has the same base losses
+    if not is_decoder(record):
+        return []
+    base = record["mlm_loss"]["base"]
+    perplexity = ", ".join(f"{text(k)} {math.exp(base[k]):.1f}" for k in record["mlm_loss"]["columns"])
+    return [
+        "- decoder (causal LM): held-out losses are next-token cross-entropy in nats per token, every position of every"
+        f" held-out chunk; the base model's perplexity (exp of its loss) per set: {perplexity}"
     ]
 
 

@@ -20,7 +20,7 @@ from benchmark.records.store import REPORT_FOLDER, load_records
 from benchmark.report.escape import code, text
 from benchmark.report.frame import leaderboard_frame, reference_labels
 from benchmark.report.groups import Group, group_records
-from benchmark.report.markdown import leaderboard_markdown
+from benchmark.report.markdown import is_decoder, leaderboard_markdown, loss_unit
 from benchmark.report.statistics import GroupStatistics
 
 MANIFEST = "manifest.json"
@@ -70,22 +70,35 @@ def _digest(record: dict) -> str:
 
 
 def _write_runs(group: Group, report: Path, previous: dict, manifest: dict) -> int:
-    """One Markdown file per record with its A[t][k] and held-out loss matrices (rewritten when it changed)."""
+    """One Markdown file per record with its A[t][k] and held-out loss matrices, rewritten when its text changed: the
+    page is rendered every time (cheap), so a change of the record or of the code that renders it shows."""
     written = 0
     for record in group.records:
-        relative, digest = f"runs/{record['run_id']}.md", _digest(record)
-        manifest["runs"][record["run_id"]] = {"digest": digest, "file": relative}
-        if previous["runs"].get(record["run_id"], {}).get("digest") != digest or not (report / relative).is_file():
-            atomic_write_text(report / relative, run_tables(record))
+        relative = f"runs/{record['run_id']}.md"
+        manifest["runs"][record["run_id"]] = {"digest": _digest(record), "file": relative}
+        page, path = run_tables(record), report / relative
+        if not path.is_file() or path.read_text(encoding="utf-8") != page:
+            atomic_write_text(path, page)
             written += 1
     return written
 
 
+def _plots_code() -> str:
+    """A digest of the plotting code: plots are redrawn when it changes, not only when their records do."""
+    import inspect
+
+    from benchmark.report import plots
+
+    return hashlib.sha256(inspect.getsource(plots).encode()).hexdigest()
+
+
 def _write_group_plots(group: Group, report: Path, previous: dict, manifest: dict) -> int:
-    """The group's plots (every one whose data the group has), redrawn when one of its records changed."""
+    """The group's plots (every one whose data the group has), redrawn when one of its records or the plotting code
+    changed."""
     from benchmark.report.plots import GROUP_PLOTS
 
-    digest = hashlib.sha256("".join(sorted(manifest["runs"][r["run_id"]]["digest"] for r in group.records)).encode())
+    records = "".join(sorted(manifest["runs"][r["run_id"]]["digest"] for r in group.records))
+    digest = hashlib.sha256((records + _plots_code()).encode())
     entry = {"digest": digest.hexdigest()[:16], "files": {}}
     before = previous["groups"].get(group.key, {})
     if before.get("digest") == entry["digest"] and all((report / f).is_file() for f in before["files"].values()):
@@ -133,6 +146,7 @@ def _progress(items: list, show: bool, desc: str):
 
 def run_tables(record: dict) -> str:
     """A record's matrices as Markdown: A[t][k] (accuracy and macro-F1, percent) and the held-out loss matrix."""
+    import numpy as np
     import pandas as pd
 
     domains, tasks = record["sequence"], record["end_tasks"]
@@ -146,5 +160,7 @@ def run_tables(record: dict) -> str:
     index = ["base", *[f"after {text(d)}" for d in domains]]
     frame = pd.DataFrame(rows, index=index)[losses["columns"]]
     frame.columns = [text(c) for c in frame.columns]
-    lines += ["## held-out loss (nats)", "", frame.to_markdown(floatfmt=".4f"), ""]
+    lines += ["## {} ({})".format(*loss_unit(record)), "", frame.to_markdown(floatfmt=".4f"), ""]
+    if is_decoder(record):
+        lines += ["## perplexity (exp of the loss)", "", np.exp(frame.astype(float)).to_markdown(floatfmt=".1f"), ""]
     return "\n".join(lines)
