@@ -87,7 +87,7 @@ def _plots_code() -> str:
     """A digest of the plotting code: plots are redrawn when it changes, not only when their records do."""
     import inspect
 
-    from benchmark.report import plots
+    import benchmark.report.plots as plots  # the module itself, not the package: no import cycle through it
 
     return hashlib.sha256(inspect.getsource(plots).encode()).hexdigest()
 
