@@ -35,10 +35,10 @@ def write_report(output_dir: str | Path, show_progress: bool = False) -> dict[st
     groups, superseded = group_records(records)  # every check runs before anything is written
     previous = _read_manifest(report)
     manifest: dict = {"runs": {}, "groups": {}}
-    written = 0
+    written, plots_code = 0, _plots_code()
     for group in _progress(groups, show_progress, "report: groups"):
         written += _write_runs(group, report, previous, manifest)
-        written += _write_group_plots(group, report, previous, manifest)
+        written += _write_group_plots(group, report, previous, manifest, plots_code)
     sections = [(g, _statistics(g), _links(manifest["groups"][g.key]["files"])) for g in groups]
     atomic_write_text(out / "leaderboard.md", leaderboard_markdown(sections, superseded))
     _remove_unproduced(report, previous, manifest)
@@ -92,13 +92,13 @@ def _plots_code() -> str:
     return hashlib.sha256(inspect.getsource(plots).encode()).hexdigest()
 
 
-def _write_group_plots(group: Group, report: Path, previous: dict, manifest: dict) -> int:
+def _write_group_plots(group: Group, report: Path, previous: dict, manifest: dict, plots_code: str) -> int:
     """The group's plots (every one whose data the group has), redrawn when one of its records or the plotting code
-    changed."""
+    (``plots_code``, its digest: read once per report) changed."""
     from benchmark.report.plots import GROUP_PLOTS
 
     records = "".join(sorted(manifest["runs"][r["run_id"]]["digest"] for r in group.records))
-    digest = hashlib.sha256((records + _plots_code()).encode())
+    digest = hashlib.sha256((records + plots_code).encode())
     entry = {"digest": digest.hexdigest()[:16], "files": {}}
     before = previous["groups"].get(group.key, {})
     if before.get("digest") == entry["digest"] and all((report / f).is_file() for f in before["files"].values()):
