@@ -132,11 +132,64 @@ def test_a_recipe_base_model_is_built_once_and_a_missing_corpus_is_named(monkeyp
     again = bases.build_recipe("recipe:tiny", tmp_path / "work", echo=said.append)
     assert first == again and len(said) == 1  # cached: built on first use only
     assert AutoModelForCausalLM.from_pretrained(first).config.num_key_value_heads == 1
+    numerics = json.loads((first / "pretraining.json").read_text())["numerics"]
+    assert numerics == bases.pinned_numerics_env()  # the child process built with the pinned arithmetic
     monkeypatch.setattr(bases, "RECIPES", {"tiny": bases.Recipe("text/missing.txt", spec, "no corpus")})
     with pytest.raises(DapbenchError, match="corpus of recipe 'tiny' is missing"):
         bases.build_recipe("recipe:tiny", tmp_path / "other-work")
     with pytest.raises(DapbenchError, match="unknown base-model recipe"):
         bases.build_recipe("recipe:nothing", tmp_path / "work")
+
+
+def test_the_pinned_numerics_fix_the_kernels_on_x86_and_the_threads_everywhere():
+    from benchmark.data.bases import pinned_numerics_env
+
+    x86 = pinned_numerics_env("x86_64")
+    assert x86["ATEN_CPU_CAPABILITY"] == "avx2" and x86["MKL_CBWR"] == "AVX2,STRICT"
+    assert pinned_numerics_env("aarch64") == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    assert x86["OMP_NUM_THREADS"] == x86["MKL_NUM_THREADS"] == "1"
+
+
+def test_a_recipe_base_model_has_the_same_weights_whatever_instruction_set_the_calling_process_asks_for(
+    monkeypatch, tmp_path
+):
+    import benchmark.config
+    from benchmark.data import bases
+    from benchmark.data.pretrain import BaseModelSpec
+    from benchmark.records.identity import FileHashCache, model_checksum
+
+    shared = tmp_path / "shared"
+    (shared / "text").mkdir(parents=True)
+    lines = [f"passage {i} tells of the {w} river and {i % 7} hills ." for i in range(400) for w in ("north", "far")]
+    (shared / "text" / "general.txt").write_text("\n".join(lines) + "\n")
+    spec = BaseModelSpec(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seq_len=32,
+                         steps=6, batch_size=8, causal=True, kv_heads=2)  # fmt: skip
+    monkeypatch.setattr(bases, "RECIPES", {"tiny": bases.Recipe("text/general.txt", spec, "a tiny test decoder")})
+    monkeypatch.setattr(benchmark.config, "shared_root", lambda: shared)
+    checksums = set()
+    for asked in ("avx512", "default"):
+        # the caller's environment asks for other kernels; the build's child must not inherit that
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", asked)
+        built = bases.build_recipe("recipe:tiny", tmp_path / f"work-{asked}", echo=lambda _: None)
+        checksums.add(model_checksum(str(built), FileHashCache(tmp_path / f"hashes-{asked}.json")))
+    assert len(checksums) == 1
+
+
+def test_a_failed_recipe_build_is_named_and_caches_nothing(monkeypatch, tmp_path):
+    import benchmark.config
+    from benchmark.data import bases
+    from benchmark.data.pretrain import BaseModelSpec
+
+    shared = tmp_path / "shared"
+    (shared / "text").mkdir(parents=True)
+    (shared / "text" / "general.txt").write_text("")  # an empty corpus: nothing to train on
+    spec = BaseModelSpec(vocab_size=50, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=16, seq_len=8,
+                         steps=2, batch_size=2, causal=True)  # fmt: skip
+    monkeypatch.setattr(bases, "RECIPES", {"tiny": bases.Recipe("text/general.txt", spec, "an empty corpus")})
+    monkeypatch.setattr(benchmark.config, "shared_root", lambda: shared)
+    with pytest.raises(DapbenchError, match="building the base model 'tiny' failed"):
+        bases.build_recipe("recipe:tiny", tmp_path / "work", echo=lambda _: None)
+    assert not [p for p in (tmp_path / "work" / "bases").iterdir() if not p.name.endswith(".lock")]
 
 
 def test_a_rounded_recipe_builds_the_same_files_from_the_float32_model_and_from_a_half_precision_copy(

@@ -1,7 +1,8 @@
 """Base models made by a recipe on first use (``--model recipe:<name>``), cached in the work folder under a name that
-hashes the recipe: a corpus and a :class:`BaseModelSpec`, trained by ``dapbench pretrain-base`` with one CPU thread
-(so every machine of one CPU type builds the same weights), or a shared model with its weights rounded to half
-precision (:class:`Rounded`: byte-identical on every machine, from the float32 original or a half-precision copy).
+hashes the recipe: a corpus and a :class:`BaseModelSpec`, trained by ``dapbench pretrain-base`` in a child process
+with pinned CPU arithmetic (one thread, AVX2 kernels: :func:`pinned_numerics_env`, so every x86-64 machine with AVX2
+builds the same weights), or a shared model with its weights rounded to half precision (:class:`Rounded`:
+byte-identical on every machine, from the float32 original or a half-precision copy).
 A record names such a model ``local:<name>`` and its checksum; ``dapbench reproduce`` rebuilds it from the
 profile's recipe, and the checksum says whether it is the same model.
 """
@@ -10,7 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import platform
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +27,25 @@ from benchmark.errors import DapbenchError
 from benchmark.io import atomic_directory, built_once
 
 RECIPE = "recipe:"
+
+
+PINNED_NUMERICS = "x86-64: ATen kernels at AVX2, MKL CBWR AVX2 strict; one thread"
+"""What a recipe build pins (part of its fingerprint, so changing the pins changes the cache folder's name)."""
+
+
+def pinned_numerics_env(machine: str | None = None) -> dict[str, str]:
+    """The environment that gives a CPU build the same arithmetic on every machine of one architecture.
+
+    Why: float sums in another order round differently, and 1500 updates amplify that into other weights. On
+    x86-64 ATen's vectorised kernels follow the widest instruction set the CPU has (AVX-512 here, AVX2 there) and
+    MKL picks its GEMM code path per processor; pinning both to AVX2 (the widest level nearly every x86-64 server
+    and laptop has) and using one thread makes the order the same everywhere. Other architectures get one thread
+    only: their builds agree with each other per CPU type, and the record's model checksum tells them apart.
+    """
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if (machine or platform.machine()).lower() in {"x86_64", "amd64"}:
+        env |= {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT"}
+    return env
 
 
 @dataclass(frozen=True)
@@ -42,16 +66,28 @@ class Recipe:
 
     def fingerprint(self) -> dict:
         """Every field that decides the built weights (the cache folder's name hashes it)."""
-        return {"corpus": self.corpus, **asdict(self.spec)}
+        return {"corpus": self.corpus, **asdict(self.spec), "numerics": PINNED_NUMERICS}
 
     def build(self, name: str, source: Path, out: Path, show_progress: bool, echo: Callable[[str], None]) -> None:
-        """Pre-train the model at ``out`` with one CPU thread (so one CPU type builds the same weights)."""
-        from benchmark.data.pretrain import pretrain_base
-        from benchmark.records.reproduce import cpu_threads
+        """Pre-train the model at ``out`` in a child process with pinned arithmetic (:func:`pinned_numerics_env`).
 
+        Why a child: ATen picks its kernels' instruction set and MKL its code path once per process, from the
+        environment, before the first operation; a run that has already computed cannot change them any more.
+        """
         echo(f"{name}: pre-training {self.description} (once; {self.spec.steps} updates on one thread)")
-        with cpu_threads(1):
-            pretrain_base(str(source), out, self.spec, show_progress=show_progress)
+        job = json.dumps({"corpus": str(source), "out": str(out), "spec": asdict(self.spec), "progress": show_progress})
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmark.data.bases", job],
+            env={**os.environ, **pinned_numerics_env()},
+            stderr=None if show_progress else subprocess.PIPE,
+            text=True,
+        )
+        if done.returncode != 0:
+            tail = "\n".join((done.stderr or "").strip().splitlines()[-15:]) or "(its output is above)"
+            raise DapbenchError(
+                f"building the base model {name!r} failed (exit {done.returncode}):\n{tail}",
+                f"fix the cause and run again; nothing was cached, so the next run rebuilds {out.name}",
+            )
 
 
 @dataclass(frozen=True)
@@ -152,3 +188,18 @@ def write_rounded(source: Path, out: Path, dtype: torch.dtype) -> None:
 
 def _rounded(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return tensor.to(dtype).float().contiguous() if tensor.is_floating_point() else tensor.contiguous()
+
+
+def _build_in_this_process(job: dict) -> None:
+    """The child side of :meth:`Recipe.build`: pre-train with the environment the parent pinned."""
+    from benchmark.data.pretrain import pretrain_base
+
+    numerics = {key: os.environ[key] for key in sorted(pinned_numerics_env()) if key in os.environ}
+    torch.set_num_threads(1)
+    pretrain_base(
+        job["corpus"], job["out"], BaseModelSpec(**job["spec"]), show_progress=job["progress"], provenance=numerics
+    )
+
+
+if __name__ == "__main__":
+    _build_in_this_process(json.loads(sys.argv[1]))

@@ -126,12 +126,15 @@ def pretrain_base(
     spec: BaseModelSpec,
     vocab_corpora: list[str] | None = None,
     show_progress: bool = True,
+    provenance: dict | None = None,
 ) -> Path:
     """Train a tokenizer and a base model (BERT masked LM, or with ``spec.causal`` a Llama decoder) on ``corpus``;
     write a model directory atomically.
 
     ``vocab_corpora`` (default: the corpus itself) only shape the tokenizer's vocabulary; the model
     sees nothing but ``corpus``.
+    ``provenance`` (e.g. the pinned numerics environment of a recipe build) is written to ``pretraining.json``
+    as ``numerics``.
     """
     from transformers import set_seed
 
@@ -161,6 +164,7 @@ def pretrain_base(
         "seconds": round(time.perf_counter() - start, 1),
         "heldout_mlm_loss": _evaluate(model, heldout),
         "train_chunks": len(data.train),
+        **({"numerics": provenance} if provenance else {}),
     }
 
     def fill(tmp: Path) -> None:
