@@ -59,6 +59,11 @@ class MethodConfig:
         """Whether these options make the numbers depend on the number of processes (then the run id names it)."""
         return False
 
+    def extra_positions(self) -> int:
+        """Positions the method puts in front of every input (a soft prompt's vectors): they must fit the model's
+        position table beside the run's sequences, which the preflight checks before any work."""
+        return 0
+
 
 def _plain(value: Any) -> Any:
     """A JSON-ready spelling of an option value (tuples as lists)."""

@@ -73,6 +73,24 @@ def _check_model_fits(config: RunConfig) -> None:
                     f"{key}={length} exceeds the {usable} positions model {config.model!r} can embed",
                     f"set {key} to at most {usable}",
                 )
+        _check_method_positions(config, usable)
+
+
+def _check_method_positions(config: RunConfig, usable: int) -> None:
+    """A method that puts positions in front of the input (a soft prompt) fits beside the longest sequence."""
+    from benchmark.registry import default_registry
+
+    longest = max(config.dap.seq_len, config.finetune.max_length)
+    for name in config.methods:
+        cls = default_registry().get(name)
+        extra = cls.config_cls.from_options(config.method_options.get(cls.name, {}), cls.name).extra_positions()
+        if extra and longest + extra > usable:
+            raise DapbenchError(
+                f"{name}: {extra} prompt positions + sequences of up to {longest} tokens (dap.seq_len,"
+                f" finetune.max_length) exceed the {usable} positions model {config.model!r} can embed",
+                (f"set {cls.name}.num_tokens to at most {usable - longest}, " if usable > longest else "")
+                + "lower finetune.max_length / dap.seq_len, or use a model with more positions",
+            )
 
 
 def check_config_inputs(config: RunConfig) -> None:

@@ -36,6 +36,10 @@ class PromptConfig(MethodConfig):
     init: str = setting("SAMPLE_VOCAB", choices=INITS)
     """peft's ``PromptTuningInit``: ``SAMPLE_VOCAB`` or ``RANDOM``."""
 
+    def extra_positions(self) -> int:
+        """The prompt vectors take positions in front of every DAP chunk and end-task input."""
+        return self.num_tokens
+
 
 class PromptONE(ContinualMethod):
     """One soft prompt per domain, trained with the language model frozen."""

@@ -57,6 +57,19 @@ def test_bad_data_is_a_named_error_before_training(corrupt, message, world_root,
     assert not (tmp_path / "out" / "results").exists()
 
 
+def test_a_prompt_that_does_not_fit_the_models_positions_is_refused_before_any_work(
+    world_root, tiny_model, tmp_path, capsys
+):
+    args = ["run", "--profile", "synthetic", "--model", str(tiny_model), "--data-root", str(world_root)]
+    args += ["--general-heldout", str(world_root / "general_heldout.txt"), "--sequence", "alpha,beta"]
+    args += ["--methods", "ncl,prompt_one", "--set", "prompt_one.num_tokens=4000", "--seeds", "1"]
+    args += ["--output-dir", str(tmp_path / "out"), "--quiet"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "prompt_one: 4000 prompt positions + sequences of up to" in err and "fix:" in err
+    assert "Traceback" not in err and not (tmp_path / "out" / "results").exists()  # not even ncl ran
+
+
 def test_report_refuses_a_record_whose_run_id_would_escape_the_output_folder(tmp_path):
     import json
 
