@@ -452,6 +452,9 @@ def _synthetic() -> RunConfig:
             default_epochs=20,
             eval_batch_size=256,
         ),
+        # the tiny synthetic base embeds 64 positions: a 16-vector prompt fits beside 32-token inputs, the paper's
+        # 100 do not (the preflight would refuse prompt_one)
+        method_options={"prompt_one": {"num_tokens": 16}},
     )
 
 
