@@ -111,22 +111,28 @@ def test_corpus_packing_holds_out_the_first_lines(world_root, tiny_model, tmp_pa
     assert len(again.train) == len(corpus.train)  # served from the cache
 
 
-def test_a_recipe_base_model_is_built_once_and_a_missing_corpus_is_named(monkeypatch, tmp_path):
-    from transformers import AutoModelForCausalLM
-
+def _tiny_recipe(monkeypatch, tmp_path, lines: list[str], spec):
+    """Register recipe ``tiny``: ``spec`` trained on ``lines`` written under a temporary shared folder."""
     import benchmark.config
     from benchmark.data import bases
-    from benchmark.data.pretrain import BaseModelSpec
 
     shared = tmp_path / "shared"
     (shared / "text").mkdir(parents=True)
+    (shared / "text" / "general.txt").write_text("".join(f"{line}\n" for line in lines))
+    monkeypatch.setattr(bases, "RECIPES", {"tiny": bases.Recipe("text/general.txt", spec, "a tiny test decoder")})
+    monkeypatch.setattr(benchmark.config, "shared_root", lambda: shared)
+    return bases
+
+
+def test_a_recipe_base_model_is_built_once_and_a_missing_corpus_is_named(monkeypatch, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from benchmark.data.pretrain import BaseModelSpec
+
     lines = [f"line {i} of the general text says the {w} thing ." for i in range(300) for w in ("same", "other")]
-    (shared / "text" / "general.txt").write_text("\n".join(lines) + "\n")
     spec = BaseModelSpec(vocab_size=200, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, seq_len=16,
                          steps=2, batch_size=4, causal=True, kv_heads=1)  # fmt: skip
-    recipes = {"tiny": bases.Recipe("text/general.txt", spec, "a tiny test decoder")}
-    monkeypatch.setattr(bases, "RECIPES", recipes)
-    monkeypatch.setattr(benchmark.config, "shared_root", lambda: shared)
+    bases = _tiny_recipe(monkeypatch, tmp_path, lines, spec)
     said: list[str] = []
     first = bases.build_recipe("recipe:tiny", tmp_path / "work", echo=said.append)
     again = bases.build_recipe("recipe:tiny", tmp_path / "work", echo=said.append)
@@ -153,19 +159,13 @@ def test_the_pinned_numerics_fix_the_kernels_on_x86_and_the_threads_everywhere()
 def test_a_recipe_base_model_has_the_same_weights_whatever_instruction_set_the_calling_process_asks_for(
     monkeypatch, tmp_path
 ):
-    import benchmark.config
-    from benchmark.data import bases
     from benchmark.data.pretrain import BaseModelSpec
     from benchmark.records.identity import FileHashCache, model_checksum
 
-    shared = tmp_path / "shared"
-    (shared / "text").mkdir(parents=True)
     lines = [f"passage {i} tells of the {w} river and {i % 7} hills ." for i in range(400) for w in ("north", "far")]
-    (shared / "text" / "general.txt").write_text("\n".join(lines) + "\n")
     spec = BaseModelSpec(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seq_len=32,
                          steps=6, batch_size=8, causal=True, kv_heads=2)  # fmt: skip
-    monkeypatch.setattr(bases, "RECIPES", {"tiny": bases.Recipe("text/general.txt", spec, "a tiny test decoder")})
-    monkeypatch.setattr(benchmark.config, "shared_root", lambda: shared)
+    bases = _tiny_recipe(monkeypatch, tmp_path, lines, spec)
     checksums = set()
     for asked in ("avx512", "default"):
         # the caller's environment asks for other kernels; the build's child must not inherit that
@@ -176,17 +176,11 @@ def test_a_recipe_base_model_has_the_same_weights_whatever_instruction_set_the_c
 
 
 def test_a_failed_recipe_build_is_named_and_caches_nothing(monkeypatch, tmp_path):
-    import benchmark.config
-    from benchmark.data import bases
     from benchmark.data.pretrain import BaseModelSpec
 
-    shared = tmp_path / "shared"
-    (shared / "text").mkdir(parents=True)
-    (shared / "text" / "general.txt").write_text("")  # an empty corpus: nothing to train on
     spec = BaseModelSpec(vocab_size=50, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=16, seq_len=8,
                          steps=2, batch_size=2, causal=True)  # fmt: skip
-    monkeypatch.setattr(bases, "RECIPES", {"tiny": bases.Recipe("text/general.txt", spec, "an empty corpus")})
-    monkeypatch.setattr(benchmark.config, "shared_root", lambda: shared)
+    bases = _tiny_recipe(monkeypatch, tmp_path, [], spec)  # an empty corpus: nothing to train on
     with pytest.raises(DapbenchError, match="building the base model 'tiny' failed"):
         bases.build_recipe("recipe:tiny", tmp_path / "work", echo=lambda _: None)
     assert not [p for p in (tmp_path / "work" / "bases").iterdir() if not p.name.endswith(".lock")]
