@@ -196,6 +196,11 @@ class MethodDeclaration:
         self.config = config
         self.env = env
 
+    @classmethod
+    def options_in(cls, run_config: Any) -> MethodConfig:
+        """The typed options a run configuration gives this method (``--set <name>.<option>=…``; defaults else)."""
+        return cls.config_cls.from_options(run_config.method_options.get(cls.name, {}), cls.name)
+
     def variant(self) -> str:
         """The options that differ from the defaults (``fidelity=reference``), to label records: the canonical
         options (:meth:`MethodConfig.canonical_options`), so one behaviour has one label."""

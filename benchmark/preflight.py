@@ -83,7 +83,7 @@ def _check_method_positions(config: RunConfig, usable: int) -> None:
     longest = max(config.dap.seq_len, config.finetune.max_length)
     for name in config.methods:
         cls = default_registry().get(name)
-        extra = cls.config_cls.from_options(config.method_options.get(cls.name, {}), cls.name).extra_positions()
+        extra = cls.options_in(config).extra_positions()
         if extra and longest + extra > usable:
             raise DapbenchError(
                 f"{name}: {extra} prompt positions + sequences of up to {longest} tokens (dap.seq_len,"

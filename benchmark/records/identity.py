@@ -229,7 +229,7 @@ def run_identity(
     The number of processes is left out unless the method's options make the numbers depend on it: N processes
     draw the training stream one process draws (:mod:`benchmark.data.sampling`), so they compute the same run up to
     the order of floating-point sums."""
-    options = method_cls.config_cls.from_options(config.method_options.get(method_cls.name, {}), method_cls.name)
+    options = method_cls.options_in(config)
     return RunIdentity(
         config=canonical_config(config.to_dict()),
         domains=tuple(domains),
