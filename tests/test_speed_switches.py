@@ -101,3 +101,31 @@ def test_compiling_a_sharded_run_is_refused_by_name(world_root, tiny_model, tmp_
     assert main(args) == 2
     assert "dap.compile=true with dap.sharding=fsdp is not verified" in capsys.readouterr().err
     assert not (tmp_path / "results").exists()
+
+
+def _compiled_graphs_of_a_gated_step(layers: int) -> int:
+    import torch
+    from torch._dynamo.utils import counters
+    from transformers import BertConfig, BertForMaskedLM
+
+    from benchmark.engine.compiling import compile_blocks
+    from methods._shared.units import gated, ones_gates
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=24
+    )
+    model = BertForMaskedLM(config)
+    compile_blocks(model)
+    counters.clear()
+    batch = torch.randint(5, 50, (2, 8))
+    model(input_ids=batch).logits.sum().backward()  # ungated, as NCL's step
+    with gated(model, ones_gates(model, ("head", "intermediate", "output"))):
+        model(input_ids=batch).logits.sum().backward()  # gated, as DAS's o_prev view and importance pass
+    return counters["stats"]["unique_graphs"]
+
+
+def test_gated_compiled_blocks_compile_once_per_variant_not_once_per_layer():
+    # The gate hooks read their layer's gate by the layer's index: a static index would make every layer a variant
+    # of its own (12 compiles per mode at roberta-base's depth, minutes of compiling on a GPU for DAS's stage).
+    assert _compiled_graphs_of_a_gated_step(2) == _compiled_graphs_of_a_gated_step(4)

@@ -36,6 +36,10 @@ def compile_blocks(model) -> None:
     # Each mode (train, eval, no_grad) and each set of hooks is one more compiled variant: more than dynamo's
     # default 8 for the hook-heavy methods, past which it would quietly fall back to eager.
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, COMPILED_VARIANTS)
+    # The unit gates' hooks (methods._shared.units) close over their layer's index: specialised, every layer of a
+    # gated pass would be a variant of its own (at roberta-base's depth DAS's stage compiled for minutes on an H200,
+    # issue #29); unspecialised, the index is a graph input and one variant serves every layer.
+    dynamo_config.allow_unspec_int_on_nn_module = True
     every = transformer_blocks(model)
     fresh = [block for block in every if getattr(block, "_compiled_call_impl", None) is None]
     if len(fresh) == len(every):  # a new run's model: the last run's variants are of no use
