@@ -309,3 +309,13 @@ def test_a_decoder_group_names_its_next_token_loss_and_the_base_perplexity(recor
     plain = leaderboard_markdown([(masked, _statistics(masked), {})])
     assert "### Continual (held-out loss, nats)" in plain and "perplexity" not in plain
     assert "perplexity" not in run_tables(records[3])
+
+
+def test_a_group_names_the_registered_methods_it_has_no_record_of(records):
+    from benchmark.registry import default_registry
+    from benchmark.report.markdown import group_header
+
+    (group,), _ = group_records(records)  # none, ncl and das
+    line = next(li for li in group_header(group) if li.startswith("- registered methods without a record"))
+    absent = set(re.findall(r"`([a-z_]+)`", line))
+    assert absent == set(default_registry().names()) - {"none", "ncl", "das"}

@@ -87,6 +87,7 @@ def group_header(group: Group) -> list[str]:
         f" warmup {dap['warmup_ratio']}, weight decay {dap['weight_decay']}; held-out: up to {dap['heldout_chunks']}"
         f" chunks x {dap.get('heldout_mask_draws', 1)} mask draw(s) per set",
         *_decoder_line(first),
+        *_absent_methods_line(records),
         f"- end tasks: {end_task_protocol(ft)}; matrix {code(config['matrix'])}",
         f"- made by commit(s) {', '.join(code(c) for c in commits)} on {text('; '.join(devices))}; {wall / 3600:.2f} h"
         " of run wall time in all (runs that shared the machine overlap)",
@@ -97,6 +98,20 @@ def group_header(group: Group) -> list[str]:
         json.dumps(group.payload["config"], indent=1, sort_keys=True).replace("```", "'''"),
         "```",
         "</details>",
+    ]
+
+
+def _absent_methods_line(records: list[dict]) -> list[str]:
+    # A registered method with no record in a group is said so, never left out silently: it may be refused for the
+    # group's settings (docs/running.md says which and why) or not run yet.
+    from benchmark.registry import default_registry
+
+    absent = sorted(set(default_registry().names()) - {r["method"] for r in records})
+    if not absent:
+        return []
+    return [
+        f"- registered methods without a record in this group: {', '.join(code(m) for m in absent)} (refused for these"
+        " settings by the preflight, or not run: see docs/running.md)"
     ]
 
 
