@@ -80,7 +80,8 @@ class DapConfig:
     do not fit one device; the same numbers as unsharded up to float summation order, so not in the run id."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass instead of storing them (less memory, about a third
-    more compute); the same numbers, so not in the run id."""
+    more compute), in the updates and, with eager blocks, in a method's backward passes before and after a domain
+    (DAS's and DGA's importance, EWC's Fisher); the same numbers, so not in the run id."""
     compile: bool = False
     """Compile each transformer block with ``torch.compile`` (one graph the blocks share; the rest of the model,
     the loss and the method's hooks stay eager): faster updates after a one-off compile of each mode. Random draws

@@ -129,3 +129,41 @@ def test_gated_compiled_blocks_compile_once_per_variant_not_once_per_layer():
     # The gate hooks read their layer's gate by the layer's index: a static index would make every layer a variant
     # of its own (12 compiles per mode at roberta-base's depth, minutes of compiling on a GPU for DAS's stage).
     assert _compiled_graphs_of_a_gated_step(2) == _compiled_graphs_of_a_gated_step(4)
+
+
+def _importance_and_saved_bytes(checkpointed: bool):
+    import torch
+    from model_helpers import tiny_mlm
+
+    from benchmark.engine.recompute import activation_checkpointing
+    from methods._shared.importance import gate_importance, kl_proxy_loss, mlm_importance_loss
+
+    model = tiny_mlm("bert").eval()  # the KL proxy switches to train mode for its passes and back before backward
+    ids = torch.randint(5, 50, (3, 10), generator=torch.Generator().manual_seed(0))
+    positions, targets = torch.tensor([1, 4, 12, 17, 25]), ids.view(-1)[[1, 4, 12, 17, 25]]
+    batch = {"original_ids": ids, "input_ids": ids, "mlm_positions": positions, "mlm_targets": targets}
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor.untyped_storage().nbytes())
+        return tensor
+
+    units = ("head", "intermediate", "output")
+    with activation_checkpointing(model, checkpointed), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        torch.manual_seed(1)
+        general = gate_importance(model, [batch], kl_proxy_loss, units, per_example=True)
+        model.train()
+        domain = gate_importance(model, [batch], mlm_importance_loss(), units, per_example=True)
+    return {**general, **{f"mlm {u}": v for u, v in domain.items()}}, sum(saved)
+
+
+def test_importance_passes_recompute_their_blocks_under_activation_checkpointing():
+    # DAS's importance passes (before and after a domain) run on probe batches in fp32: with the switch on they keep
+    # only the blocks' inputs, as the updates do, and compute the same importance
+    import torch
+
+    plain, plain_bytes = _importance_and_saved_bytes(False)
+    recomputed, recomputed_bytes = _importance_and_saved_bytes(True)
+    assert recomputed_bytes < plain_bytes
+    for name, values in plain.items():
+        assert torch.equal(values, recomputed[name]), name

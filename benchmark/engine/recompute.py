@@ -57,6 +57,19 @@ def enable_activation_checkpointing(model, compiled: bool = False) -> None:
     enable({"use_reentrant": False} if compiled else {"use_reentrant": False, "context_fn": checkpoint_contexts})
 
 
+@contextlib.contextmanager
+def activation_checkpointing(model, enabled: bool, compiled: bool = False) -> Iterator[None]:
+    """Within the block, ``model``'s blocks are recomputed in the backward pass if ``enabled`` (a no-op otherwise)."""
+    if not enabled:
+        yield
+        return
+    enable_activation_checkpointing(model, compiled=compiled)
+    try:
+        yield
+    finally:
+        disable_activation_checkpointing(model)
+
+
 def disable_activation_checkpointing(model) -> None:
     """Undo :func:`enable_activation_checkpointing`."""
     disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable

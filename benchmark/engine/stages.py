@@ -14,6 +14,7 @@ from benchmark.engine.evaluation import DeviceBatches, heldout_evaluation, heldo
 from benchmark.engine.heldout import BaseEvaluation, GeneralProbe
 from benchmark.engine.parts import RunParts
 from benchmark.engine.recipe import stage_plan
+from benchmark.engine.recompute import activation_checkpointing
 from benchmark.engine.training import DapTrainer
 from benchmark.io import atomic_write_json
 from benchmark.method import DomainContext
@@ -129,7 +130,8 @@ class StageRunner:
         probe = DeviceBatches(_probe_batches(p, t), p.accelerator.device)
         ctx = DomainContext(t, p.data.domains[t], model, probe, p.accelerator, mlm_loss, self.general_probe)
         trainable = sum(q.numel() for _, q in p.method.trainable_parameters(model))
-        p.method.before_domain(ctx)
+        with self._recomputed(model):
+            p.method.before_domain(ctx)
         trainer = DapTrainer(p.method, dap, p.data.tokenizer, p.accelerator, p.seed, p.tracker, p.show_progress,
                              self.instrument, p.data.causal)  # fmt: skip
         dataset = p.data.training_set(p.schedule.training_domains(t))
@@ -138,9 +140,19 @@ class StageRunner:
         if dap.sharding == "fsdp":  # one whole model again for the method's after-domain work, evaluation, checkpoint
             model = self.models.unsharded(model)
             ctx = dataclasses.replace(ctx, model=model)
-        p.method.after_domain(ctx)
+        with self._recomputed(ctx.model):
+            p.method.after_domain(ctx)
         report = p.method.domain_report()
         return {"trained": True, "trainable_parameters": trainable, **stats, "method_report": report}, model
+
+    def _recomputed(self, model):
+        """Around a method's work before and after a domain's updates (DAS's importance: backward passes over probe
+        batches of ``dap.probe_batch_size``, at the paper's shape as large as the update's micro-batch, in fp32), the
+        blocks are recomputed too under ``dap.activation_checkpointing``. Not with compiled blocks: a pass that changes
+        the model's mode inside its loss (the KL proxy's train-mode views) would be recomputed in the mode restored
+        after it, which only the eager checkpoint's restore context re-enters."""
+        dap = self.parts.config.dap
+        return activation_checkpointing(model, dap.activation_checkpointing and not dap.compile)
 
     def _heldout_view(self, model):
         """Per held-out set name, the method's view of ``model`` for that set's domain (None: general text)."""

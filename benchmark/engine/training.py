@@ -26,7 +26,7 @@ from benchmark.config import DapConfig
 from benchmark.data.sampling import DROPOUT, derived_seed, seeded, stage_stream
 from benchmark.engine.compiling import prepare_blocks
 from benchmark.engine.recipe import StagePlan, stage_scheduler
-from benchmark.engine.recompute import disable_activation_checkpointing, enable_activation_checkpointing
+from benchmark.engine.recompute import activation_checkpointing
 from benchmark.engine.sharding import accumulating, average_replicated
 from benchmark.errors import NonFiniteError
 from benchmark.method import ContinualMethod, StepContext, StepOutput
@@ -36,15 +36,9 @@ from benchmark.modeling import mlm_forward
 @contextlib.contextmanager
 def _stage_context(model, dap: DapConfig, instrument):
     """Around a stage's updates: activation checkpointing on (if asked) and ``instrument``'s context entered."""
-    activation_checkpointing = dap.activation_checkpointing
-    if activation_checkpointing:
-        enable_activation_checkpointing(model, compiled=dap.compile)
-    try:
+    with activation_checkpointing(model, dap.activation_checkpointing, dap.compile):
         with instrument() if instrument else contextlib.nullcontext():
             yield
-    finally:
-        if activation_checkpointing:
-            disable_activation_checkpointing(model)
 
 
 def _prepared_step(model, method: ContinualMethod, acc, optimizer, replicated):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmark.engine.recompute import restored_on_recompute
 from benchmark.errors import NonFiniteError
 from benchmark.modeling import encoder_of, mlm_loss
 from methods._shared.dropout import dropout_views
@@ -71,16 +73,27 @@ def gate_importance(
     return {u: (t / (tokens if per_token else count)).cpu() for u, t in totals.items()}
 
 
+@contextlib.contextmanager
+def train_mode(model: nn.Module) -> Iterator[None]:
+    """``model`` in train mode within the block, its former mode after."""
+    was_training = model.training
+    model.train()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 def kl_proxy_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The paper's general-knowledge proxy: the same unmasked input run twice in train mode with
     different dropout masks; KL between the two MLM output distributions at every non-padding token."""
-    was_training = model.training
-    model.train()
     ids, mask = batch["original_ids"], batch.get("attention_mask")
-    with dropout_views(model):  # a decoder built without dropout gets attention dropout for the two passes
-        first = model(input_ids=ids, attention_mask=mask).logits
-        second = model(input_ids=ids, attention_mask=mask).logits
-    model.train(was_training)
+    # Train mode for the two passes, and for their recompute under activation checkpointing, which runs in the
+    # backward pass after the mode is restored (a block recomputed without dropout saves other tensors).
+    with restored_on_recompute(lambda: train_mode(model)), train_mode(model):
+        with dropout_views(model):  # a decoder built without dropout gets attention dropout for the two passes
+            first = model(input_ids=ids, attention_mask=mask).logits
+            second = model(input_ids=ids, attention_mask=mask).logits
     keep = mask.bool() if mask is not None else torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
     log_p, log_q = F.log_softmax(first[keep].float(), -1), F.log_softmax(second[keep].float(), -1)
     return F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")  # KL(p || q) per token
