@@ -72,6 +72,15 @@ def _probe_batches(p: RunParts, t: int) -> list:
     )  # fmt: skip
 
 
+def _recomputed(model, dap):
+    """Around a method's work before and after a domain's updates (DAS's importance: backward passes over probe
+    batches of ``dap.probe_batch_size``, at the paper's shape as large as the update's micro-batch, in fp32), the
+    blocks are recomputed too under ``dap.activation_checkpointing``. Not with compiled blocks: a pass that changes
+    the model's mode inside its loss (the KL proxy's train-mode views) would be recomputed in the mode restored after
+    it, which only the eager checkpoint's restore context re-enters."""
+    return activation_checkpointing(model, dap.activation_checkpointing and not dap.compile)
+
+
 def replay_pools(p: RunParts, t: int, general: GeneralProbe) -> list[tuple[float, Any]]:
     """Stage ``t``'s replay pools: ``(share, chunks)`` of the general training text (``general_corpus``, never the
     held-out ``general_heldout``) and of the earlier domains' training chunks (none before the first domain)."""
@@ -130,7 +139,7 @@ class StageRunner:
         probe = DeviceBatches(_probe_batches(p, t), p.accelerator.device)
         ctx = DomainContext(t, p.data.domains[t], model, probe, p.accelerator, mlm_loss, self.general_probe)
         trainable = sum(q.numel() for _, q in p.method.trainable_parameters(model))
-        with self._recomputed(model):
+        with _recomputed(model, dap):
             p.method.before_domain(ctx)
         trainer = DapTrainer(p.method, dap, p.data.tokenizer, p.accelerator, p.seed, p.tracker, p.show_progress,
                              self.instrument, p.data.causal)  # fmt: skip
@@ -140,19 +149,10 @@ class StageRunner:
         if dap.sharding == "fsdp":  # one whole model again for the method's after-domain work, evaluation, checkpoint
             model = self.models.unsharded(model)
             ctx = dataclasses.replace(ctx, model=model)
-        with self._recomputed(ctx.model):
+        with _recomputed(ctx.model, dap):
             p.method.after_domain(ctx)
         report = p.method.domain_report()
         return {"trained": True, "trainable_parameters": trainable, **stats, "method_report": report}, model
-
-    def _recomputed(self, model):
-        """Around a method's work before and after a domain's updates (DAS's importance: backward passes over probe
-        batches of ``dap.probe_batch_size``, at the paper's shape as large as the update's micro-batch, in fp32), the
-        blocks are recomputed too under ``dap.activation_checkpointing``. Not with compiled blocks: a pass that changes
-        the model's mode inside its loss (the KL proxy's train-mode views) would be recomputed in the mode restored
-        after it, which only the eager checkpoint's restore context re-enters."""
-        dap = self.parts.config.dap
-        return activation_checkpointing(model, dap.activation_checkpointing and not dap.compile)
 
     def _heldout_view(self, model):
         """Per held-out set name, the method's view of ``model`` for that set's domain (None: general text)."""
