@@ -164,6 +164,17 @@ def quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(level)
 
 
+@contextlib.contextmanager
+def model_mode(model: nn.Module, training: bool) -> Iterator[None]:
+    """``model`` in train (``training``) or eval mode inside the block, its previous mode after it."""
+    was_training = model.training
+    model.train(training)
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 def load_lm(name_or_path: str, require_complete: bool = True):
     """Load a language model of either kind (:func:`model_kind`; in float32) and its tokenizer from a hub id or a
     local directory. A causal LM's tokenizer without a padding token pads with its end-of-sequence token (classifiers

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from benchmark.errors import NonFiniteError
 from benchmark.metrics import anisotropy, linear_cka, mean_cosine
-from benchmark.modeling import encoder_of, mean_pool, mlm_forward
+from benchmark.modeling import encoder_of, mean_pool, mlm_forward, model_mode
 from benchmark.records.schema import CHUNK_SUM_DECIMALS
 
 Batches = Mapping[str, list[dict[str, torch.Tensor]]]
@@ -60,7 +60,7 @@ def heldout_evaluation(model, heldout: Batches, device, view: View = _as_is, pro
 
     With several ``processes`` (accelerate's state) each evaluates every N-th batch and the sums are reduced,
     so every process returns the numbers of the whole set."""
-    with _eval_mode(model):
+    with model_mode(model, training=False):
         losses, chunks = {}, {}
         for name, batches in heldout.items():
             total, count, sums = 0.0, 0, {}
@@ -124,7 +124,7 @@ def heldout_features(model, heldout: Batches, device, view: View = _as_is, proce
     """Per held-out set: the mean over tokens of the last hidden state of every unmasked input (inputs x hidden).
     With several ``processes`` each computes every N-th batch and all of them receive every row, in order."""
     encoder = encoder_of(model)
-    with _eval_mode(model):
+    with model_mode(model, training=False):
         out = {}
         for name, batches in heldout.items():
             rows = []
@@ -183,16 +183,3 @@ def _in_batch_order(rows: list[np.ndarray], processes) -> list[np.ndarray]:
 
     parts, n = gather_object([rows]), processes.num_processes
     return [parts[i % n][i // n] for i in range(sum(len(part) for part in parts))]
-
-
-class _eval_mode:
-    """Eval mode inside the block, the model's previous mode after it."""
-
-    def __init__(self, model):
-        self.model, self.was_training = model, model.training
-
-    def __enter__(self):
-        self.model.eval()
-
-    def __exit__(self, *exc):
-        self.model.train(self.was_training)

@@ -32,6 +32,13 @@ def restored_on_recompute(restore: Restore) -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
+@contextlib.contextmanager
+def forward_state(restore: Restore) -> Iterator[None]:
+    """``restore()`` entered around the block's forward passes, and again around any recompute of them."""
+    with restored_on_recompute(restore), restore():
+        yield
+
+
 def checkpoint_contexts() -> tuple[AbstractContextManager, AbstractContextManager]:
     """``context_fn`` of ``torch.utils.checkpoint``: nothing around the forward; around the recompute, every
     restore active at forward time, entered in order."""

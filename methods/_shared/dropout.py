@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from torch import nn
 
-from benchmark.engine.recompute import restored_on_recompute
+from benchmark.engine.recompute import forward_state
 
 VIEW_DROPOUT = 0.1
 
@@ -36,7 +36,7 @@ def dropout_views(model: nn.Module, p: float = VIEW_DROPOUT) -> Iterator[None]:
     if has_dropout(model):
         yield
         return
-    with restored_on_recompute(lambda: _raised(model, p)), _raised(model, p):
+    with forward_state(lambda: _raised(model, p)):
         yield
 
 

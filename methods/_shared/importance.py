@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmark.engine.recompute import restored_on_recompute
+from benchmark.engine.recompute import forward_state
 from benchmark.errors import NonFiniteError
-from benchmark.modeling import encoder_of, mlm_loss
+from benchmark.modeling import encoder_of, mlm_loss, model_mode
 from methods._shared.dropout import dropout_views
 from methods._shared.units import gated, ones_gates, unit_shapes
 
@@ -73,24 +72,13 @@ def gate_importance(
     return {u: (t / (tokens if per_token else count)).cpu() for u, t in totals.items()}
 
 
-@contextlib.contextmanager
-def train_mode(model: nn.Module) -> Iterator[None]:
-    """``model`` in train mode within the block, its former mode after."""
-    was_training = model.training
-    model.train()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
-
 def kl_proxy_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The paper's general-knowledge proxy: the same unmasked input run twice in train mode with
     different dropout masks; KL between the two MLM output distributions at every non-padding token."""
     ids, mask = batch["original_ids"], batch.get("attention_mask")
     # Train mode for the two passes, and for their recompute under activation checkpointing, which runs in the
     # backward pass after the mode is restored (a block recomputed without dropout saves other tensors).
-    with restored_on_recompute(lambda: train_mode(model)), train_mode(model):
+    with forward_state(lambda: model_mode(model, training=True)):
         with dropout_views(model):  # a decoder built without dropout gets attention dropout for the two passes
             first = model(input_ids=ids, attention_mask=mask).logits
             second = model(input_ids=ids, attention_mask=mask).logits

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from benchmark.engine.recompute import restored_on_recompute
+from benchmark.engine.recompute import forward_state
 from benchmark.modeling import LayerModules, layer_modules
 
 UNIT_TYPES = ("head", "intermediate", "output")
@@ -79,7 +79,7 @@ GateOf = Callable[[str, int], "torch.Tensor | None"]
 def gated(model: nn.Module, gates: dict[str, torch.Tensor]) -> Iterator[None]:
     """Within the block every forward pass of ``model`` is multiplied by ``gates`` (per unit type), and so is a
     block that activation checkpointing recomputes in the backward pass (:mod:`benchmark.engine.recompute`)."""
-    with restored_on_recompute(lambda: _hooked(model, gates)), _hooked(model, gates):
+    with forward_state(lambda: _hooked(model, gates)):
         yield
 
 
