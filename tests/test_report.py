@@ -52,7 +52,7 @@ def records(world_root, tiny_model, tmp_path_factory):
 
 def _statistics(group):
     part = leaderboard_frame(group.records, group_of=lambda r: group.key)
-    return GroupStatistics(part, group.records, group.key, reference_labels(group.records))
+    return GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))
 
 
 def test_records_of_other_settings_inputs_or_numerics_never_share_a_group(records):
@@ -283,11 +283,35 @@ def test_runs_over_several_domain_orders_form_one_group_paired_by_order_and_seed
     part = leaderboard_frame(groups[0].records, lambda r: groups[0].key)
     assert sorted(part["order"].unique()) == ["custom-phone-acl-restaurant", "custom-restaurant-acl-phone"]
     assert part.groupby("method")["pair"].nunique().tolist() == [2, 2]  # each method: two (order, seed) pairs
-    stats = GroupStatistics(part, groups[0].records, groups[0].key, reference_labels(groups[0].records))
+    stats = GroupStatistics(part, groups[0].records, groups[0].sample_key, reference_labels(groups[0].records))
     lines = order_tables(stats)
     assert lines[0] == "### Over domain orders" and any(line.startswith("| `das` |") for line in lines)
     (ncl_cmp,) = [c for c in stats.comparisons("ncl", LOSS_COLUMNS[0]) if c.label == "das"]
     assert ncl_cmp.n == 2  # paired over the two orders of seed 2021
+
+
+def test_methods_run_over_different_orders_are_shown_in_one_part_per_order_set(records):
+    """NCL and DAS over two orders, the no-DAP row over the first only: no table averages a method over two orders
+    beside one over a single order. The first order's part is the group as it was (same records, same bootstrap);
+    the two-order part holds NCL and DAS at the seeds both have in both orders (an orders x seeds rectangle)."""
+    (alone,), _ = group_records(records)
+    reordered = []
+    for record in records:
+        if record["method"] == "ncl" or (record["method"] == "das" and record["seed"] != 3):
+            other = copy.deepcopy(record)
+            other["sequence"] = list(reversed(record["sequence"]))
+            other["run_id"] = record["run_id"].replace("custom-alpha-beta", "custom-beta-alpha")
+            reordered.append(other)
+    groups, superseded = group_records(records + reordered)
+    assert not superseded and len(groups) == 2
+    (first,) = [g for g in groups if g.orders == ("custom-alpha-beta",)]
+    (both,) = [g for g in groups if len(g.orders) == 2]
+    assert [r["run_id"] for r in first.records] == [r["run_id"] for r in alone.records]
+    assert first.sample_key == alone.key and first.key != both.key
+    assert {(r["method"], r["seed"]) for r in both.records} == {(m, s) for m in ("ncl", "das") for s in (1, 2)}
+    assert len(both.records) == 8 and "2 domain orders" in both.title and "→" in first.title
+    unchanged, split = _statistics(alone).part, leaderboard_frame(first.records, lambda r: first.key)
+    pd.testing.assert_frame_equal(unchanged.drop(columns="group"), split.drop(columns="group"))
 
 
 def test_a_decoder_group_names_its_next_token_loss_and_the_base_perplexity(records):

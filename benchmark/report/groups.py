@@ -5,7 +5,11 @@ The group of a record is its identity's group payload (:meth:`benchmark.identity
 canonical configuration, the domains, the input checksums and the numerics version), so a setting added later
 can never be left out of it and records made with another ``dap.lr``, other end-task files or older numerics never
 share a group. The domains enter as a set: runs over several orders of one suite (``seq0..seq4``) form one group,
-whose methods are compared over (order, seed) pairs. Within a group at most one record per method label, order and
+whose methods are compared over (order, seed) pairs. Where its methods were run over different orders (NCL and DAS
+over ``seq0..seq4``, the rest over ``seq0`` only), the group is shown as one part per set of orders some method
+covers, so that no table averages one method over five orders beside another over one: each part holds every method
+that covers its orders, and a part of several orders only the seeds every one of its (method, order) cells has (an
+orders x seeds rectangle). Within a group at most one record per method label, order and
 seed is kept: a record of older method code
 is superseded by a newer one. A whole group of older numerics is superseded where a group of newer numerics has the
 same settings. Superseded records are left out and named, never an error; and a group whose records measured the
@@ -35,18 +39,32 @@ class Group:
     records: list[dict] = field(default_factory=list)
     evaluation: int = 0
     """Which of the group payload's base-model evaluations (0 unless records measured the base model differently)."""
+    orders: tuple[str, ...] = ()
+    """The domain orders of this part where the group's methods cover different orders (empty: not split)."""
     title: str = ""
 
     @property
     def key(self) -> str:
-        """A short, stable hash of the payload and evaluation: the group's name in file names and anchors."""
-        text = json.dumps({**self.payload, "evaluation": self.evaluation}, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:10]
+        """A short, stable hash of the payload, evaluation and part (if split): the group's name in file names and
+        anchors."""
+        part = {"orders": list(self.orders)} if self.orders else {}
+        return _short_hash({**self.payload, "evaluation": self.evaluation, **part})
+
+    @property
+    def sample_key(self) -> str:
+        """The seed of the evaluation-sample bootstrap: the payload and evaluation, not the part, so that a record
+        shown in two parts of a group is resampled alike in both (and a part's numbers do not move when another
+        part appears)."""
+        return _short_hash({**self.payload, "evaluation": self.evaluation})
 
     @property
     def results_version(self) -> int | None:
         """The numerics version its records were computed by (None: unrecorded, schema-1 records)."""
         return self.payload.get("results_version")
+
+
+def _short_hash(value: dict) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:10]
 
 
 @dataclass(frozen=True)
@@ -100,7 +118,7 @@ def group_records(records: list[dict]) -> tuple[list[Group], list[Superseded]]:
     for group in _current_numerics(list(buckets.values()), superseded):
         for part in _split_by_evaluation(group):
             part.records = _newest_per_label_and_seed(part.records, superseded)
-            groups.append(part)
+            groups += _split_by_orders(part)
     _title(groups)
     groups.sort(key=lambda g: (-len(g.records), g.title))
     return groups, sorted(superseded, key=lambda s: s.run_id)
@@ -158,6 +176,29 @@ def _split_by_evaluation(group: Group) -> list[Group]:
     return [Group(group.payload, members, evaluation=i) for i, members in enumerate(clusters)]
 
 
+def _split_by_orders(group: Group) -> list[Group]:
+    """The group, or where its method labels cover different sets of domain orders one part per such set (see the
+    module docstring): the part of orders ``S`` holds the labels that cover all of ``S``, and, where ``S`` has several
+    orders, only the seeds each of those labels has in every order of ``S``."""
+    covered: dict[str, set[str]] = {}
+    for record in group.records:
+        covered.setdefault(record["method_label"], set()).add(order_of(record))
+    order_sets = sorted({frozenset(orders) for orders in covered.values()}, key=lambda s: (len(s), sorted(s)))
+    if len(order_sets) == 1:
+        return [group]
+    parts = []
+    for orders in order_sets:
+        labels = {label for label, have in covered.items() if orders <= have}
+        members = [r for r in group.records if r["method_label"] in labels and order_of(r) in orders]
+        if len(orders) > 1:
+            seeds = set.intersection(*({r["seed"] for r in members if (r["method_label"], order_of(r)) == cell}
+                                       for cell in {(label, o) for label in labels for o in orders}))  # fmt: skip
+            members = [r for r in members if r["seed"] in seeds]
+        if members:
+            parts.append(Group(group.payload, members, group.evaluation, tuple(sorted(orders))))
+    return parts
+
+
 def _same_base(a: dict, b: dict) -> bool:
     base_a, base_b = a["mlm_loss"]["base"], b["mlm_loss"]["base"]
     return base_a.keys() == base_b.keys() and all(abs(base_a[k] - base_b[k]) <= BASE_LOSS_TOLERANCE for k in base_a)
@@ -181,8 +222,11 @@ def _plain_title(group: Group) -> str:
     profiles = ", ".join(sorted({r["profile"] for r in group.records}))
     dap, ft = first["config"]["dap"], first["config"]["finetune"]
     end_tasks = "probe" if ft.get("protocol") == "linear_probe" else "fine-tuned"
+    orders = sorted({order_of(r) for r in group.records})
+    several = f"{len(orders)} domain orders ({', '.join(orders)})"
+    domains = " → ".join(first["sequence"]) if len(orders) == 1 else several
     return (
-        f"profile {profiles}, model {model}, {' → '.join(first['sequence'])}, DAP {dap['steps']} x "
+        f"profile {profiles}, model {model}, {domains}, DAP {dap['steps']} x "
         f"{dap['batch_size']} x {dap['seq_len']}, end tasks {end_tasks}, matrix {first['config']['matrix']}"
     )
 

@@ -30,7 +30,7 @@ def terminal_summary(run_records: list[dict], all_records: list[dict]) -> list[s
     lines = []
     for group in (g for g in groups if ids & {r["run_id"] for r in g.records}):
         part = leaderboard_frame(group.records, group_of=lambda record, key=group.key: key)
-        stats = GroupStatistics(part, group.records, group.key, reference_labels(group.records))
+        stats = GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))
         found = verdicts(stats)
         lines.append(f"{printable(group.title)} ({len(group.records)} runs):")
         columns = [c for c in LOSS_COLUMNS if c.title in SHOWN] + [

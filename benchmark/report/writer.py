@@ -62,7 +62,7 @@ def owned_folder(root: Path, *parts: str) -> Path:
 
 def _statistics(group: Group) -> GroupStatistics:
     part = leaderboard_frame(group.records, group_of=lambda record: group.key)
-    return GroupStatistics(part, group.records, group.key, reference_labels(group.records))
+    return GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))
 
 
 def _digest(record: dict) -> str:
