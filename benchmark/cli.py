@@ -214,7 +214,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--save",
         metavar="DIR",
-        help="write the JSON report to DIR/<device>-<profile>[-causal][-compiled][-checkpointed].json",
+        help="write the JSON report to DIR/<device>-<profile>[-causal][-bN][-mbN][-compiled][-checkpointed].json",
     )
     bench.add_argument("--trace", metavar="DIR", help="also record a torch.profiler trace of a few updates per method")
 

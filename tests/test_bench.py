@@ -156,7 +156,7 @@ def test_the_bench_command_prints_the_table_and_saves_the_report_by_device(tiny_
     settings = ["--set", "dap.per_device_batch_size=16", "--set", "dap.steps=1"]
     args = ["bench", "--profile", "synthetic", *inputs, *settings, "--methods", "ncl", "--steps", "1", "--quiet"]
     assert main([*args, "--save", str(tmp_path / "results" / "bench")]) == 0
-    (saved,) = (tmp_path / "results" / "bench").glob("*-synthetic.json")
+    (saved,) = (tmp_path / "results" / "bench").glob("*-synthetic*.json")
     report = json.loads(saved.read_text())
     assert report["methods"]["ncl"]["passes"] == 1.0 and report["timed_updates"] == 1
     assert "| ncl |" in capsys.readouterr().out
@@ -166,18 +166,21 @@ def test_the_bench_command_prints_the_table_and_saves_the_report_by_device(tiny_
 
 
 @pytest.mark.parametrize(
-    ("kind", "compiled", "checkpointed", "name"),
+    ("kind", "compiled", "checkpointed", "micro", "name"),
     [
-        ("masked", False, False, "nvidia-h100-80gb-hbm3-paper.json"),
-        ("causal", False, False, "nvidia-h100-80gb-hbm3-paper-causal.json"),
-        ("masked", True, False, "nvidia-h100-80gb-hbm3-paper-compiled.json"),
-        ("masked", False, True, "nvidia-h100-80gb-hbm3-paper-checkpointed.json"),
-        ("causal", True, True, "nvidia-h100-80gb-hbm3-paper-causal-compiled-checkpointed.json"),
+        ("masked", False, False, 62, "nvidia-h100-80gb-hbm3-paper.json"),
+        ("causal", False, False, 62, "nvidia-h100-80gb-hbm3-paper-causal.json"),
+        ("masked", True, False, 62, "nvidia-h100-80gb-hbm3-paper-compiled.json"),
+        ("masked", False, True, 124, "nvidia-h100-80gb-hbm3-paper-mb124-checkpointed.json"),
+        ("causal", True, True, 248, "nvidia-h100-80gb-hbm3-paper-causal-mb248-compiled-checkpointed.json"),
     ],
 )
-def test_saved_reports_of_one_device_and_profile_do_not_overwrite_each_other(kind, compiled, checkpointed, name):
+def test_saved_reports_of_one_device_and_profile_do_not_overwrite_each_other(kind, compiled, checkpointed, micro, name):
+    """Every switch and a micro-batch other than the profile's (the paper's 4 x 62) name the file."""
     from benchmark.tools.bench import report_file_name
 
     report = {"device": "NVIDIA H100 80GB HBM3", "model_kind": kind, "compiled": compiled}
-    report["activation_checkpointing"] = checkpointed
+    report.update(activation_checkpointing=checkpointed, micro_batch=micro, global_batch=248)
     assert report_file_name(report, "paper") == name
+    other_global = report_file_name({**report, "global_batch": 496}, "paper")
+    assert "-b496" in other_global and other_global.replace("-b496", "") == name

@@ -334,12 +334,20 @@ def device_slug(name: str) -> str:
 
 def report_file_name(report: dict[str, Any], profile: str) -> str:
     """Where ``dapbench bench --save`` puts ``report``: ``<device>-<profile>.json``, with ``-causal`` for a decoder,
-    ``-compiled`` for compiled blocks and ``-checkpointed`` for activation checkpointing, so the reports of one device
-    and profile never overwrite each other."""
-    kind = "-causal" if report.get("model_kind") == "causal" else ""
-    compiled = "-compiled" if report.get("compiled") else ""
-    checkpointed = "-checkpointed" if report.get("activation_checkpointing") else ""
-    return f"{device_slug(report['device'])}-{profile}{kind}{compiled}{checkpointed}.json"
+    ``-b<N>`` / ``-mb<N>`` for a global / per-device batch other than the profile's, ``-compiled`` for compiled
+    blocks and ``-checkpointed`` for activation checkpointing, so the reports of one device and profile never
+    overwrite each other."""
+    from benchmark.config import profile_config
+
+    dap = profile_config(profile).dap
+    parts = [device_slug(report["device"]), profile]
+    parts += ["causal"] if report.get("model_kind") == "causal" else []
+    parts += [f"b{report['global_batch']}"] if report.get("global_batch", dap.batch_size) != dap.batch_size else []
+    micro = report.get("micro_batch", dap.per_device_batch_size)
+    parts += [f"mb{micro}"] if micro != dap.per_device_batch_size else []
+    parts += ["compiled"] if report.get("compiled") else []
+    parts += ["checkpointed"] if report.get("activation_checkpointing") else []
+    return "-".join(parts) + ".json"
 
 
 def markdown_table(report: dict[str, Any]) -> str:
