@@ -184,8 +184,9 @@ def test_variant_reading_and_option_parents():
     rows = []
     for seed, noise in ((1, 0.0), (2, 0.01), (3, -0.01)):
         for label, forgetting in (("das", 0.2), ("das[x=1]", 0.1), ("ncl", 0.3)):
-            rows.append({"method": label, "seed": seed, "pair": f"seq0/{seed}", "run_id": f"{label}-{seed}",
-                         "forgetting": forgetting + noise, "general rise": 0.2, "plasticity": 0.3})  # fmt: skip
+            rows.append({"method": label, "seed": seed, "order": "seq0", "pair": f"seq0/{seed}",
+                         "run_id": f"{label}-{seed}", "forgetting": forgetting + noise, "general rise": 0.2,
+                         "plasticity": 0.3})  # fmt: skip
 
     class NoSample:
         def of(self, run, metric):
@@ -312,6 +313,13 @@ def test_methods_run_over_different_orders_are_shown_in_one_part_per_order_set(r
     assert len(both.records) == 8 and "2 domain orders" in both.title and "→" in first.title
     unchanged, split = _statistics(alone).part, leaderboard_frame(first.records, lambda r: first.key)
     pd.testing.assert_frame_equal(unchanged.drop(columns="group"), split.drop(columns="group"))
+    from benchmark.report.markdown import leaderboard_markdown
+
+    board = leaderboard_markdown([(g, _statistics(g), {}) for g in (first, both)])
+    first_text, both_text = board.split(f"## {both.title}")
+    assert "paired by seed," in first_text and "paired by (order, seed)," in both_text
+    (absent,) = [line for line in both_text.splitlines() if line.startswith("- registered methods without a record")]
+    assert "`none`" in absent and "(run over fewer of these orders" in absent and "### Over domain orders" in both_text
 
 
 def test_a_decoder_group_names_its_next_token_loss_and_the_base_perplexity(records):

@@ -87,7 +87,7 @@ def group_header(group: Group) -> list[str]:
         f" warmup {dap['warmup_ratio']}, weight decay {dap['weight_decay']}; held-out: up to {dap['heldout_chunks']}"
         f" chunks x {dap.get('heldout_mask_draws', 1)} mask draw(s) per set",
         *_decoder_line(first),
-        *_absent_methods_line(records),
+        *_absent_methods_line(group),
         f"- end tasks: {end_task_protocol(ft)}; matrix {code(config['matrix'])}",
         f"- made by commit(s) {', '.join(code(c) for c in commits)} on {text('; '.join(devices))}; {wall / 3600:.2f} h"
         " of run wall time in all (runs that shared the machine overlap)",
@@ -101,18 +101,19 @@ def group_header(group: Group) -> list[str]:
     ]
 
 
-def _absent_methods_line(records: list[dict]) -> list[str]:
+def _absent_methods_line(group: Group) -> list[str]:
     # A registered method with no record in a group is said so, never left out silently: it may be refused for the
-    # group's settings (docs/running.md says which and why) or not run yet.
+    # group's settings (docs/running.md says which and why) or not run yet; in a part of several domain orders, it
+    # may have been run over fewer orders (it is then in the part of the orders it has).
     from benchmark.registry import default_registry
 
-    absent = sorted(set(default_registry().names()) - {r["method"] for r in records})
+    absent = sorted(set(default_registry().names()) - {r["method"] for r in group.records})
     if not absent:
         return []
-    return [
-        f"- registered methods without a record in this group: {', '.join(code(m) for m in absent)} (refused for these"
-        " settings by the preflight, or not run: see docs/running.md)"
-    ]
+    why = "refused for these settings by the preflight, or not run: see docs/running.md"
+    if len(group.orders) > 1:
+        why = "run over fewer of these orders (shown in the group's part of the orders they have), refused or not run"
+    return [f"- registered methods without a record in this group: {', '.join(code(m) for m in absent)} ({why})"]
 
 
 def is_decoder(record: dict) -> bool:

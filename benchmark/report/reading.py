@@ -58,8 +58,8 @@ def loss_reading(stats: GroupStatistics) -> list[str]:
                 )
         if tested:
             lines.append(
-                f"- Against {code(reference)} (held-out loss, nats; paired by seed, t-test, and bootstrap over the"
-                f" held-out chunks; Benjamini-Hochberg over {tested} methods per metric; both q < {ALPHA}): "
+                f"- Against {code(reference)} (held-out loss, nats; paired by {paired_by(stats)}, t-test, and bootstrap"
+                f" over the held-out chunks; Benjamini-Hochberg over {tested} methods per metric; both q < {ALPHA}): "
                 + "; ".join(clauses)
                 + "."
             )
@@ -72,6 +72,11 @@ def loss_reading(stats: GroupStatistics) -> list[str]:
             f" ({code(drift.idxmin())}) to {drift.max():.3f} ({code(drift.idxmax())})."
         )
     return lines
+
+
+def paired_by(stats: GroupStatistics) -> str:
+    """What the group's comparisons pair: the seed, or (order, seed) where the group spans several domain orders."""
+    return "(order, seed)" if stats.part["order"].nunique() > 1 else "seed"
 
 
 def _se(c: Comparison) -> str:
@@ -128,7 +133,9 @@ def variant_reading(stats: GroupStatistics) -> list[str]:
                     cells.append(f"{title} {c.mean:+.3f} (p={c.p_seed:.2g}, eval SE {_se(c)}){mark}")
             if cells:
                 lines.append(
-                    f"- {code(variant)} against {code(parent)} (paired by seed, nats): " + ", ".join(cells) + "."
+                    f"- {code(variant)} against {code(parent)} (paired by {paired_by(stats)}, nats): "
+                    + ", ".join(cells)
+                    + "."
                 )
     return lines
 
