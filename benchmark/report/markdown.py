@@ -138,7 +138,7 @@ def _decoder_line(record: dict) -> list[str]:
     ]
 
 
-ORDER_COLUMNS = ("final gain", "final macro-F1")
+ORDER_COLUMNS = ("forgetting", "general rise", "final gain", "final macro-F1")
 """The columns shown per domain order in a group run over several orders."""
 
 
