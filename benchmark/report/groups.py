@@ -9,7 +9,7 @@ whose methods are compared over (order, seed) pairs. Where its methods were run 
 over ``seq0..seq4``, the rest over ``seq0`` only), the group is shown as one part per set of orders some method
 covers, so that no table averages one method over five orders beside another over one: each part holds every method
 that covers its orders, and a part of several orders only the seeds every one of its (method, order) cells has (an
-orders x seeds rectangle). Within a group at most one record per method label, order and
+orders x seeds rectangle). The part that holds every method keeps the group's key (its plots and links stay). Within a group at most one record per method label, order and
 seed is kept: a record of older method code
 is superseded by a newer one. A whole group of older numerics is superseded where a group of newer numerics has the
 same settings. Superseded records are left out and named, never an error; and a group whose records measured the
@@ -40,7 +40,8 @@ class Group:
     evaluation: int = 0
     """Which of the group payload's base-model evaluations (0 unless records measured the base model differently)."""
     orders: tuple[str, ...] = ()
-    """The domain orders of this part where the group's methods cover different orders (empty: not split)."""
+    """The domain orders of this part where it holds only some of the group's methods (they cover more orders than
+    the others); empty for a whole group and for the part that holds every method (it keeps the group's key)."""
     title: str = ""
 
     @property
@@ -195,7 +196,8 @@ def _split_by_orders(group: Group) -> list[Group]:
                                        for cell in {(label, o) for label in labels for o in orders}))  # fmt: skip
             members = [r for r in members if r["seed"] in seeds]
         if members:
-            parts.append(Group(group.payload, members, group.evaluation, tuple(sorted(orders))))
+            partial = tuple(sorted(orders)) if labels != set(covered) else ()
+            parts.append(Group(group.payload, members, group.evaluation, partial))
     return parts
 
 
