@@ -9,9 +9,9 @@ whose methods are compared over (order, seed) pairs. Where its methods were run 
 over ``seq0..seq4``, the rest over ``seq0`` only), the group is shown as one part per set of orders some method
 covers, so that no table averages one method over five orders beside another over one: each part holds every method
 that covers its orders, and a part of several orders only the seeds every one of its (method, order) cells has (an
-orders x seeds rectangle). The part that holds every method keeps the group's key (its plots and links stay). Within a group at most one record per method label, order and
-seed is kept: a record of older method code
-is superseded by a newer one. A whole group of older numerics is superseded where a group of newer numerics has the
+orders x seeds rectangle). The part that holds every method keeps the group's key (its plots and links stay).
+Within a group at most one record per method label, order and seed is kept: a record of older method code is
+superseded by a newer one. A whole group of older numerics is superseded where a group of newer numerics has the
 same settings. Superseded records are left out and named, never an error; and a group whose records measured the
 base model differently (another device or precision: the device is not part of a run's identity) is split by
 evaluation, never mixed.

@@ -79,6 +79,10 @@ def paired_by(stats: GroupStatistics) -> str:
     return "(order, seed)" if stats.part["order"].nunique() > 1 else "seed"
 
 
+def _runs(stats: GroupStatistics) -> str:
+    return "(order, seed) runs" if paired_by(stats) != "seed" else "seeds"
+
+
 def _se(c: Comparison) -> str:
     return "?" if c.se_eval is None else f"{c.se_eval:.3f}"
 
@@ -156,8 +160,8 @@ def end_task_reading(stats: GroupStatistics) -> list[str]:
     if part.groupby("method").size().max() > 1:
         std = (part.groupby("method")["final macro-F1"].std(ddof=1) * 100).max()
         lines.append(
-            f"- Seed spread: the largest std of final macro-F1 over seeds is {std:.2f} points; the method means span"
-            f" {means.max() - means.min():.2f} points."
+            f"- Seed spread: the largest std of final macro-F1 over {_runs(stats)} is {std:.2f} points; the method"
+            f" means span {means.max() - means.min():.2f} points."
         )
     else:
         lines.append("- One seed per method: the seed-to-seed spread is not measured, so no difference is established.")
