@@ -415,13 +415,15 @@ def reproduce(
 
 
 def require_current_numerics(record: RunRecord, record_path: str | Path) -> None:
-    """Refuse to reproduce a record whose numerics versions (core and method) this checkout does not compute:
+    """Refuse to reproduce a record whose numerics versions (core, method, replay) this checkout does not compute:
     its numbers come from another training stream or method code, so every comparison would fail."""
-    from benchmark.records.identity import RESULTS_VERSION
+    from benchmark.records.identity import REPLAY_VERSION, RESULTS_VERSION, canonical_recipe
     from benchmark.registry import default_registry
 
     made = record.get("identity") or {}
     here = {"results_version": RESULTS_VERSION, "method_version": default_registry().get(record["method"]).version}
+    if "replay" in canonical_recipe(record["config"]):
+        here["replay_version"] = REPLAY_VERSION
     differing = {k: (made.get(k, 1), v) for k, v in here.items() if made.get(k, 1) != v}
     if differing:
         said = ", ".join(f"{k} {was} (this checkout: {now})" for k, (was, now) in differing.items())

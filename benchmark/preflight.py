@@ -142,6 +142,7 @@ def check_recipe(config: RunConfig) -> None:
     replay = config.replay
     if not replay.active():
         return
+    _check_replay_counts(config)
     if replay.general > 0 and not config.general_corpus:
         raise DapbenchError("replay.general needs a general training text", "pass --set general_corpus=PATH")
     if replay.general > 0 and config.general_heldout and Path(config.general_heldout).is_file():
@@ -159,6 +160,21 @@ def check_recipe(config: RunConfig) -> None:
             raise DapbenchError(
                 f"{name} trains every domain from the base model or all domains jointly: it has no past to replay",
                 "drop replay.past for this method",
+            )
+
+
+def _check_replay_counts(config: RunConfig) -> None:
+    """A replay share must replay at least one chunk in a domain's stage: a run labelled with replay that replays
+    nothing would record plain training under the replay row's name."""
+    from benchmark.data.sampling import replayed_by
+
+    chunks, steps = config.dap.batch_size, config.dap.steps
+    for key, share in (("replay.general", config.replay.general), ("replay.past", config.replay.past)):
+        if share > 0 and replayed_by(share, chunks, steps) == 0:
+            raise DapbenchError(
+                f"{key}={share:g} replays no chunk: {share:g} x {chunks} chunks per update x {steps} updates per domain"
+                " is less than half a chunk",
+                f"set {key} to at least {0.5 / (chunks * steps):.2g}, or raise dap.batch_size or dap.steps",
             )
 
 

@@ -24,22 +24,40 @@ from benchmark.errors import DapbenchError
 REPO = Path(__file__).resolve().parents[1]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     general=st.floats(0, 0.6),
     past=st.floats(0, 0.39),
     micro=st.integers(1, 16),
     per_update=st.integers(1, 8),
-    start=st.integers(0, 50),
+    updates=st.integers(1, 40),
 )
-def test_replay_fractions_are_exact_per_update(general, past, micro, per_update, start):
+def test_replay_fractions_are_met_over_the_stage_and_within_one_chunk_per_update(
+    general, past, micro, per_update, updates
+):
     plan = ReplayPlan((general, past), (100, 50), micro, per_update)
     chunks = micro * per_update
-    expected = [round(general * chunks), min(round(past * chunks), chunks - round(general * chunks))]
-    assert plan.totals() == expected
-    update = [plan.counts(i) for i in range(start * per_update, (start + 1) * per_update)]
-    assert [sum(c[p] for c in update) for p in (0, 1)] == expected  # exact within every update
-    assert all(sum(c) <= micro and min(c) >= 0 for c in update)
+    per_update_counts = []
+    for u in range(updates):
+        update = [plan.counts(i) for i in range(u * per_update, (u + 1) * per_update)]
+        assert all(sum(c) <= micro and min(c) >= 0 for c in update)
+        per_update_counts.append([sum(c[p] for c in update) for p in (0, 1)])
+        assert per_update_counts[-1] == plan.totals(u)  # the micro-batches of an update hold its totals
+    first = [counts[0] for counts in per_update_counts]
+    assert all(math.floor(general * chunks) <= n <= math.ceil(general * chunks) for n in first)
+    assert abs(sum(first) - general * chunks * updates) <= 0.5 + 1e-9  # the stage's total is the nearest whole number
+    if math.ceil(general * chunks) + math.ceil(past * chunks) <= chunks:  # the second pool is never cut short
+        second = sum(counts[1] for counts in per_update_counts)
+        assert abs(second - past * chunks * updates) <= 0.5 + 1e-9
+
+
+def test_a_share_that_is_a_multiple_of_one_chunk_is_the_same_in_every_update_and_a_small_one_is_not_lost():
+    quarter = ReplayPlan((0.25,), (10,), micro=16, micro_per_update=1)
+    assert {quarter.totals(u)[0] for u in range(24)} == {4}
+    percent = ReplayPlan((0.01,), (10,), micro=16, micro_per_update=1)  # the mini profile's 16 chunks per update
+    assert sum(percent.totals(u)[0] for u in range(24)) == 4  # 3.84 chunks over a domain's 24 updates, rounded
+    five = ReplayPlan((0.05,), (10,), micro=16, micro_per_update=1)  # 0.8 chunks per update: 4 in every 5 updates
+    assert [five.totals(u)[0] for u in range(10)] == [1, 1, 0, 1, 1, 1, 1, 0, 1, 1]
 
 
 def _take(sampler, n):
@@ -113,6 +131,11 @@ def _matches(masked: tuple[int, ...], row: tuple[int, ...]) -> bool:
 
 def test_replay_of_the_heldout_text_and_replay_without_a_past_are_refused(tiny_config):
     from benchmark.preflight import check_recipe
+
+    chunks = tiny_config.dap.batch_size * tiny_config.dap.steps  # 8 x 4: 1% would be 0.32 chunks per domain
+    with pytest.raises(DapbenchError, match=r"replay.general=0.01 replays no chunk") as refused:
+        check_recipe(apply_overrides(tiny_config, ["replay.general=0.01"]))
+    assert f"at least {0.5 / chunks:.2g}" in refused.value.fix
 
     same = dataclasses.replace(tiny_config, general_corpus=tiny_config.general_heldout)
     with pytest.raises(DapbenchError, match="general held-out text"):

@@ -291,6 +291,19 @@ def test_runs_over_several_domain_orders_form_one_group_paired_by_order_and_seed
     assert ncl_cmp.n == 2  # paired over the two orders of seed 2021
 
 
+def test_a_replay_record_of_the_earlier_replay_counting_is_superseded_by_a_rerun(records):
+    """Replay counting version 2 (shares met over the stage) supersedes records without the field (version 1)."""
+    first = next(r for r in records if r["method"] == "ncl")
+    older = copy.deepcopy(first)
+    older["method_label"] = "ncl[replay.general=0.25]"
+    newer = copy.deepcopy(older)
+    newer["identity"]["replay_version"] = 2
+    newer["run_id"] = older["run_id"][:-10] + "0" * 10  # sorts first: the version decides, not the id
+    groups, superseded = group_records([newer, older])
+    assert [r["run_id"] for g in groups for r in g.records] == [newer["run_id"]]
+    assert [s.run_id for s in superseded] == [older["run_id"]]
+
+
 def test_methods_run_over_different_orders_are_shown_in_one_part_per_order_set(records):
     """NCL and DAS over two orders, the no-DAP row over the first only: no table averages a method over two orders
     beside one over a single order. The first order's part is the group as it was (same records, same bootstrap);

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -39,16 +41,27 @@ def derived_seed(*parts: int) -> int:
     return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0])
 
 
+def replayed_by(share: float, chunks: int, updates: int) -> int:
+    """Chunks a pool of ``share`` has replayed after ``updates`` updates of ``chunks`` chunks: the product rounded
+    half up, with the share read as the decimal it was written as (0.05 is 1/20, so 0.05 x 16 x 5 is exactly 4)."""
+    exact = Fraction(share).limit_denominator(1 << 20) * chunks * updates
+    return math.floor(exact + Fraction(1, 2))
+
+
 @dataclass(frozen=True)
 class ReplayPlan:
     """How many chunks of every update come from each replay pool, and which ones.
 
     An update is the ``micro_per_update`` consecutive micro-batches of the global stream (every process's share of
-    one optimizer step). Pool ``p`` supplies exactly ``round(shares[p] x update chunks)`` of them (a later pool
-    at most what the earlier ones leave): the update's replay slots are spread over its micro-batches as evenly as
-    whole numbers allow (:meth:`counts`) and take the last positions of each; the pools fill them in order. Which
-    chunk fills a slot is drawn uniformly, with replacement, from the micro-batch's own seed, so the draws do not
-    depend on the process layout either."""
+    one optimizer step), ``B`` chunks in all. Pool ``p`` supplies ``share x B x u`` chunks over the first ``u``
+    updates of a stage, rounded half up at every ``u`` (exact rational arithmetic): each update takes the floor or
+    the ceiling of ``share x B`` and the stage's total is the nearest whole number to ``share x B x steps``. A share
+    that is a multiple of ``1 / B`` is the same number in every update; any other is met on average, never
+    rounded away (1% of 16 chunks is 4 chunks over 24 updates, not 0 in each). A later pool takes at most what the
+    earlier ones leave. The update's replay slots are spread over its micro-batches as evenly as whole numbers
+    allow (:meth:`counts`) and take the last positions of each; the pools fill them in order. Which chunk fills a
+    slot is drawn uniformly, with replacement, from the micro-batch's own seed, so neither the counts nor the draws
+    depend on the process layout."""
 
     shares: tuple[float, ...]
     sizes: tuple[int, ...]
@@ -56,16 +69,18 @@ class ReplayPlan:
     micro: int
     micro_per_update: int
 
-    def totals(self) -> list[int]:
-        """Replayed chunks of every update, per pool."""
+    def totals(self, update: int) -> list[int]:
+        """Replayed chunks of update ``update`` (0-based, within the stage), per pool."""
         chunks, out = self.micro * self.micro_per_update, []
         for share, size in zip(self.shares, self.sizes, strict=True):
-            out.append(0 if size == 0 else min(round(share * chunks), chunks - sum(out)))
+            due = 0 if size == 0 else replayed_by(share, chunks, update + 1) - replayed_by(share, chunks, update)
+            out.append(min(due, chunks - sum(out)))
         return out
 
     def counts(self, index: int) -> list[int]:
         """Replayed chunks of global micro-batch ``index``, per pool."""
-        totals, k, j = self.totals(), self.micro_per_update, index % self.micro_per_update
+        k, j = self.micro_per_update, index % self.micro_per_update
+        totals = self.totals(index // k)
         everything = sum(totals)
         before, here = everything * j // k, everything * (j + 1) // k - everything * j // k
         out, start = [], 0

@@ -94,6 +94,8 @@ def _identity_block(identity) -> RunIdentityBlock:
     }
     if identity.processes is not None:
         block["processes"] = identity.processes
+    if identity.replay_version is not None:
+        block["replay_version"] = identity.replay_version
     return block
 
 

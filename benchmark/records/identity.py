@@ -33,6 +33,12 @@ the training loop): every run id changes with it, so no record of the old code i
 A method bumps its own ``ContinualMethod.version`` for the same reason. 3: the training stream is drawn per
 micro-batch (:mod:`benchmark.data.sampling`), the same for any number of processes."""
 
+REPLAY_VERSION = 2
+"""How a run with replay counts its replayed chunks; part of such a run's id (runs without replay are unaffected).
+2: a share is met over the stage, each update taking the floor or ceiling of share x chunks
+(:class:`benchmark.data.sampling.ReplayPlan`); 1 (records without the field) rounded it in every update, so that a
+share below half a chunk per update replayed nothing."""
+
 LOCATION_FIELDS = (
     "output_dir", "work_dir", "keep_checkpoints", "methods", "seeds", "device", "profile", "report_to",
 )  # fmt: skip
@@ -182,6 +188,8 @@ class RunIdentity:
     """The process count, only where the method's options make the numbers depend on it."""
     recipe: dict[str, Any] = dataclasses.field(default_factory=dict)
     """:func:`canonical_recipe`: in the run id (when not empty), not in the group."""
+    replay_version: int | None = None
+    """:data:`REPLAY_VERSION` for a run with replay (None without, and for records made before version 2)."""
 
     def payload(self) -> dict[str, Any]:
         """Everything the run id hashes, except the seed."""
@@ -196,6 +204,8 @@ class RunIdentity:
             out["processes"] = self.processes
         if self.recipe:
             out["recipe"] = self.recipe
+        if self.replay_version is not None:
+            out["replay_version"] = self.replay_version
         return out
 
     def group_payload(self) -> dict[str, Any]:
@@ -239,6 +249,7 @@ def run_identity(
         method_version=method_cls.version,
         processes=processes if options.numerics_depend_on_processes() else None,
         recipe=canonical_recipe(config.to_dict()),
+        replay_version=REPLAY_VERSION if config.replay.active() else None,
     )
 
 
@@ -258,6 +269,7 @@ def record_identity(record: Mapping[str, Any]) -> RunIdentity | None:
         results_version=identity["results_version"],
         processes=identity.get("processes"),
         recipe=canonical_recipe(record["config"]),
+        replay_version=identity.get("replay_version"),
     )
 
 

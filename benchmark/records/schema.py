@@ -101,6 +101,8 @@ class RunIdentityBlock(TypedDict, total=False):
     """The method's canonical options (default values left out)."""
     processes: int
     """Present only where the method's options make the numbers depend on the process count."""
+    replay_version: int
+    """Present only for a run with replay: how replayed chunks are counted (``identity.REPLAY_VERSION``)."""
 
 
 class RunRecord(TypedDict):

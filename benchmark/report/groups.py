@@ -146,8 +146,8 @@ def _current_numerics(groups: list[Group], superseded: list[Superseded]) -> list
 
 
 def _newest_per_label_and_seed(records: list[dict], superseded: list[Superseded]) -> list[dict]:
-    """One record per method label and seed: the one of the newest method code (records with a recorded identity
-    before migrated ones); the others are superseded."""
+    """One record per method label and seed: the one of the newest method code, then replay counting (records with a
+    recorded identity before migrated ones); the others are superseded."""
     best: dict[tuple[str, int], dict] = {}
     for record in records:
         key = (record["method_label"], pairing_unit(record))
@@ -160,9 +160,10 @@ def _newest_per_label_and_seed(records: list[dict], superseded: list[Superseded]
     return [r for r in records if best[(r["method_label"], pairing_unit(r))] is r]
 
 
-def _code_rank(record: dict) -> tuple[int, int, str]:
+def _code_rank(record: dict) -> tuple[int, int, int, str]:
     identity = record.get("identity") or {}
-    return (identity.get("method_version", 0), 1 if record.get("identity") else 0, record["run_id"])
+    method, replay = identity.get("method_version", 0), identity.get("replay_version", 1)
+    return (method, replay, 1 if record.get("identity") else 0, record["run_id"])
 
 
 def _split_by_evaluation(group: Group) -> list[Group]:
