@@ -136,6 +136,20 @@ def test_a_record_of_other_numerics_is_refused_naming_the_commit_that_made_it(tm
     assert not (tmp_path / "out").exists()
 
 
+def test_a_replay_record_of_the_earlier_replay_counting_is_refused():
+    from benchmark.api import require_current_numerics
+    from benchmark.errors import DapbenchError
+    from benchmark.records.identity import REPLAY_VERSION
+
+    record = _committed("ncl")
+    require_current_numerics(record, "ncl.json")  # no replay: no replay version asked for
+    record["config"]["replay"] = {"general": 0.25, "past": 0.0}
+    with pytest.raises(DapbenchError, match=f"replay_version 1 \\(this checkout: {REPLAY_VERSION}\\)"):
+        require_current_numerics(record, "ncl.json")
+    record["identity"]["replay_version"] = REPLAY_VERSION
+    require_current_numerics(record, "ncl.json")
+
+
 def _committed(method: str) -> dict:
     from pathlib import Path
 
