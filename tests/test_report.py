@@ -331,6 +331,7 @@ def test_methods_run_over_different_orders_are_shown_in_one_part_per_order_set(r
     board = leaderboard_markdown([(g, _statistics(g), {}) for g in (first, both)])
     first_text, both_text = board.split(f"## {both.title}")
     assert "paired by seed," in first_text and "paired by (order, seed)," in both_text
+    assert "largest seed std" in first_text and "largest std over (order, seed) runs" in both_text
     (absent,) = [line for line in both_text.splitlines() if line.startswith("- registered methods without a record")]
     assert "`none`" in absent and "(run over fewer of these orders" in absent and "### Over domain orders" in both_text
 

@@ -59,12 +59,11 @@ def loss_reading(stats: GroupStatistics) -> list[str]:
         if tested:
             lines.append(
                 f"- Against {code(reference)} (held-out loss, nats; paired by {paired_by(stats)}, t-test, and bootstrap"
-                f" over the held-out chunks; Benjamini-Hochberg over {tested} methods per metric; both q < {ALPHA}): "
-                + "; ".join(clauses)
-                + "."
+                f" over the held-out chunks; Benjamini-Hochberg over {tested} method{'s' * (tested != 1)} per metric;"
+                f" both q < {ALPHA}): " + "; ".join(clauses) + "."
             )
     lines += _evaluation_error(stats)
-    lines += _span(stats.part, "forgetting", "Forgetting", "nats across methods")
+    lines += _span(stats, "forgetting", "Forgetting", "nats across methods")
     drift = stats.part.groupby("method")["CKA to base"].mean().dropna()
     if not drift.empty:
         lines.append(
@@ -83,6 +82,11 @@ def _runs(stats: GroupStatistics) -> str:
     return "(order, seed) runs" if paired_by(stats) != "seed" else "seeds"
 
 
+def _spread_name(stats: GroupStatistics) -> str:
+    # A multi-order part's spread mixes orders and seeds: name it so it is not read as seed noise alone.
+    return "std over (order, seed) runs" if paired_by(stats) != "seed" else "seed std"
+
+
 def _se(c: Comparison) -> str:
     return "?" if c.se_eval is None else f"{c.se_eval:.3f}"
 
@@ -98,14 +102,14 @@ def _evaluation_error(stats: GroupStatistics) -> list[str]:
     ]
 
 
-def _span(part: pd.DataFrame, column: str, name: str, unit: str) -> list[str]:
-    spread = part.groupby("method")[column].std(ddof=1).max()
-    means = part.groupby("method")[column].mean().dropna()
+def _span(stats: GroupStatistics, column: str, name: str, unit: str) -> list[str]:
+    spread = stats.part.groupby("method")[column].std(ddof=1).max()
+    means = stats.part.groupby("method")[column].mean().dropna()
     if len(means) < 2 or np.isnan(spread):
         return []
     return [
         f"- {name} spans {means.min():.3f} ({code(means.idxmin())}) to {means.max():.3f} ({code(means.idxmax())})"
-        f" {unit}; the largest seed std is {spread:.3f}."
+        f" {unit}; the largest {_spread_name(stats)} is {spread:.3f}."
     ]
 
 
