@@ -171,8 +171,9 @@ class MethodDeclaration:
     config_cls: ClassVar[type[MethodConfig]] = MethodConfig
     capabilities: ClassVar[Capabilities] = Capabilities()
     comparison_role: ClassVar[str | None] = None
-    """``no_dap`` or ``naive_continual`` for the baselines every method is tested against on the
-    leaderboard (paired by seed); None for every other method."""
+    """The leaderboard's references, every method is tested against them (paired by seed): ``no_dap`` and
+    ``naive_continual`` for the two baselines, ``proposed`` for the method of the paper the benchmark follows (DAS),
+    so that recipes and newer methods are read against it; None for every other method."""
     leaderboard_note: ClassVar[str] = ""
     """One sentence the leaderboard's reading prints about what this method's numbers mean, if needed."""
     studies: ClassVar[Mapping[str, Callable[[Any, Mapping[str, str]], dict]]] = {}

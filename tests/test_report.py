@@ -365,3 +365,23 @@ def test_a_group_names_the_registered_methods_it_has_no_record_of(records):
     line = next(li for li in group_header(group) if li.startswith("- registered methods without a record"))
     absent = set(re.findall(r"`([a-z_]+)`", line))
     assert absent == set(default_registry().names()) - {"none", "ncl", "das"}
+
+
+def test_the_references_are_the_two_baselines_and_the_papers_method_at_their_defaults(records):
+    """ncl (naive continual), das (the paper's method, ``proposed``) and none (no DAP) are the references; a DAS
+    record at defaults made before DAS declared its role still counts (the installed plugin's role), a DAS variant
+    never does, and every method is tested against DAS in the verdicts."""
+    assert reference_labels(records) == {"naive_continual": "ncl", "proposed": "das", "no_dap": "none"}
+    assert {r["comparison_role"] for r in records if r["method"] == "das"} == {"proposed"}
+    older = [{**r, "comparison_role": None} if r["method"] == "das" else r for r in records]
+    assert reference_labels(older)["proposed"] == "das"
+    variant = [
+        {**r, "method_label": "das[ablation=no_contrast]", "comparison_role": None} if r["method"] == "das" else r
+        for r in records
+    ]
+    assert "proposed" not in reference_labels(variant)
+    (group,), _ = group_records(records)
+    stats = _statistics(group)
+    assert list(stats.references.values()) == ["ncl", "das", "none"]
+    against_das = {c.label for c in stats.comparisons("das", LOSS_COLUMNS[0])}
+    assert against_das == {"ncl", "none"}

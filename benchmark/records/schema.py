@@ -119,7 +119,8 @@ class RunRecord(TypedDict):
     method_config: dict[str, Any]
     capabilities: dict[str, bool]
     comparison_role: str | None
-    """``naive_continual`` or ``no_dap`` for the leaderboard's reference methods (their default options only)."""
+    """``naive_continual``, ``proposed`` or ``no_dap`` for the leaderboard's reference methods (their default options
+    only)."""
     leaderboard_note: str
     """What the method says its numbers mean (printed once per method by the leaderboard's reading)."""
     model_kind: str

@@ -119,12 +119,29 @@ def leaderboard_frame(records: list[dict], group_of: Callable[[dict], str] | Non
     return pd.DataFrame(rows)
 
 
+REFERENCE_ROLES = ("naive_continual", "proposed", "no_dap")
+"""The leaderboard's reference roles, in the order its readings and verdicts name them."""
+
+
 def reference_labels(records: list[dict]) -> dict[str, str]:
-    """Role -> method label of the group's reference methods (``naive_continual``, ``no_dap``), as the records
-    declare them (only records at the method's default options carry a role)."""
+    """Role -> method label of the group's reference methods (:data:`REFERENCE_ROLES`), as the records declare them
+    (only records at the method's default options carry a role), or for a record at defaults made before its
+    method declared a role, as the installed plugin declares it (a role names a table's reference, no number)."""
     out = {}
     for record in sorted(records, key=lambda r: r["method_label"]):
-        role = record.get("comparison_role")
-        if role in ("naive_continual", "no_dap"):
+        role = record.get("comparison_role") or _installed_role(record)
+        if role in REFERENCE_ROLES:
             out.setdefault(role, record["method_label"])
-    return {role: out[role] for role in ("naive_continual", "no_dap") if role in out}
+    return {role: out[role] for role in REFERENCE_ROLES if role in out}
+
+
+def _installed_role(record: dict) -> str | None:
+    if record["method_label"] != record["method"]:
+        return None
+    from benchmark.errors import DapbenchError
+    from benchmark.registry import default_registry
+
+    try:
+        return default_registry().get(record["method"]).comparison_role
+    except DapbenchError:  # a plugin not installed here: no role
+        return None
