@@ -216,9 +216,9 @@ class DAS(ContinualMethod):
     """2: the reference's KL proxy and normalisation as the reference computes them (rounding noise, no epsilon)."""
     multi_process: ClassVar[bool] = True
     fsdp_refusal: ClassVar[str] = ""
-    comparison_role: ClassVar[str | None] = "proposed"
     """Sharded training works: importance is computed on the whole model before and after a domain's updates, and
     the soft masks scale each process's shard of a gradient (or update) by its part of the per-unit factor."""
+    comparison_role: ClassVar[str | None] = "proposed"
     config_cls: ClassVar[type[MethodConfig]] = DASConfig
     studies: ClassVar[dict] = {
         "importance-similarity": importance_study.similarity_study,

@@ -67,17 +67,20 @@ def _from_schema_2(record: dict[str, Any]) -> dict[str, Any]:
     comparison role and note from the installed plugin where the record's label is the method at its defaults."""
     record = {**record, "schema": SCHEMA_VERSION, "model_kind": "masked", "predictions": None, "test_labels": None}
     record["mlm_loss"] = {**record["mlm_loss"], "chunks": None}
-    role, note = None, ""
-    try:
-        from benchmark.registry import default_registry
-
-        cls = default_registry().get(record["method"])
-        role = cls.comparison_role if record["method_label"] == record["method"] else None
-        note = cls.leaderboard_note
-    except DapbenchError:  # a plugin not installed here: the record keeps no role and no note
-        pass
-    record["comparison_role"], record["leaderboard_note"] = role, note
+    cls = installed_method(record["method"])  # a plugin not installed here: the record keeps no role and no note
+    role = cls.comparison_role if cls and record["method_label"] == record["method"] else None
+    record["comparison_role"], record["leaderboard_note"] = role, cls.leaderboard_note if cls else ""
     return {key: record[key] for key in REQUIRED}
+
+
+def installed_method(name: str) -> type | None:
+    """The plugin class registered here as ``name``, or None where no such plugin is installed."""
+    from benchmark.registry import default_registry
+
+    try:
+        return default_registry().get(name)
+    except DapbenchError:
+        return None
 
 
 def load_record(path: str | Path) -> RunRecord:

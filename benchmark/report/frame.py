@@ -136,12 +136,7 @@ def reference_labels(records: list[dict]) -> dict[str, str]:
 
 
 def _installed_role(record: dict) -> str | None:
-    if record["method_label"] != record["method"]:
-        return None
-    from benchmark.errors import DapbenchError
-    from benchmark.registry import default_registry
+    from benchmark.records.store import installed_method
 
-    try:
-        return default_registry().get(record["method"]).comparison_role
-    except DapbenchError:  # a plugin not installed here: no role
-        return None
+    cls = installed_method(record["method"]) if record["method_label"] == record["method"] else None
+    return cls.comparison_role if cls else None
