@@ -194,8 +194,39 @@ def test_variant_reading_and_option_parents():
 
     stats = GroupStatistics.__new__(GroupStatistics)
     stats.part, stats.records, stats.references, stats.sample, stats._cache = pd.DataFrame(rows), [], {}, NoSample(), {}
-    (line,) = variant_reading(stats)
-    assert line.startswith("- `das[x=1]` against `das`") and "forgetting -0.100" in line and "not resolved" in line
+    header, line = variant_reading(stats)
+    assert "over the 1 option pair per metric" in header
+    assert line.startswith("  - `das[x=1]` against `das`") and "forgetting -0.100" in line and "not resolved" in line
+
+
+def test_the_variant_readings_q_values_are_over_every_option_pair_of_the_group():
+    """Three option pairs read together: each pair's q is Benjamini-Hochberg over the three pairs' p-values (per
+    metric), so a pair that one test alone would resolve is not claimed when the others are noise."""
+    from scipy.stats import false_discovery_control, ttest_rel
+
+    noise = {1: 0.0, 2: 0.012, 3: -0.011, 4: 0.004}
+    shifts = {"das": (0.0, 0.0, 0.0, 0.0), "das[x=1]": (-0.05, -0.04, -0.06, -0.055),
+              "das[x=2]": (0.01, -0.02, 0.0, 0.015), "das[x=3]": (-0.01, 0.01, 0.02, -0.02)}  # fmt: skip
+    rows = [{"method": label, "seed": seed, "order": "seq0", "pair": f"seq0/{seed}", "run_id": f"{label}-{seed}",
+             "forgetting": 0.2 + noise[seed] + shift[seed - 1], "general rise": 0.2, "plasticity": 0.3}
+            for label, shift in shifts.items() for seed in noise]  # fmt: skip
+
+    class NoSample:
+        def of(self, run, metric):
+            return None
+
+    stats = GroupStatistics.__new__(GroupStatistics)
+    stats.part, stats.records, stats.references, stats.sample, stats._cache = pd.DataFrame(rows), [], {}, NoSample(), {}
+    header, *lines = variant_reading(stats)
+    assert "Benjamini-Hochberg over the 3 option pairs per metric" in header
+    assert [line.split("`")[1] for line in lines] == ["das[x=1]", "das[x=2]", "das[x=3]"]
+    forgetting = pd.DataFrame(rows).pivot_table(index="seed", columns="method", values="forgetting")
+    p = [ttest_rel(forgetting[v], forgetting["das"]).pvalue for v in ("das[x=1]", "das[x=2]", "das[x=3]")]
+    q = false_discovery_control(p)
+    assert any(q_value > p_value for p_value, q_value in zip(p, q, strict=True))  # the correction bites here
+    for line, variant, p_value, q_value in zip(lines, ("das[x=1]", "das[x=2]", "das[x=3]"), p, q, strict=True):
+        mean = (forgetting[variant] - forgetting["das"]).mean()
+        assert f"forgetting {mean:+.3f} (p={p_value:.2g}, q={q_value:.2g}," in line
 
 
 def _write(out, records):

@@ -8,7 +8,7 @@ import pandas as pd
 
 from benchmark.report.escape import code, text
 from benchmark.report.frame import END_TASK_COLUMNS, LOSS_COLUMNS, VERDICT_METRICS
-from benchmark.report.statistics import ALPHA, Comparison, GroupStatistics
+from benchmark.report.statistics import ALPHA, Comparison, GroupStatistics, adjust_for_multiplicity
 
 WORDS = {
     "forgetting": ("less forgetting", "more forgetting"),
@@ -127,25 +127,43 @@ def option_parents(label: str) -> list[str]:
 
 def variant_reading(stats: GroupStatistics) -> list[str]:
     """Each option variant against every measured label one option closer to the method's defaults, paired by seed,
-    on the held-out-loss metrics: what each option changes, everything else equal."""
-    lines = []
-    labels = set(stats.part["method"])
-    for variant in sorted(m for m in labels if "[" in m):
-        for parent in (p for p in option_parents(variant) if p in labels):
+    on the held-out-loss metrics: what each option changes, everything else equal. The pairs of a group are read
+    together, so their q-values are Benjamini-Hochberg over every pair of the group, per metric."""
+    cells: dict[tuple[str, str], list[tuple[str, Comparison]]] = {}
+    for title, _ in VERDICT_METRICS:
+        family = []
+        for variant, parent in _variant_pairs(stats):
             subset = stats.part[stats.part["method"].isin([parent, variant])]
-            cells = []
-            for title, _ in VERDICT_METRICS:
-                column = _column(title)
-                for c in _pair(stats, subset, parent, column):
-                    mark = "" if c.resolved() else " (not resolved)"
-                    cells.append(f"{title} {c.mean:+.3f} (p={c.p_seed:.2g}, eval SE {_se(c)}){mark}")
-            if cells:
-                lines.append(
-                    f"- {code(variant)} against {code(parent)} (paired by {paired_by(stats)}, nats): "
-                    + ", ".join(cells)
-                    + "."
-                )
-    return lines
+            for c in _pair(stats, subset, parent, _column(title)):
+                cells.setdefault((variant, parent), []).append((title, c))
+                family.append(c)
+        adjust_for_multiplicity(family)
+    if not cells:
+        return []
+    header = (
+        f"- Each option against its parent (held-out loss, nats; paired by {paired_by(stats)}; Benjamini-Hochberg"
+        f" over the {len(cells)} option pair{'s' * (len(cells) != 1)} per metric; p and q of the t-test over"
+        f" {_runs(stats)}, resolved when that q and the held-out bootstrap's q are both < {ALPHA}):"
+    )
+    return [header] + [
+        f"  - {code(variant)} against {code(parent)}: " + ", ".join(_variant_cell(title, c) for title, c in found) + "."
+        for (variant, parent), found in cells.items()
+    ]
+
+
+def _variant_pairs(stats: GroupStatistics) -> list[tuple[str, str]]:
+    labels = set(stats.part["method"])
+    return [
+        (variant, parent)
+        for variant in sorted(m for m in labels if "[" in m)
+        for parent in option_parents(variant)
+        if parent in labels
+    ]
+
+
+def _variant_cell(title: str, c: Comparison) -> str:
+    mark = "" if c.resolved() else " (not resolved)"
+    return f"{title} {c.mean:+.3f} (p={c.p_seed:.2g}, q={c.q_seed:.2g}, eval SE {_se(c)}){mark}"
 
 
 def _pair(stats: GroupStatistics, subset: pd.DataFrame, parent: str, column) -> list[Comparison]:

@@ -169,7 +169,7 @@ def compare(
 ) -> list[Comparison]:
     """Every method's comparison with ``reference`` on ``column`` (methods sharing at least two seeds with it), with
     Benjamini-Hochberg q-values over the methods for each of the two tests."""
-    from scipy.stats import false_discovery_control, ttest_rel
+    from scipy.stats import ttest_rel
 
     wide = part.pivot_table(index="pair", columns="method", values=column)  # (order, seed) pairs
     runs = part.set_index(["method", "pair"])["run_id"]
@@ -195,14 +195,22 @@ def compare(
                 [runs[(reference, s)] for s in pairs.index],
             )
         out.append(comparison)
-    if out:
-        for comparison, q in zip(out, false_discovery_control([c.p_seed for c in out]), strict=True):
-            comparison.q_seed = float(q)
-        tested = [c for c in out if c.p_eval is not None]
-        if tested:
-            for comparison, q in zip(tested, false_discovery_control([c.p_eval for c in tested]), strict=True):
-                comparison.q_eval = float(q)
+    adjust_for_multiplicity(out)
     return sorted(out, key=lambda c: -c.mean)
+
+
+def adjust_for_multiplicity(family: list[Comparison]) -> None:
+    """Set the Benjamini-Hochberg q-values of ``family`` (the comparisons read together, e.g. every method against
+    one reference on one metric), separately for the seed test and the evaluation-sample test."""
+    from scipy.stats import false_discovery_control
+
+    if family:
+        for comparison, q in zip(family, false_discovery_control([c.p_seed for c in family]), strict=True):
+            comparison.q_seed = float(q)
+    tested = [c for c in family if c.p_eval is not None]
+    if tested:
+        for comparison, q in zip(tested, false_discovery_control([c.p_eval for c in tested]), strict=True):
+            comparison.q_eval = float(q)
 
 
 def _eval_test(comparison: Comparison, sample: EvaluationSample, metric: str, mine: list[str], theirs: list[str]):
