@@ -129,15 +129,15 @@ def variant_reading(stats: GroupStatistics) -> list[str]:
     """Each option variant against every measured label one option closer to the method's defaults, paired by seed,
     on the held-out-loss metrics: what each option changes, everything else equal. The pairs of a group are read
     together, so their q-values are Benjamini-Hochberg over every pair of the group, per metric."""
+    subsets = {(v, p): stats.part[stats.part["method"].isin([p, v])] for v, p in _variant_pairs(stats)}
     cells: dict[tuple[str, str], list[tuple[str, Comparison]]] = {}
     for title, _ in VERDICT_METRICS:
         family = []
-        for variant, parent in _variant_pairs(stats):
-            subset = stats.part[stats.part["method"].isin([parent, variant])]
+        for (variant, parent), subset in subsets.items():
             for c in _pair(stats, subset, parent, _column(title)):
                 cells.setdefault((variant, parent), []).append((title, c))
                 family.append(c)
-        adjust_for_multiplicity(family)
+        adjust_for_multiplicity(family)  # replaces each lone pair's q (compare's) by the group's
     if not cells:
         return []
     header = (
