@@ -328,7 +328,8 @@ def test_a_replay_record_of_the_earlier_replay_counting_is_superseded_by_a_rerun
 def test_methods_run_over_different_orders_are_shown_in_one_part_per_order_set(records):
     """NCL and DAS over two orders, the no-DAP row over the first only: no table averages a method over two orders
     beside one over a single order. The first order's part is the group as it was (same records, same bootstrap);
-    the two-order part holds NCL and DAS at the seeds both have in both orders (an orders x seeds rectangle)."""
+    the two-order part holds NCL and DAS at the seeds both have in both orders (an orders x seeds rectangle). NCL's
+    second-order run of seed 3 (DAS has none) is in no table: the leaderboard names it as incomplete."""
     (alone,), _ = group_records(records)
     reordered = []
     for record in records:
@@ -337,8 +338,14 @@ def test_methods_run_over_different_orders_are_shown_in_one_part_per_order_set(r
             other["sequence"] = list(reversed(record["sequence"]))
             other["run_id"] = record["run_id"].replace("custom-alpha-beta", "custom-beta-alpha")
             reordered.append(other)
-    groups, superseded = group_records(records + reordered)
-    assert not superseded and len(groups) == 2
+    groups, left_out = group_records(records + reordered)
+    (incomplete,) = left_out
+    (ncl_seed3,) = [r["run_id"] for r in reordered if r["method"] == "ncl" and r["seed"] == 3]
+    assert incomplete.kind == "incomplete" and incomplete.run_id == ncl_seed3
+    assert "seed 3 of order custom-beta-alpha" in incomplete.reason and "complete seeds (1, 2)" in incomplete.reason
+    shown = [r["run_id"] for g in groups for r in g.records]
+    assert incomplete.run_id not in shown and {r["run_id"] for r in records + reordered} == {*shown, incomplete.run_id}
+    assert len(groups) == 2
     (first,) = [g for g in groups if not g.orders]  # every method: it keeps the group's key (plot names, links)
     (both,) = [g for g in groups if g.orders == ("custom-alpha-beta", "custom-beta-alpha")]
     assert [r["run_id"] for r in first.records] == [r["run_id"] for r in alone.records]
@@ -349,7 +356,9 @@ def test_methods_run_over_different_orders_are_shown_in_one_part_per_order_set(r
     pd.testing.assert_frame_equal(unchanged.drop(columns="group"), split.drop(columns="group"))
     from benchmark.report.markdown import leaderboard_markdown
 
-    board = leaderboard_markdown([(g, _statistics(g), {}) for g in (first, both)])
+    board = leaderboard_markdown([(g, _statistics(g), {}) for g in (first, both)], left_out)
+    board, left_text = board.split("## Left out")
+    assert "1 incomplete record(s)" in left_text and f"- `{incomplete.run_id}`: seed 3" in left_text
     first_text, both_text = board.split(f"## {both.title}")
     assert "paired by seed," in first_text and "paired by (order, seed)," in both_text
     assert "largest seed std" in first_text and "largest std over (order, seed) runs" in both_text

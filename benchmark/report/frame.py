@@ -104,7 +104,7 @@ def leaderboard_frame(records: list[dict], group_of: Callable[[dict], str] | Non
 
         groups, _ = group_records(records)
         keys = {id(r): g.key for g in groups for r in g.records}
-        group_of = lambda record: keys.get(id(record), "superseded")  # noqa: E731 - a lookup, named once
+        group_of = lambda record: keys.get(id(record), "left out")  # noqa: E731 - a lookup, named once
     rows = []
     for record in records:
         row = {"group": group_of(record), "method": record["method_label"], "seed": record["seed"]}

@@ -9,12 +9,13 @@ whose methods are compared over (order, seed) pairs. Where its methods were run 
 over ``seq0..seq4``, the rest over ``seq0`` only), the group is shown as one part per set of orders some method
 covers, so that no table averages one method over five orders beside another over one: each part holds every method
 that covers its orders, and a part of several orders only the seeds every one of its (method, order) cells has (an
-orders x seeds rectangle). The part that holds every method keeps the group's key (its plots and links stay).
+orders x seeds rectangle). The part that holds every method keeps the group's key (its plots and links stay). A
+record that no part shows (a seed not yet run over every order of its part) is left out as incomplete and named.
 Within a group at most one record per method label, order and seed is kept: a record of older method code is
 superseded by a newer one. A whole group of older numerics is superseded where a group of newer numerics has the
-same settings. Superseded records are left out and named, never an error; and a group whose records measured the
-base model differently (another device or precision: the device is not part of a run's identity) is split by
-evaluation, never mixed.
+same settings. Superseded and incomplete records are left out and named, never an error; and a group whose records
+measured the base model differently (another device or precision: the device is not part of a run's identity) is
+split by evaluation, never mixed.
 """
 
 from __future__ import annotations
@@ -69,11 +70,14 @@ def _short_hash(value: dict) -> str:
 
 
 @dataclass(frozen=True)
-class Superseded:
+class LeftOut:
     """A record left out of the leaderboard, and why."""
 
     run_id: str
     reason: str
+    kind: str = "superseded"
+    """``superseded`` (a newer record or group replaces it) or ``incomplete`` (its seed does not yet cover every
+    domain order of the part it belongs to)."""
 
 
 def group_payload(record: dict) -> dict[str, Any]:
@@ -108,24 +112,24 @@ def pairing_unit(record: dict) -> str:
     return f"{order_of(record)}/{record['seed']}"
 
 
-def group_records(records: list[dict]) -> tuple[list[Group], list[Superseded]]:
-    """The leaderboard groups of ``records`` (largest first) and the records left out as superseded."""
+def group_records(records: list[dict]) -> tuple[list[Group], list[LeftOut]]:
+    """The leaderboard groups of ``records`` (largest first) and the records left out (superseded or incomplete)."""
     buckets: dict[str, Group] = {}
     for record in records:
         payload = group_payload(record)
         buckets.setdefault(json.dumps(payload, sort_keys=True), Group(payload)).records.append(record)
-    superseded: list[Superseded] = []
+    left_out: list[LeftOut] = []
     groups = []
-    for group in _current_numerics(list(buckets.values()), superseded):
+    for group in _current_numerics(list(buckets.values()), left_out):
         for part in _split_by_evaluation(group):
-            part.records = _newest_per_label_and_seed(part.records, superseded)
-            groups += _split_by_orders(part)
+            part.records = _newest_per_label_and_seed(part.records, left_out)
+            groups += _split_by_orders(part, left_out)
     _title(groups)
     groups.sort(key=lambda g: (-len(g.records), g.title))
-    return groups, sorted(superseded, key=lambda s: s.run_id)
+    return groups, sorted(left_out, key=lambda s: (s.kind, s.run_id))
 
 
-def _current_numerics(groups: list[Group], superseded: list[Superseded]) -> list[Group]:
+def _current_numerics(groups: list[Group], superseded: list[LeftOut]) -> list[Group]:
     """Groups without those whose settings a group of newer numerics has too (their records are superseded)."""
 
     def settings(group: Group) -> str:
@@ -139,13 +143,13 @@ def _current_numerics(groups: list[Group], superseded: list[Superseded]) -> list
         latest = newest[settings(group)]
         if (group.results_version or 0) < latest:
             reason = f"older numerics (version {group.results_version or 'unrecorded'}; re-run at version {latest})"
-            superseded += [Superseded(r["run_id"], reason) for r in group.records]
+            superseded += [LeftOut(r["run_id"], reason) for r in group.records]
         else:
             kept.append(group)
     return kept
 
 
-def _newest_per_label_and_seed(records: list[dict], superseded: list[Superseded]) -> list[dict]:
+def _newest_per_label_and_seed(records: list[dict], superseded: list[LeftOut]) -> list[dict]:
     """One record per method label and seed: the one of the newest method code, then replay counting (records with a
     recorded identity before migrated ones); the others are superseded."""
     best: dict[tuple[str, int], dict] = {}
@@ -153,10 +157,10 @@ def _newest_per_label_and_seed(records: list[dict], superseded: list[Superseded]
         key = (record["method_label"], pairing_unit(record))
         if key not in best or _code_rank(record) > _code_rank(best[key]):
             if key in best:
-                superseded.append(Superseded(best[key]["run_id"], f"re-run by {record['run_id']}"))
+                superseded.append(LeftOut(best[key]["run_id"], f"re-run by {record['run_id']}"))
             best[key] = record
         else:
-            superseded.append(Superseded(record["run_id"], f"re-run by {best[key]['run_id']}"))
+            superseded.append(LeftOut(record["run_id"], f"re-run by {best[key]['run_id']}"))
     return [r for r in records if best[(r["method_label"], pairing_unit(r))] is r]
 
 
@@ -178,17 +182,18 @@ def _split_by_evaluation(group: Group) -> list[Group]:
     return [Group(group.payload, members, evaluation=i) for i, members in enumerate(clusters)]
 
 
-def _split_by_orders(group: Group) -> list[Group]:
+def _split_by_orders(group: Group, left_out: list[LeftOut]) -> list[Group]:
     """The group, or where its method labels cover different sets of domain orders one part per such set (see the
     module docstring): the part of orders ``S`` holds the labels that cover all of ``S``, and, where ``S`` has several
-    orders, only the seeds each of those labels has in every order of ``S``."""
+    orders, only the seeds each of those labels has in every order of ``S``. Records no part holds join
+    ``left_out`` as incomplete."""
     covered: dict[str, set[str]] = {}
     for record in group.records:
         covered.setdefault(record["method_label"], set()).add(order_of(record))
     order_sets = sorted({frozenset(orders) for orders in covered.values()}, key=lambda s: (len(s), sorted(s)))
     if len(order_sets) == 1:
         return [group]
-    parts = []
+    parts, complete_seeds = [], {}
     for orders in order_sets:
         labels = {label for label, have in covered.items() if orders <= have}
         members = [r for r in group.records if r["method_label"] in labels and order_of(r) in orders]
@@ -196,10 +201,26 @@ def _split_by_orders(group: Group) -> list[Group]:
             seeds = set.intersection(*({r["seed"] for r in members if (r["method_label"], order_of(r)) == cell}
                                        for cell in {(label, o) for label in labels for o in orders}))  # fmt: skip
             members = [r for r in members if r["seed"] in seeds]
+            complete_seeds[orders] = seeds
         if members:
             partial = tuple(sorted(orders)) if labels != set(covered) else ()
             parts.append(Group(group.payload, members, group.evaluation, partial))
+    shown = {id(r) for part in parts for r in part.records}
+    for record in group.records:
+        if id(record) not in shown:
+            left_out.append(_incomplete(record, covered[record["method_label"]], complete_seeds))
     return parts
+
+
+def _incomplete(record: dict, orders: set[str], complete_seeds: dict[frozenset, set[int]]) -> LeftOut:
+    """Why ``record`` is in no part: its seed does not cover every order of the widest part its label belongs to."""
+    seeds = complete_seeds[frozenset(orders)]
+    shown = ", ".join(str(s) for s in sorted(seeds)) or "none yet"
+    reason = (
+        f"seed {record['seed']} of order {order_of(record)} is not yet run over all {len(orders)} orders by every "
+        f"method of its part ({', '.join(sorted(orders))}), which shows only complete seeds ({shown})"
+    )
+    return LeftOut(record["run_id"], reason, "incomplete")
 
 
 def _same_base(a: dict, b: dict) -> bool:

@@ -13,7 +13,7 @@ import pandas as pd
 
 from benchmark.report.escape import code, text
 from benchmark.report.frame import ALL_COLUMNS, COST_COLUMNS, END_TASK_COLUMNS, LOSS_COLUMNS, Column
-from benchmark.report.groups import Group, Superseded, order_of
+from benchmark.report.groups import Group, LeftOut, order_of
 from benchmark.report.reading import end_task_reading, loss_reading, variant_reading, verdicts
 from benchmark.report.statistics import GroupStatistics
 
@@ -42,8 +42,15 @@ HEADER = [
 ]
 
 
+LEFT_OUT_KINDS = {
+    "incomplete": "incomplete record(s) (their seed is still being run over the other domain orders of their part)",
+    "superseded": "superseded record(s)",
+}
+"""How the leaderboard names each kind of left-out record, in the order it lists them."""
+
+
 def leaderboard_markdown(
-    sections: list[tuple[Group, GroupStatistics, dict[str, str]]], superseded: list[Superseded] = ()
+    sections: list[tuple[Group, GroupStatistics, dict[str, str]]], left_out: list[LeftOut] = ()
 ) -> str:
     """The whole leaderboard: ``sections`` are each group with its statistics and its plots (kind -> link)."""
     lines = list(HEADER)
@@ -58,10 +65,14 @@ def leaderboard_markdown(
         lines += plot_links(plots)
         lines += ["", "**Reading** (generated from the numbers above):", ""]
         lines += [*loss_reading(stats), *variant_reading(stats), *end_task_reading(stats), ""]
-    if superseded:
-        lines += ["## Left out", "", f"{len(superseded)} superseded record(s), not part of any table above:", ""]
-        lines += [f"- {code(s.run_id)}: {text(s.reason)}" for s in superseded]
-        lines.append("")
+    if left_out:
+        lines += ["## Left out", ""]
+        for kind, meaning in LEFT_OUT_KINDS.items():
+            named = [s for s in left_out if s.kind == kind]
+            if named:
+                lines += [f"{len(named)} {meaning}, not part of any table above:", ""]
+                lines += [f"- {code(s.run_id)}: {text(s.reason)}" for s in named]
+                lines.append("")
     return "\n".join(lines) + "\n"
 
 

@@ -32,7 +32,7 @@ def write_report(output_dir: str | Path, show_progress: bool = False) -> dict[st
     out = Path(output_dir)
     report = owned_folder(out, "results", REPORT_FOLDER)
     records = [r for r in load_records(out / "results") if not is_fixture_profile(r["profile"])]
-    groups, superseded = group_records(records)  # every check runs before anything is written
+    groups, left_out = group_records(records)  # every check runs before anything is written
     previous = _read_manifest(report)
     manifest: dict = {"runs": {}, "groups": {}}
     written, plots_code = 0, _plots_code()
@@ -40,7 +40,7 @@ def write_report(output_dir: str | Path, show_progress: bool = False) -> dict[st
         written += _write_runs(group, report, previous, manifest)
         written += _write_group_plots(group, report, previous, manifest, plots_code)
     sections = [(g, _statistics(g), _links(manifest["groups"][g.key]["files"])) for g in groups]
-    atomic_write_text(out / "leaderboard.md", leaderboard_markdown(sections, superseded))
+    atomic_write_text(out / "leaderboard.md", leaderboard_markdown(sections, left_out))
     _remove_unproduced(report, previous, manifest)
     atomic_write_json(report / MANIFEST, manifest)
     return {"records": len(records), "groups": len(groups), "files": written + 1}
