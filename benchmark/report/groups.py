@@ -217,8 +217,8 @@ def _incomplete(record: dict, orders: set[str], complete_seeds: dict[frozenset, 
     seeds = complete_seeds[frozenset(orders)]
     shown = ", ".join(str(s) for s in sorted(seeds)) or "none yet"
     reason = (
-        f"seed {record['seed']} of order {order_of(record)} is not yet run over all {len(orders)} orders by every "
-        f"method of its part ({', '.join(sorted(orders))}), which shows only complete seeds ({shown})"
+        f"{record['method_label']}, seed {record['seed']}, order {order_of(record)}: its part (orders "
+        f"{', '.join(sorted(orders))}) shows only the seeds every one of its methods has run in every order ({shown})"
     )
     return LeftOut(record["run_id"], reason, "incomplete")
 
