@@ -22,7 +22,7 @@ from benchmark.records.store import load_records
 from benchmark.report.escape import code, printable, text
 from benchmark.report.frame import LOSS_COLUMNS, leaderboard_frame, reference_labels
 from benchmark.report.groups import group_records
-from benchmark.report.reading import end_task_reading, option_parents, variant_reading, verdicts
+from benchmark.report.reading import end_task_reading, option_parents, sibling_reading, variant_reading, verdicts
 from benchmark.report.statistics import EvaluationSample, GroupStatistics, weighted_scores
 from benchmark.report.writer import write_report
 
@@ -217,6 +217,33 @@ def test_the_variant_readings_q_values_are_over_every_option_pair_of_the_group()
     for line, variant, p_value, q_value in zip(lines, ("das[x=1]", "das[x=2]", "das[x=3]"), p, q, strict=True):
         mean = (forgetting[variant] - forgetting["das"]).mean()
         assert f"forgetting {mean:+.3f} (p={p_value:.2g}, q={q_value:.2g}," in line
+
+
+def test_methods_under_the_same_options_are_tested_against_each_other_in_their_own_family():
+    """`das[x=1]` against `ncl[x=1]` (the reference's method first), `das[x=2]` against `ncl[x=2]`; a label without a
+    same-option sibling (`das[y=1]`) and the default labels are in no pair; q is BH over the two pairs."""
+    from scipy.stats import false_discovery_control, ttest_rel
+
+    noise = {1: 0.0, 2: 0.012, 3: -0.011, 4: 0.004}
+    shifts = {"ncl": 0.0, "das": -0.05, "ncl[x=1]": 0.1, "das[x=1]": 0.06, "ncl[x=2]": 0.0, "das[x=2]": 0.0,
+              "das[y=1]": 0.02}  # fmt: skip
+    jitter = {"das[x=1]": (0.0, 0.01, -0.01, 0.004), "das[x=2]": (0.01, -0.02, 0.0, 0.015)}
+    rows = [{"method": label, "seed": seed, "order": "seq0", "pair": f"seq0/{seed}", "run_id": f"{label}-{seed}",
+             "forgetting": 0.2 + noise[seed] + shift + jitter.get(label, (0,) * 4)[seed - 1], "general rise": 0.2,
+             "plasticity": 0.3}
+            for label, shift in shifts.items() for seed in noise]  # fmt: skip
+
+    stats = GroupStatistics(pd.DataFrame(rows), [], "siblings", {"naive_continual": "ncl", "proposed": "das"})
+    header, *lines = sibling_reading(stats)
+    assert header.startswith("- Methods under the same options") and "over the 2 method pairs per metric" in header
+    assert [line.split("`")[1::2] for line in lines] == [["das[x=1]", "ncl[x=1]"], ["das[x=2]", "ncl[x=2]"]]
+    forgetting = pd.DataFrame(rows).pivot_table(index="seed", columns="method", values="forgetting")
+    p = [ttest_rel(forgetting[f"das[x={x}]"], forgetting[f"ncl[x={x}]"]).pvalue for x in (1, 2)]
+    q = false_discovery_control(p)
+    for line, x, p_value, q_value in zip(lines, (1, 2), p, q, strict=True):
+        mean = (forgetting[f"das[x={x}]"] - forgetting[f"ncl[x={x}]"]).mean()
+        assert f"forgetting {mean:+.3f} (p={p_value:.2g}, q={q_value:.2g}," in line
+    assert sibling_reading(GroupStatistics(pd.DataFrame(rows[:8]), [], "none", {})) == []  # ncl, das only
 
 
 def _write(out, records):

@@ -14,7 +14,7 @@ import pandas as pd
 from benchmark.report.escape import code, text
 from benchmark.report.frame import ALL_COLUMNS, COST_COLUMNS, END_TASK_COLUMNS, LOSS_COLUMNS, Column
 from benchmark.report.groups import Group, LeftOut, order_of
-from benchmark.report.reading import end_task_reading, loss_reading, variant_reading, verdicts
+from benchmark.report.reading import end_task_reading, loss_reading, sibling_reading, variant_reading, verdicts
 from benchmark.report.statistics import GroupStatistics
 
 HEADER = [
@@ -64,7 +64,7 @@ def leaderboard_markdown(
         lines += order_tables(stats)
         lines += plot_links(plots)
         lines += ["", "**Reading** (generated from the numbers above):", ""]
-        lines += [*loss_reading(stats), *variant_reading(stats), *end_task_reading(stats), ""]
+        lines += [*loss_reading(stats), *variant_reading(stats), *sibling_reading(stats), *end_task_reading(stats), ""]
     if left_out:
         lines += ["## Left out", ""]
         for kind, meaning in LEFT_OUT_KINDS.items():

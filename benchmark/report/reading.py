@@ -129,25 +129,43 @@ def variant_reading(stats: GroupStatistics) -> list[str]:
     """Each option variant against every measured label one option closer to the method's defaults, paired by seed,
     on the held-out-loss metrics: what each option changes, everything else equal. The pairs of a group are read
     together, so their q-values are Benjamini-Hochberg over every pair of the group, per metric."""
-    subsets = {(v, p): stats.part[stats.part["method"].isin([p, v])] for v, p in _variant_pairs(stats)}
+    cells = _pair_family(stats, _variant_pairs(stats))
+    return _family_lines(stats, cells, "Each option against its parent", "option pair")
+
+
+def sibling_reading(stats: GroupStatistics) -> list[str]:
+    """Two methods under the same options (``das[schedule.name=wsd]`` against ``ncl[schedule.name=wsd]``), paired by
+    seed, on the held-out-loss metrics: whether a method's difference survives an option both share. Its own family
+    of tests: q-values are Benjamini-Hochberg over every such pair of the group, per metric."""
+    cells = _pair_family(stats, _sibling_pairs(stats))
+    return _family_lines(stats, cells, "Methods under the same options", "method pair")
+
+
+def _pair_family(stats: GroupStatistics, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], list]:
+    """(label, reference) -> [(metric title, comparison)] for ``pairs``, the q-values corrected over all of them."""
+    subsets = {(label, ref): stats.part[stats.part["method"].isin([ref, label])] for label, ref in pairs}
     cells: dict[tuple[str, str], list[tuple[str, Comparison]]] = {}
     for title, _ in VERDICT_METRICS:
         family = []
-        for (variant, parent), subset in subsets.items():
-            for c in _pair(stats, subset, parent, _column(title)):
-                cells.setdefault((variant, parent), []).append((title, c))
+        for (label, ref), subset in subsets.items():
+            for c in _pair(stats, subset, ref, _column(title)):
+                cells.setdefault((label, ref), []).append((title, c))
                 family.append(c)
-        adjust_for_multiplicity(family)  # replaces each lone pair's q (compare's) by the group's
+        adjust_for_multiplicity(family)  # replaces each lone pair's q (compare's) by the family's
+    return cells
+
+
+def _family_lines(stats: GroupStatistics, cells: dict, name: str, unit: str) -> list[str]:
     if not cells:
         return []
     header = (
-        f"- Each option against its parent (held-out loss, nats; paired by {paired_by(stats)}; Benjamini-Hochberg"
-        f" over the {len(cells)} option pair{'s' * (len(cells) != 1)} per metric; p and q of the t-test over"
+        f"- {name} (held-out loss, nats; paired by {paired_by(stats)}; Benjamini-Hochberg"
+        f" over the {len(cells)} {unit}{'s' * (len(cells) != 1)} per metric; p and q of the t-test over"
         f" {_runs(stats)}, resolved when that q and the held-out bootstrap's q are both < {ALPHA}):"
     )
     return [header] + [
-        f"  - {code(variant)} against {code(parent)}: " + ", ".join(_variant_cell(title, c) for title, c in found) + "."
-        for (variant, parent), found in cells.items()
+        f"  - {code(label)} against {code(ref)}: " + ", ".join(_variant_cell(title, c) for title, c in found) + "."
+        for (label, ref), found in cells.items()
     ]
 
 
@@ -159,6 +177,21 @@ def _variant_pairs(stats: GroupStatistics) -> list[tuple[str, str]]:
         for parent in option_parents(variant)
         if parent in labels
     ]
+
+
+def _sibling_pairs(stats: GroupStatistics) -> list[tuple[str, str]]:
+    """(label, reference) for every two labels with the same non-default options and different methods; the
+    reference is the one whose method comes first among the group's references (``ncl``, ``das``, ``none``), else
+    by name."""
+    rank = {label: i for i, label in enumerate(stats.references.values())}
+    by_options: dict[str, list[str]] = {}
+    for label in sorted(m for m in set(stats.part["method"]) if "[" in m):
+        by_options.setdefault(label.partition("[")[2], []).append(label)
+    pairs = []
+    for siblings in by_options.values():
+        ordered = sorted(siblings, key=lambda label: (rank.get(label.partition("[")[0], len(rank)), label))
+        pairs += [(label, ref) for i, ref in enumerate(ordered) for label in ordered[i + 1 :]]
+    return pairs
 
 
 def _variant_cell(title: str, c: Comparison) -> str:
