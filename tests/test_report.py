@@ -22,8 +22,10 @@ from benchmark.records.store import load_records
 from benchmark.report.escape import code, printable, text
 from benchmark.report.frame import LOSS_COLUMNS, leaderboard_frame, reference_labels
 from benchmark.report.groups import group_records
+from benchmark.report.markdown import leaderboard_markdown
 from benchmark.report.reading import end_task_reading, option_parents, sibling_reading, variant_reading, verdicts
 from benchmark.report.statistics import EvaluationSample, GroupStatistics, weighted_scores
+from benchmark.report.summary import terminal_summary
 from benchmark.report.writer import write_report
 
 
@@ -155,7 +157,7 @@ def test_record_strings_are_escaped_in_markdown_and_on_the_terminal(records):
     for record in hostile:
         record["method_label"] = "ncl|x<script>\x1b[2J"
     (group,), _ = group_records([*records[:3], *hostile])
-    from benchmark.report.markdown import leaderboard_markdown, table
+    from benchmark.report.markdown import table
 
     stats = _statistics(group)
     rows = table(stats, LOSS_COLUMNS, "final gain", verdicts(stats))
@@ -371,6 +373,8 @@ def test_methods_run_over_different_orders_are_shown_in_one_part_per_order_set(r
     assert incomplete.kind == "incomplete" and incomplete.run_id == ncl_seed3
     assert incomplete.reason.startswith("ncl, seed 3, order custom-beta-alpha: its part")
     assert incomplete.reason.endswith("has run in every order (1, 2)")
+    (said,) = terminal_summary([r for r in reordered if r["run_id"] == ncl_seed3], records + reordered)
+    assert said.startswith(f"{ncl_seed3}: left out of the leaderboard (incomplete): ncl, seed 3")
     shown = [r["run_id"] for g in groups for r in g.records]
     assert incomplete.run_id not in shown and {r["run_id"] for r in records + reordered} == {*shown, incomplete.run_id}
     assert len(groups) == 2
@@ -382,8 +386,6 @@ def test_methods_run_over_different_orders_are_shown_in_one_part_per_order_set(r
     assert len(both.records) == 8 and "2 domain orders" in both.title and "→" in first.title
     unchanged, split = _statistics(alone).part, leaderboard_frame(first.records, lambda r: first.key)
     pd.testing.assert_frame_equal(unchanged.drop(columns="group"), split.drop(columns="group"))
-    from benchmark.report.markdown import leaderboard_markdown
-
     board = leaderboard_markdown([(g, _statistics(g), {}) for g in (first, both)], left_out)
     board, left_text = board.split("## Left out")
     assert "1 incomplete record(s)" in left_text and f"- `{incomplete.run_id}`: ncl, seed 3" in left_text
@@ -395,7 +397,6 @@ def test_methods_run_over_different_orders_are_shown_in_one_part_per_order_set(r
 
 
 def test_a_decoder_group_names_its_next_token_loss_and_the_base_perplexity(records):
-    from benchmark.report.markdown import leaderboard_markdown
     from benchmark.report.writer import run_tables
 
     decoders = copy.deepcopy(records[:6])

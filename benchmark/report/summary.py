@@ -24,10 +24,12 @@ def one_line(record: dict) -> str:
 def terminal_summary(run_records: list[dict], all_records: list[dict]) -> list[str]:
     """Per leaderboard group that holds one of ``run_records`` (grouped with every record of the folder, as the
     leaderboard is): each method's mean ± combined SE on the headline loss metrics and final macro-F1, and the
-    verdicts both seeds and evaluation sample resolve."""
+    verdicts both seeds and evaluation sample resolve; and each of ``run_records`` the leaderboard leaves out, with
+    why (e.g. a seed not yet run over every domain order of its part)."""
     ids = {r["run_id"] for r in run_records}
-    groups, _ = group_records(all_records)
-    lines = []
+    groups, left_out = group_records(all_records)
+    lines = [f"{s.run_id}: left out of the leaderboard ({s.kind}): {printable(s.reason)}" for s in left_out
+             if s.run_id in ids]  # fmt: skip
     for group in (g for g in groups if ids & {r["run_id"] for r in g.records}):
         part = leaderboard_frame(group.records, group_of=lambda record, key=group.key: key)
         stats = GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))
