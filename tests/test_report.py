@@ -396,6 +396,26 @@ def test_methods_run_over_different_orders_are_shown_in_one_part_per_order_set(r
     assert "`none`" in absent and "(run over fewer of these orders" in absent and "### Over domain orders" in both_text
 
 
+def test_a_group_whose_methods_all_cover_the_same_orders_shows_only_complete_seeds(records):
+    """NCL and DAS both over two orders, DAS's seed 3 over the first only: the group is not split, but it too shows
+    the orders x seeds rectangle (seeds 1 and 2); seed 3's three runs are named as incomplete, not averaged in."""
+    runs = [r for r in records if r["method"] in ("ncl", "das")]
+    reordered = []
+    for record in runs:
+        if record["method"] == "ncl" or record["seed"] != 3:
+            other = copy.deepcopy(record)
+            other["sequence"] = list(reversed(record["sequence"]))
+            other["run_id"] = record["run_id"].replace("custom-alpha-beta", "custom-beta-alpha")
+            reordered.append(other)
+    (group,), left_out = group_records(runs + reordered)
+    assert not group.orders and {(r["method"], r["seed"]) for r in group.records} == {
+        (m, s) for m in ("ncl", "das") for s in (1, 2)
+    }
+    assert len(group.records) == 8 and {s.kind for s in left_out} == {"incomplete"}
+    assert sorted(s.run_id for s in left_out) == sorted(r["run_id"] for r in runs + reordered if r["seed"] == 3)
+    assert all(s.reason.endswith("has run in every order (1, 2)") for s in left_out)
+
+
 def test_a_decoder_group_names_its_next_token_loss_and_the_base_perplexity(records):
     from benchmark.report.writer import run_tables
 

@@ -185,14 +185,14 @@ def _split_by_evaluation(group: Group) -> list[Group]:
 def _split_by_orders(group: Group, left_out: list[LeftOut]) -> list[Group]:
     """The group, or where its method labels cover different sets of domain orders one part per such set (see the
     module docstring): the part of orders ``S`` holds the labels that cover all of ``S``, and, where ``S`` has several
-    orders, only the seeds each of those labels has in every order of ``S``. Records no part holds join
-    ``left_out`` as incomplete."""
+    orders, only the seeds each of those labels has in every order of ``S`` (also where every label covers the same
+    orders: the group is then one part). Records no part holds join ``left_out`` as incomplete."""
     covered: dict[str, set[str]] = {}
     for record in group.records:
         covered.setdefault(record["method_label"], set()).add(order_of(record))
     order_sets = sorted({frozenset(orders) for orders in covered.values()}, key=lambda s: (len(s), sorted(s)))
-    if len(order_sets) == 1:
-        return [group]
+    if len(order_sets) == 1 and len(order_sets[0]) == 1:
+        return [group]  # one order: nothing to split, every seed is complete
     parts, complete_seeds = [], {}
     for orders in order_sets:
         labels = {label for label, have in covered.items() if orders <= have}
