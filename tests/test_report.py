@@ -20,7 +20,7 @@ from benchmark.metrics import record_loss_metrics
 from benchmark.records.identity import RESULTS_VERSION
 from benchmark.records.store import load_records
 from benchmark.report.escape import code, printable, text
-from benchmark.report.frame import LOSS_COLUMNS, leaderboard_frame, reference_labels
+from benchmark.report.frame import END_TASK_COLUMNS, LOSS_COLUMNS, leaderboard_frame, reference_labels
 from benchmark.report.groups import group_records
 from benchmark.report.markdown import leaderboard_markdown
 from benchmark.report.reading import end_task_reading, option_parents, sibling_reading, variant_reading, verdicts
@@ -179,6 +179,21 @@ def test_the_best_dap_method_against_no_dap_is_one_the_tests_cover(records):
     ncl_gain = 100 * (stats.part.groupby("method")["final macro-F1"].mean()["ncl"]
                       - stats.part.groupby("method")["final macro-F1"].mean()["none"])  # fmt: skip
     assert f"is {ncl_gain:+.2f} points" in line
+
+
+def test_a_part_without_no_dap_still_tests_end_tasks_against_the_methods_that_train(records):
+    (group,), _ = group_records(records[3:])  # ncl and das only, as in the five-order part
+    stats = _statistics(group)
+    lines = end_task_reading(stats)
+    assert not [x for x in lines if x.startswith("- DAP vs no DAP")]
+    (line,) = [x for x in lines if x.startswith("- Final macro-F1 against `ncl`")]
+    assert "Benjamini-Hochberg over 1 method," in line
+    (macro_f1,) = [c for c in END_TASK_COLUMNS if c.title == "final macro-F1"]
+    (das,) = stats.comparisons("ncl", macro_f1)
+    means = stats.part.groupby("method")["final macro-F1"].mean()
+    assert das.mean == pytest.approx(means["das"] - means["ncl"])
+    named = f"`das` ({100 * das.mean:+.2f})" in line
+    assert named == das.resolved() and ("the other 1 are not separated" in line) == (not das.resolved())
 
 
 def test_variant_reading_and_option_parents():

@@ -206,8 +206,9 @@ def _pair(stats: GroupStatistics, subset: pd.DataFrame, parent: str, column) -> 
 
 
 def end_task_reading(stats: GroupStatistics) -> list[str]:
-    """Facts a reader should weigh about the end tasks: seed spread, DAP against no DAP (both tests), the majority
-    class, and what each method's record says its numbers mean."""
+    """Facts a reader should weigh about the end tasks: seed spread, DAP against no DAP and every method against the
+    references that train the model (both tests each), the majority class, and what each method's record says its
+    numbers mean."""
     part, records = stats.part, stats.records
     no_dap = stats.references.get("no_dap")
     means = part.groupby("method")["final macro-F1"].mean() * 100
@@ -222,6 +223,7 @@ def end_task_reading(stats: GroupStatistics) -> list[str]:
         lines.append("- One seed per method: the seed-to-seed spread is not measured, so no difference is established.")
     if no_dap in means and len(means) > 1:
         lines += _against_no_dap(stats, no_dap, means)
+    lines += _against_dap_references(stats)
     majority = records[0].get("majority_class")
     if majority:
         best = part.groupby("method")["final acc"].mean().max() * 100
@@ -250,17 +252,40 @@ def _against_no_dap(stats: GroupStatistics, no_dap: str, means: pd.Series) -> li
     above = [c for c in comparisons if c.resolved() and c.mean > 0]
     below = [c for c in comparisons if c.resolved() and c.mean < 0]
 
-    def names(found: list[Comparison]) -> str:
-        return ", ".join(f"{code(c.label)} ({100 * c.mean:+.2f})" for c in found) or "none"
-
     which = " of more than one seed" if untested else ""
     return [
         f"- DAP vs no DAP: the best DAP method{which} ({code(dap.idxmax())}) is {dap.max() - means[no_dap]:+.2f}"
         f" points of final macro-F1 from {code(no_dap)}. Resolved by seeds (paired t-test) and test sample"
-        f" (bootstrap over test examples) alike, q < {ALPHA}: above it {names(above)}; below it {names(below)};"
+        f" (bootstrap over test examples) alike, q < {ALPHA}: above it {_points(above)}; below it {_points(below)};"
         f" the other {len(comparisons) - len(above) - len(below)} are not separated from no DAP."
         + (f" {untested} one-seed row(s) are neither ranked nor tested." if untested else "")
     ]
+
+
+def _against_dap_references(stats: GroupStatistics) -> list[str]:
+    """Final macro-F1 against each reference that trains the model (naive continual training, the paper's method),
+    with the same two tests as against no DAP: a part without a no-DAP row (one over several domain orders) still
+    gets its end-task differences tested, and every part says which methods beat NCL and DAS on end tasks."""
+    lines = []
+    for role, reference in stats.references.items():
+        if role == "no_dap":
+            continue
+        comparisons = stats.comparisons(reference, _column("final macro-F1"))
+        if not comparisons:
+            continue
+        above = [c for c in comparisons if c.resolved() and c.mean > 0]
+        below = [c for c in comparisons if c.resolved() and c.mean < 0]
+        lines.append(
+            f"- Final macro-F1 against {code(reference)} (paired by {paired_by(stats)}; t-test over {_runs(stats)}"
+            f" and bootstrap over test examples, Benjamini-Hochberg over {len(comparisons)}"
+            f" method{'s' * (len(comparisons) != 1)}, both q < {ALPHA}): above it {_points(above)}; below it"
+            f" {_points(below)}; the other {len(comparisons) - len(above) - len(below)} are not separated from it."
+        )
+    return lines
+
+
+def _points(found: list[Comparison]) -> str:
+    return ", ".join(f"{code(c.label)} ({100 * c.mean:+.2f})" for c in found) or "none"
 
 
 def mask_reading(records: list[dict]) -> list[str]:
