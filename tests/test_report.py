@@ -19,11 +19,12 @@ from benchmark.io import atomic_write_json
 from benchmark.metrics import record_loss_metrics
 from benchmark.records.identity import RESULTS_VERSION
 from benchmark.records.store import load_records
+from benchmark.report.end_task_reading import end_task_reading
 from benchmark.report.escape import code, printable, text
 from benchmark.report.frame import END_TASK_COLUMNS, LOSS_COLUMNS, leaderboard_frame, reference_labels
 from benchmark.report.groups import group_records
 from benchmark.report.markdown import leaderboard_markdown
-from benchmark.report.reading import end_task_reading, option_parents, sibling_reading, variant_reading, verdicts
+from benchmark.report.reading import option_parents, sibling_reading, variant_reading, verdicts
 from benchmark.report.statistics import EvaluationSample, GroupStatistics, weighted_scores
 from benchmark.report.summary import terminal_summary
 from benchmark.report.writer import write_report

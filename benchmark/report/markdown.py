@@ -11,10 +11,11 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from benchmark.report.end_task_reading import end_task_reading
 from benchmark.report.escape import code, text
 from benchmark.report.frame import ALL_COLUMNS, COST_COLUMNS, END_TASK_COLUMNS, LOSS_COLUMNS, Column
 from benchmark.report.groups import Group, LeftOut, order_of
-from benchmark.report.reading import end_task_reading, loss_reading, sibling_reading, variant_reading, verdicts
+from benchmark.report.reading import loss_reading, sibling_reading, variant_reading, verdicts
 from benchmark.report.statistics import GroupStatistics
 
 HEADER = [
