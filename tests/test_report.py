@@ -21,10 +21,10 @@ from benchmark.records.identity import RESULTS_VERSION
 from benchmark.records.store import load_records
 from benchmark.report.end_task_reading import end_task_reading
 from benchmark.report.escape import code, printable, text
-from benchmark.report.frame import END_TASK_COLUMNS, LOSS_COLUMNS, leaderboard_frame, reference_labels
+from benchmark.report.frame import LOSS_COLUMNS, leaderboard_frame, reference_labels
 from benchmark.report.groups import group_records
 from benchmark.report.markdown import leaderboard_markdown
-from benchmark.report.reading import option_parents, sibling_reading, variant_reading, verdicts
+from benchmark.report.reading import column_of, option_parents, sibling_reading, variant_reading, verdicts
 from benchmark.report.statistics import EvaluationSample, GroupStatistics, weighted_scores
 from benchmark.report.summary import terminal_summary
 from benchmark.report.writer import write_report
@@ -189,8 +189,7 @@ def test_a_part_without_no_dap_still_tests_end_tasks_against_the_methods_that_tr
     assert not [x for x in lines if x.startswith("- DAP vs no DAP")]
     (line,) = [x for x in lines if x.startswith("- Final macro-F1 against `ncl`")]
     assert "Benjamini-Hochberg over 1 method," in line
-    (macro_f1,) = [c for c in END_TASK_COLUMNS if c.title == "final macro-F1"]
-    (das,) = stats.comparisons("ncl", macro_f1)
+    (das,) = stats.comparisons("ncl", column_of("final macro-F1"))
     means = stats.part.groupby("method")["final macro-F1"].mean()
     assert das.mean == pytest.approx(means["das"] - means["ncl"])
     named = f"`das` ({100 * das.mean:+.2f})" in line

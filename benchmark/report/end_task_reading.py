@@ -55,15 +55,11 @@ def _against_no_dap(stats: GroupStatistics, no_dap: str, means: pd.Series) -> li
     untested = len(dap) - len(tested) if len(tested) else 0
     if untested:
         dap = tested
-    above = [c for c in comparisons if c.resolved() and c.mean > 0]
-    below = [c for c in comparisons if c.resolved() and c.mean < 0]
-
     which = " of more than one seed" if untested else ""
     return [
         f"- DAP vs no DAP: the best DAP method{which} ({code(dap.idxmax())}) is {dap.max() - means[no_dap]:+.2f}"
         f" points of final macro-F1 from {code(no_dap)}. Resolved by seeds (paired t-test) and test sample"
-        f" (bootstrap over test examples) alike, q < {ALPHA}: above it {_points(above)}; below it {_points(below)};"
-        f" the other {len(comparisons) - len(above) - len(below)} are not separated from no DAP."
+        f" (bootstrap over test examples) alike, q < {ALPHA}: {_separation(comparisons, 'no DAP')}."
         + (f" {untested} one-seed row(s) are neither ranked nor tested." if untested else "")
     ]
 
@@ -79,19 +75,25 @@ def _against_dap_references(stats: GroupStatistics) -> list[str]:
         comparisons = stats.comparisons(reference, column_of("final macro-F1"))
         if not comparisons:
             continue
-        above = [c for c in comparisons if c.resolved() and c.mean > 0]
-        below = [c for c in comparisons if c.resolved() and c.mean < 0]
         lines.append(
             f"- Final macro-F1 against {code(reference)} (paired by {paired_by(stats)}; t-test over"
             f" {paired_runs(stats)} and bootstrap over test examples, Benjamini-Hochberg over {len(comparisons)}"
-            f" method{'s' * (len(comparisons) != 1)}, both q < {ALPHA}): above it {_points(above)}; below it"
-            f" {_points(below)}; the other {len(comparisons) - len(above) - len(below)} are not separated from it."
+            f" method{'s' * (len(comparisons) != 1)}, both q < {ALPHA}): {_separation(comparisons, 'it')}."
         )
     return lines
 
 
-def _points(found: list[Comparison]) -> str:
-    return ", ".join(f"{code(c.label)} ({100 * c.mean:+.2f})" for c in found) or "none"
+def _separation(comparisons: list[Comparison], reference: str) -> str:
+    """``above it X (+d); below it Y (-d); the other N are not separated from <reference>``: the resolved
+    differences in final macro-F1 points, by sign."""
+    above = [c for c in comparisons if c.resolved() and c.mean > 0]
+    below = [c for c in comparisons if c.resolved() and c.mean < 0]
+
+    def points(found: list[Comparison]) -> str:
+        return ", ".join(f"{code(c.label)} ({100 * c.mean:+.2f})" for c in found) or "none"
+
+    others = len(comparisons) - len(above) - len(below)
+    return f"above it {points(above)}; below it {points(below)}; the other {others} are not separated from {reference}"
 
 
 def mask_reading(records: list[dict]) -> list[str]:
