@@ -136,6 +136,7 @@ def run_benchmark(
     per run under ``<output_dir>/results/<profile>/`` and, unless told not to, the leaderboard; return the
     records of this grid (a run that another process holds is skipped: that process writes its record)."""
     from benchmark.engine.environment import process_state
+    from benchmark.engine.progress import RunPosition
     from benchmark.engine.runner import ContinualRun, run_once
     from benchmark.report.summary import one_line
 
@@ -146,14 +147,13 @@ def run_benchmark(
     with processes.main_process_first():  # one process builds the synthetic world and the data caches
         config = materialise(config, show_progress, echo)
         (data,) = check_inputs([config])
-    records = []
-    for method in config.methods:
-        for seed in config.seeds:
-            run = ContinualRun(config, data, method, seed, show_progress=show_progress)
-            path = path_inside(config.output_dir, "results", config.profile, f"{run.run_id}.json")
-            record = run_once(run, path, echo, describe=one_line)
-            if record is not None:
-                records.append(record)
+    records, grid = [], [(method, seed) for method in config.methods for seed in config.seeds]
+    for index, (method, seed) in enumerate(grid, 1):
+        run = ContinualRun(config, data, method, seed, show_progress, RunPosition(index, len(grid)))
+        path = path_inside(config.output_dir, "results", config.profile, f"{run.run_id}.json")
+        record = run_once(run, path, echo, describe=one_line)
+        if record is not None:
+            records.append(record)
     if records and write_leaderboard and processes.is_main_process:
         report(config.output_dir)
     return records
@@ -330,7 +330,8 @@ def describe(data_root: str | None = None) -> dict:
         cls = registry.get(name)
         options = {f.name: _shown(f) for f in dataclasses.fields(cls.config_cls)}
         doc = (cls.__doc__ or "").strip().splitlines()[0]
-        methods[name] = {"doc": doc, "options": options, "studies": list(cls.studies)}
+        choices = _choices(cls.config_cls)
+        methods[name] = {"doc": doc, "options": options, "choices": choices, "studies": list(cls.studies)}
     domains = {d.name: {"corpus": d.corpus, "end_task": d.end_task} for d in suite.domains.values()}
     tasks = {name: len(spec.labels) for name, spec in suite.end_tasks.items()}
     recipes = {
@@ -339,11 +340,20 @@ def describe(data_root: str | None = None) -> dict:
     return {
         "methods": methods,
         "recipes": recipes,
+        "recipe_choices": {section: _choices(SECTION_TYPES[section]) for section in RECIPE_SECTIONS},
         "domains": domains,
         "end_tasks": tasks,
         "sequences": suite.sequences,
         "profiles": list(PROFILES),
     }
+
+
+def _choices(config_cls) -> dict[str, list]:
+    """The options of ``config_cls`` that take one of named values, with those values."""
+    from benchmark.settings import declaration
+
+    declared = {f.name: declaration(f) for f in dataclasses.fields(config_cls)}
+    return {name: list(d.choices) for name, d in declared.items() if d is not None and d.choices is not None}
 
 
 def _shown(field: dataclasses.Field):
@@ -447,9 +457,10 @@ def report(output_dir: str | Path = DEFAULT_OUTPUT, show_progress: bool = False)
 def run_summary(records: Sequence[RunRecord], output_dir: str | Path) -> list[str]:
     """What the leaderboard of ``output_dir`` says about the groups of ``records``, as plain text lines: the
     same numbers, intervals and verdicts (:mod:`benchmark.report.summary`)."""
+    from benchmark.records.store import leaderboard_records
     from benchmark.report.summary import terminal_summary
 
-    return terminal_summary(records, load_records(Path(output_dir) / "results"))
+    return terminal_summary(records, leaderboard_records(Path(output_dir) / "results"))
 
 
 def migrate_results(results_dir: str | Path) -> list[Path]:

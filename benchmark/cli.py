@@ -449,6 +449,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     given = {kind: getattr(args, f"{kind}_tolerance") for kind in ("score", "loss", "drift", "report")}
     tolerance = dataclasses.replace(DEFAULT_TOLERANCE, **{k: v for k, v in given.items() if v is not None})
     paths = {name: getattr(args, name) for name in ("model", "data_root", "general_heldout", "general_corpus")}
+    print(f"reproduce: re-running {args.record} from scratch (its method, seed and configuration), then comparing"
+          " every number it reports", flush=True)  # fmt: skip
     result = reproduce(
         args.record, output_dir=args.output_dir, paths=paths, overrides=args.set, threads=args.threads,
         tolerance=tolerance, show_progress=not args.quiet,
@@ -462,6 +464,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(f"  largest {kind} difference: {diff:.5f} ({name})")
     for mismatch in result.mismatches:
         print(f"  {mismatch}")
+    print("verdict: REPRODUCED" if result.ok else f"verdict: NOT REPRODUCED ({len(result.mismatches)} number(s) differ)")
     return 0 if result.ok else 1
 
 
@@ -507,10 +510,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         studies = f" [studies: {', '.join(method['studies'])}]" if method["studies"] else ""
         print(f"  {name:12s} {method['doc']}{studies}")
         if method["options"]:
-            print("  " + " " * 13 + ", ".join(f"{k}={v}" for k, v in method["options"].items()))
+            print("  " + " " * 13 + _options_line(method["options"], method["choices"]))
     print("recipe options of every method that pre-trains (--set <section>.<option>=value; each its own row):")
     for section, options in facts["recipes"].items():
-        print(f"  {section:12s} " + ", ".join(f"{k}={v}" for k, v in options.items()))
+        print(f"  {section:12s} " + _options_line(options, facts["recipe_choices"][section]))
     print("domains and end tasks:")
     for name, domain in facts["domains"].items():
         task = domain["end_task"]
@@ -520,6 +523,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"  {name:12s} {' -> '.join(order)}")
     print(f"profiles: {', '.join(facts['profiles'])} (default: synthetic)")
     return 0
+
+
+def _options_line(options: dict, choices: dict) -> str:
+    """``name=default`` per option; an option of named values lists them: ``name=default (one of: a, b)``."""
+    def shown(name: str, default) -> str:
+        return f"{name}={default}" + (f" (one of: {', '.join(map(str, choices[name]))})" if name in choices else "")
+
+    return ", ".join(shown(k, v) for k, v in options.items())
 
 
 def cmd_pretrain_base(args: argparse.Namespace) -> int:

@@ -379,7 +379,9 @@ def _ci() -> RunConfig:
     full fine-tuning.
 
     Its numbers say nothing about methods; they pin the code's behaviour. The committed records under
-    ``results/ci/`` are re-derived in CI (``tests/test_key_numbers.py``).
+    ``results/ci/`` are re-derived in CI (``tests/test_key_numbers.py``) and kept off the committed leaderboard by
+    that folder's ``KEY-NUMBERS.md``; a user's own ``--profile ci`` runs are reported like any other (a quick first
+    try of a plugin on real data).
     """
     mini = _mini()
     return dataclasses.replace(
@@ -471,8 +473,6 @@ class Profile:
     """A named starting configuration."""
 
     build: Callable[[], RunConfig]
-    fixture: bool = False
-    """Its records are test fixtures (the CI key numbers), not leaderboard entries: ``report`` leaves them out."""
 
 
 PROFILES = {
@@ -480,14 +480,9 @@ PROFILES = {
     "mini": Profile(_mini),
     "mini-causal": Profile(_mini_causal),
     "gpu-small": Profile(_gpu_small),
-    "ci": Profile(_ci, fixture=True),
+    "ci": Profile(_ci),
     "paper": Profile(_paper),
 }
-
-
-def is_fixture_profile(name: str) -> bool:
-    """Whether records of profile ``name`` are test fixtures rather than leaderboard entries."""
-    return name in PROFILES and PROFILES[name].fixture
 
 
 def shared_root() -> Path:
@@ -503,7 +498,11 @@ def _shared_path(relative: str) -> Path:
 def profile_config(name: str) -> RunConfig:
     """The default configuration of a named profile."""
     if name not in PROFILES:
-        raise DapbenchError(f"unknown profile {name!r}", f"choose one of: {', '.join(PROFILES)}")
+        import difflib
+
+        close = difflib.get_close_matches(name, PROFILES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise DapbenchError(f"unknown profile {name!r}{hint}", f"choose one of: {', '.join(PROFILES)}")
     return PROFILES[name].build()
 
 

@@ -126,13 +126,13 @@ def test_cli_run_and_report_end_to_end(tiny_config, capsys):
     board = (root / "leaderboard.md").read_text()
     assert "| `ncl` | 1 |" in board and "final acc ↑" in board and "forgetting (acc) ↓" in board
     report = root / "results" / "report"
-    assert list((report / "runs").glob("ncl-*.md")) and list((report / "plots").glob("*-mlm-loss.png"))
+    assert list((report / "runs").glob("ncl-*.md")) and list((report / "plots").glob("*-heldout-loss.png"))
     assert (
         "seeds 1, domain order(s) custom-alpha-beta;" in board
         and "**Reading**" in board
         and "One seed per method" in board
     )
-    assert "-forgetting.png)" in board and "-mlm-loss.png)" in board
+    assert "-forgetting.png)" in board and "-heldout-loss.png)" in board
     # the same command again keeps the finished records byte for byte (no rewrite, no extra invocation)
     finished = {p: p.read_bytes() for p in (root / "results" / "synthetic").glob("*.json")}
     assert main(args) == 0
@@ -151,7 +151,9 @@ def test_cli_run_and_report_end_to_end(tiny_config, capsys):
     inputs += ["--general-heldout", tiny_config.general_heldout]
     assert main(["reproduce", str(record_path), "--output-dir", str(again), "--quiet", *inputs]) == 0
     out = capsys.readouterr().out
+    assert out.startswith(f"reproduce: re-running {record_path} from scratch")
     assert "0 outside tolerance" in out and "largest score difference: 0.00000" in out
+    assert out.rstrip().endswith("verdict: REPRODUCED")
     recorded = json.loads(record_path.read_text())["environment"]["torch_threads"]
     assert f"CPU threads: {recorded} (the record's: {recorded})" in out  # the record's count by default
     assert torch.get_num_threads() == threads_before  # and restored afterwards

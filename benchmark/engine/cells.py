@@ -12,6 +12,7 @@ from benchmark.method import FinetuneContext
 
 SCORES = ("acc", "macro_f1", "micro_f1")
 """The end-task scores of every cell A[t][k] (fractions)."""
+_PROTOCOL_WORDS = {"finetune": "fine-tune", "linear_probe": "linear probe"}
 
 
 class EndTaskRunner:
@@ -27,8 +28,9 @@ class EndTaskRunner:
         p, row_key, acc = self.parts, self.parts.schedule.row_key(t), self.parts.accelerator
         todo = [k for k in p.schedule.row_tasks(t) if not p.layout.finetune_cell(row_key, k).exists()]
         mine = todo[acc.process_index :: acc.num_processes]  # several processes take whole fine-tunes each
+        p.skip_phases(len(p.schedule.row_tasks(t)) - len(todo))
         dap_model = self.models.load(t) if mine else None
-        for k in mine:
+        for i, k in enumerate(mine):
             task = p.data.tasks[p.data.domains[k]]
             domain_id = k if p.method.capabilities.needs_domain_id_at_finetune else None
             ctx = FinetuneContext(
@@ -39,7 +41,9 @@ class EndTaskRunner:
             # (a resumed run skips work and would otherwise draw a different head).
             set_seed(seed)
             model = p.method.finetune_model(ctx).to(p.accelerator.device)
-            with error_context(f"{p.where}, checkpoint after domain {t}, end task {task.name}"):
+            protocol = p.config.finetune.protocol
+            phase = f"end task {i + 1}/{len(mine)} {task.name} ({_PROTOCOL_WORDS.get(protocol, protocol)})"
+            with error_context(f"{p.where}, checkpoint after domain {t}, end task {task.name}"), p.phase(t, phase):
                 result = evaluate_end_task(model, task, p.data.tokenizer, p.config.finetune, seed, p.accelerator)
             report = p.method.finetune_report(model)
             cell = {"row": t, "task": task.name, **result, **({"method_report": report} if report else {})}
@@ -47,6 +51,7 @@ class EndTaskRunner:
             p.tracker.log_values(f"end_task/{task.name}/after_{t}", result)
             on_cell_done()
         acc.wait_for_everyone()  # every cell of the row is on disk before anyone reads the matrix or trains on
+        p.skip_phases(len(todo) - len(mine))  # the cells the other processes scored
 
     def matrices(self) -> tuple[dict[str, list[list[float | None]]], dict[str, list[int]], dict[str, dict]]:
         """A[t][k] per score from the finished cells (None where the matrix mode skips a cell), each cell's test

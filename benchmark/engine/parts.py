@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 from benchmark.config import RunConfig
 from benchmark.data.inputs import RunData
 from benchmark.engine.layout import RunLayout
+from benchmark.engine.progress import RunProgress
 from benchmark.engine.schedule import StageSchedule
 from benchmark.method import ContinualMethod
 
@@ -26,6 +28,17 @@ class RunParts:
     tracker: Any
     """The run's :class:`~benchmark.engine.tracking.RunTracker` (its calls do nothing when no tracker is asked for)."""
     show_progress: bool = True
+    progress: RunProgress | None = None
+    """The run-level progress line while :meth:`ContinualRun.execute` runs (None: nothing is shown)."""
+
+    def phase(self, t: int | None, name: str) -> contextlib.AbstractContextManager:
+        """The context of phase ``name`` of domain ``t`` on the run's progress line (nothing without one)."""
+        return self.progress.phase(t, name) if self.progress else contextlib.nullcontext()
+
+    def skip_phases(self, count: int) -> None:
+        """Count ``count`` phases finished in an earlier attempt as done on the progress line."""
+        if self.progress and count:
+            self.progress.skip(count)
 
     @property
     def where(self) -> str:

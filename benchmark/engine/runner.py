@@ -24,6 +24,7 @@ from benchmark.engine.environment import environment_facts, make_accelerator, me
 from benchmark.engine.heldout import BaseEvaluation
 from benchmark.engine.layout import RunClock, RunLayout
 from benchmark.engine.parts import RunParts
+from benchmark.engine.progress import RunPosition, RunProgress
 from benchmark.engine.schedule import StageSchedule
 from benchmark.engine.stages import StageModels, StageRunner
 from benchmark.engine.tracking import RunTracker
@@ -40,7 +41,15 @@ from benchmark.registry import default_registry
 class ContinualRun:
     """Runs one method with one seed through the sequence, resumably, and builds its record."""
 
-    def __init__(self, config: RunConfig, data: RunData, method_name: str, seed: int, show_progress: bool = True):
+    def __init__(
+        self,
+        config: RunConfig,
+        data: RunData,
+        method_name: str,
+        seed: int,
+        show_progress: bool = True,
+        position: RunPosition | None = None,
+    ):
         cls, accelerator = default_registry().get(method_name), make_accelerator(config)
         self.identity = run_identity(config, cls, data.domains, data.checksums, accelerator.num_processes)
         self.run_id = self.identity.run_id(seed, config.sequence)
@@ -55,6 +64,8 @@ class ContinualRun:
         self.method, self.layout, self.schedule, self.seed = p.method, p.layout, p.schedule, p.seed
         self.models, self.base = StageModels(p), BaseEvaluation(p)
         self.stages, self.end_tasks = StageRunner(p, self.models, self.base), EndTaskRunner(p, self.models)
+        self.position = position or RunPosition()
+        """Which run of the grid this is (its progress line says ``run i/n``)."""
 
     def execute(self) -> RunRecord:
         """Run (or resume) every stage and fine-tune, then return the complete record."""
@@ -62,20 +73,42 @@ class ContinualRun:
         p.layout.root.mkdir(parents=True, exist_ok=True)
         clock = RunClock(p.layout.clock)
         p.tracker.start()
-        self.base.losses()
+        p.progress = self._progress()
+        try:
+            self._stages(clock)
+        finally:
+            p.progress.close()
+            p.progress = None
+        record = self._record(clock)
+        p.tracker.log_values("final", record["summary"])
+        p.tracker.finish()
+        return record
+
+    def _stages(self, clock: RunClock) -> None:
+        p = self.parts
+        with p.phase(None, "held-out evaluation"):
+            self.base.losses()
         clock.save()
         for t in p.schedule.stages():
-            if not p.layout.domain_done(t).exists():
+            if p.layout.domain_done(t).exists():
+                p.skip_phases(self.stages.phases())
+            else:
                 with error_context(f"{p.where}, domain {t} ({p.data.domains[t]})"):
                     self.stages.run(t)
                 clock.save()
             self.end_tasks.run_row(t, on_cell_done=clock.save)
             if t > 0 and not p.config.keep_checkpoints and p.accelerator.is_main_process:
                 p.layout.discard_checkpoint(t - 1)  # its row is done; the next stage starts from checkpoint t
-        record = self._record(clock)
-        p.tracker.log_values("final", record["summary"])
-        p.tracker.finish()
-        return record
+
+    def _progress(self) -> RunProgress:
+        """The run's progress line: every phase the run holds (the base model's evaluation, each stage's training
+        and evaluation, each end-task cell), shown by the main process only."""
+        p = self.parts
+        phases = 1 + sum(self.stages.phases() + len(p.schedule.row_tasks(t)) for t in p.schedule.stages())
+        return RunProgress(
+            f"{p.method.name} seed {p.seed}", self.position, p.data.domains, phases,
+            enabled=p.show_progress and p.accelerator.is_main_process,
+        )  # fmt: skip
 
     def _record(self, clock: RunClock) -> RunRecord:
         p = self.parts

@@ -108,17 +108,30 @@ class StageRunner:
         self.general_probe = GeneralProbe(parts)
         self.instrument = None  # set by `dapbench bench` (DapTrainer.instrument)
 
+    def phases(self) -> int:
+        """How many phases a stage shows on the run's progress line: DAP (if the method trains) and evaluation."""
+        return 2 if self.parts.schedule.trains() else 1
+
     def run(self, t: int) -> dict[str, Any]:
         """Run stage ``t`` and write its statistics (whose file marks it finished); return them."""
-        p, device = self.parts, self.parts.accelerator.device
+        p = self.parts
         # Seed first: a method's setup may draw random initial weights (adapters, prompts, task embeddings).
         p.layout.restore_rng(t - 1, p.seed + t)
         model = self.models.for_stage(t)
         reset_peak_memory()
         stats: dict[str, Any] = {"domain": p.data.domains[t], "trained": False, "trainable_parameters": 0}
         if p.schedule.trains():
-            trained, model = self._train(model, t)
+            with p.phase(t, "DAP"):
+                trained, model = self._train(model, t)
             stats = {**stats, **trained}
+        with p.phase(t, "held-out evaluation"):
+            self._evaluate_and_checkpoint(model, t, stats)
+        return stats
+
+    def _evaluate_and_checkpoint(self, model, t: int, stats: dict[str, Any]) -> None:
+        """Add the held-out losses, drift and peak memory to ``stats``; write the checkpoint and the statistics file
+        that marks stage ``t`` finished."""
+        p, device = self.parts, self.parts.accelerator.device
         view = self._heldout_view(model)
         evaluation = heldout_evaluation(model, p.data.heldout_batches, device, view, p.accelerator)
         stats["mlm_loss"], stats["mlm_loss_chunks"] = evaluation.losses, evaluation.chunk_sums
@@ -131,7 +144,6 @@ class StageRunner:
             atomic_write_json(p.layout.domain_done(t), stats)
         p.accelerator.wait_for_everyone()
         p.accelerator.free_memory()
-        return stats
 
     def _train(self, model, t: int) -> tuple[dict[str, Any], Any]:
         """Train stage ``t``: its statistics, and the trained model (gathered from its shards if training sharded)."""

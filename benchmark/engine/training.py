@@ -68,13 +68,15 @@ def _apply_update(ctx: StepContext, step_module, scheduler, method: ContinualMet
     optimizer.zero_grad(set_to_none=True)
 
 
-def _log_entry(sums: dict[str, torch.Tensor], count: int, acc, method: str, step: int, bar) -> dict:
+def _log_entry(sums: dict[str, torch.Tensor], count: int, acc, method: str, step: int, bar, causal: bool) -> dict:
     """The log entry of the ``count`` updates since the last one: each loss term's mean over every process's
-    micro-batches (as in one), shown on the progress bar too."""
+    micro-batches (as in one), shown on the progress bar too (the language-model term under the name of what it is:
+    ``next-token`` for a decoder, ``mlm`` for a masked LM; the record keeps the key ``mlm`` for both)."""
     if acc.num_processes > 1:
         sums = {k: acc.reduce(v, "mean") for k, v in sums.items()}
     means = finite_means(sums, count, f"{method}: DAP loss term(s)", step)  # the loop's only host sync
-    bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})
+    shown = {("next-token" if causal and k == "mlm" else k): f"{v:.3f}" for k, v in means.items()}
+    bar.set_postfix(shown)
     return {"step": step, **{k: round(v, 5) for k, v in means.items()}}
 
 
@@ -136,7 +138,7 @@ class DapTrainer:
             if tracking:
                 self.tracker.log_update(ctx.global_step + 1, terms, lr)
             if (step + 1) % dap.log_every == 0 or step + 1 == ctx.total_domain_steps:
-                log.append(_log_entry(sums, step + 1 - last_logged, acc, self.method.name, step + 1, bar))
+                log.append(_log_entry(sums, step + 1 - last_logged, acc, self.method.name, step + 1, bar, self.causal))
                 last_logged = step + 1
         return log
 

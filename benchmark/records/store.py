@@ -134,7 +134,30 @@ def record_paths(results_dir: str | Path) -> list[Path]:
 
 def load_records(results_dir: str | Path) -> list[RunRecord]:
     """Every run record under ``results_dir`` (recursively), migrated; a corrupt or foreign file is an error."""
+    return [record for _, record in _loaded(results_dir)]
+
+
+def leaderboard_records(results_dir: str | Path) -> list[RunRecord]:
+    """The records a leaderboard of ``results_dir`` reports: every record but those of key-number folders
+    (:data:`KEY_NUMBERS_MARKER`), which are still read and checked, so a corrupt one is named."""
+    return [record for path, record in _loaded(results_dir) if not in_key_number_folder(path, results_dir)]
+
+
+KEY_NUMBERS_MARKER = "KEY-NUMBERS.md"
+"""A folder under ``results/`` holding a file of this name keeps key numbers: records that CI re-derives to pin the
+code's behaviour (the repository's ``results/ci/``), not leaderboard entries. Whatever profile a record has, only
+such a folder keeps it off the leaderboard: a user's own runs, ``--profile ci`` included, are always reported."""
+
+
+def in_key_number_folder(path: Path, results_dir: str | Path) -> bool:
+    """Whether the record file ``path`` lies in a key-number folder (:data:`KEY_NUMBERS_MARKER`) below
+    ``results_dir``."""
+    root = Path(results_dir)
+    return any((folder / KEY_NUMBERS_MARKER).is_file() for folder in path.parents if root in (folder, *folder.parents))
+
+
+def _loaded(results_dir: str | Path) -> list[tuple[Path, RunRecord]]:
     root = Path(results_dir)
     if not root.is_dir():
         raise DapbenchError(f"no results directory at {root}", "run `dapbench run` first or pass --output-dir")
-    return [load_record(path) for path in record_paths(root)]
+    return [(path, load_record(path)) for path in record_paths(root)]

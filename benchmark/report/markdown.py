@@ -243,7 +243,7 @@ PLOT_TITLES = {
     "damping": "soft-mask damping and importance histogram",
     "matrices": "A[t][k] per method (mean over seeds)",
     "forgetting": "forgetting per method",
-    "mlm-loss": "held-out loss after each domain",
+    "heldout-loss": "held-out loss after each domain",
     "importance": "DAS importance per layer",
 }
 

@@ -1,5 +1,5 @@
 """Leaderboard plots of one group of records (same profile, model and sequence): A[t][k] per method,
-forgetting with seed spread, held-out MLM loss after each domain, and DAS's accumulated importance per
+forgetting with seed spread, held-out loss (MLM or next-token) after each domain, and DAS's accumulated importance per
 layer and unit."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.io import atomic_write_bytes
+from benchmark.report.markdown import loss_unit
 
 
 def _pyplot():
@@ -99,8 +100,9 @@ def plot_forgetting(records: list[dict], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def plot_mlm_losses(records: list[dict], path: Path) -> Path | None:
-    """Held-out MLM loss of every corpus (one panel each) before DAP and after each domain, per method."""
+def plot_heldout_losses(records: list[dict], path: Path) -> Path | None:
+    """Held-out loss of every corpus (one panel each; masked-token or next-token, as the model is) before DAP and
+    after each domain, per method."""
     groups = {label: runs for label, runs in _by_label(records).items() if runs[0]["mlm_loss"]["after_domain"]}
     if not groups:
         return None
@@ -120,7 +122,7 @@ def plot_mlm_losses(records: list[dict], path: Path) -> Path | None:
     spare = list(axes.flat)[len(columns) :]
     for ax in spare:
         ax.axis("off")
-    axes.flat[0].set_ylabel("MLM loss (nats)")
+    axes.flat[0].set_ylabel("{} ({})".format(*loss_unit(first)))
     # The legend goes into a spare panel when there is one, else into the first panel.
     (spare[0] if spare else axes.flat[0]).legend(*axes.flat[0].get_legend_handles_labels(), loc="center", fontsize=7)
     return _save(fig, path)
@@ -237,6 +239,6 @@ GROUP_PLOTS: dict[str, Callable[[list[dict], Path], Path | None]] = {
     "damping": plot_mask_damping,
     "matrices": plot_matrices,
     "forgetting": plot_forgetting,
-    "mlm-loss": plot_mlm_losses,
+    "heldout-loss": plot_heldout_losses,
     "importance": plot_importance,
 }

@@ -17,8 +17,17 @@ def one_line(record: dict) -> str:
     losses, scores = record["mlm_loss"]["metrics"], record["summary"]
     parts = [f"{name.replace('_', ' ')} {value:+.3f}" for name, value in losses.items() if value is not None][:3]
     if scores.get("macro_f1"):
-        parts.append(f"final macro-F1 {100 * scores['macro_f1']['final']:.1f}")
+        final = scores["macro_f1"]["final"]
+        parts.append(f"final macro-F1 {100 * final:.1f}" + majority_note(final, record.get("majority_class")))
     return printable(", ".join(parts))
+
+
+def majority_note(final_macro_f1: float, majority: dict | None) -> str:
+    """`` (= the majority class)`` where a final macro-F1 is what always predicting each task's most frequent label
+    scores (to the printed 0.1 point): the end tasks learned nothing at this budget, whatever the method did."""
+    if majority and abs(final_macro_f1 - majority["macro_f1"]) < 5e-4:
+        return " (= always predicting the majority class)"
+    return ""
 
 
 def terminal_summary(run_records: list[dict], all_records: list[dict]) -> list[str]:
@@ -39,7 +48,7 @@ def terminal_summary(run_records: list[dict], all_records: list[dict]) -> list[s
             c for c in END_TASK_COLUMNS if c.title == "final macro-F1"
         ]
         for label in sorted(set(part["method"])):
-            cells = [_cell(stats, label, c) for c in columns]
+            cells = [_cell(stats, label, c, group.records[0].get("majority_class")) for c in columns]
             verdict = found.get(label, "").replace("`", "") or "none resolved"
             lines.append(f"  {printable(label)}: " + ", ".join(c for c in cells if c) + f"; verdicts: {verdict}")
         if part.groupby("method").size().max() < 2:
@@ -47,10 +56,11 @@ def terminal_summary(run_records: list[dict], all_records: list[dict]) -> list[s
     return lines
 
 
-def _cell(stats: GroupStatistics, label: str, column) -> str:
+def _cell(stats: GroupStatistics, label: str, column, majority: dict | None) -> str:
     found = stats.interval(label, column)
     if found is None:
         return ""
     mean, se, n = found
     digits = 1 if column.kind == "pct" else 3
-    return f"{column.title} {mean:.{digits}f}" + ("" if se is None else f" ± {se:.{digits}f}") + f" (n={n})"
+    note = majority_note(mean / 100, majority) if column.title == "final macro-F1" else ""
+    return f"{column.title} {mean:.{digits}f}" + ("" if se is None else f" ± {se:.{digits}f}") + f" (n={n}){note}"

@@ -13,10 +13,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from benchmark.config import is_fixture_profile
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_json, atomic_write_text, read_json
-from benchmark.records.store import REPORT_FOLDER, load_records
+from benchmark.records.store import REPORT_FOLDER, leaderboard_records
 from benchmark.report.escape import code, text
 from benchmark.report.frame import leaderboard_frame, reference_labels
 from benchmark.report.groups import Group, group_records
@@ -31,7 +30,7 @@ def write_report(output_dir: str | Path, show_progress: bool = False) -> dict[st
     under ``output_dir/results``; return how many records and groups it read and how many files it wrote."""
     out = Path(output_dir)
     report = owned_folder(out, "results", REPORT_FOLDER)
-    records = [r for r in load_records(out / "results") if not is_fixture_profile(r["profile"])]
+    records = leaderboard_records(out / "results")  # all but the key-number folder's
     groups, left_out = group_records(records)  # every check runs before anything is written
     previous = _read_manifest(report)
     manifest: dict = {"runs": {}, "groups": {}}

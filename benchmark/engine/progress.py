@@ -1,0 +1,85 @@
+"""Where a run is, always on screen: run i of n, domain t of T, the phase (DAP, held-out evaluation, end-task
+fine-tune k of K), the time spent and an estimate of what is left.
+
+One tqdm bar per run, above the DAP loop's own bar. Its unit is a phase; a heartbeat thread redraws it every
+``interval`` seconds, so even a phase that reports nothing itself (a fine-tune, a held-out pass) shows the clock
+moving: no phase goes longer than ``interval`` without a visible update.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+HEARTBEAT_SECONDS = 10.0
+"""How often the run line is redrawn while nothing else updates it (the issue's bound is 30 s)."""
+
+
+@dataclass(frozen=True)
+class RunPosition:
+    """Which run of a grid this is (1-based) and how many the grid holds."""
+
+    index: int = 1
+    total: int = 1
+
+
+class RunProgress:
+    """The run-level progress line of one run (does nothing when ``enabled`` is false)."""
+
+    def __init__(
+        self,
+        label: str,
+        position: RunPosition,
+        domains: list[str],
+        phases: int,
+        *,
+        enabled: bool = True,
+        interval: float = HEARTBEAT_SECONDS,
+        file=None,
+    ):
+        from tqdm.auto import tqdm
+
+        self.label, self.position, self.domains = label, position, domains
+        self.where = "starting"
+        self._bar = tqdm(
+            desc=self.line(), total=phases, disable=not enabled, leave=False, file=file, mininterval=0,
+            bar_format="{desc} | {n_fmt}/{total_fmt} phases, {elapsed} elapsed, ~{remaining} left",
+        )  # fmt: skip
+        self._stop = threading.Event()
+        self._thread = None
+        if enabled:
+            self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True, name="dapbench-progress")
+            self._thread.start()
+
+    def line(self) -> str:
+        """The run line's text without the clock: ``run 1/3 ncl seed 2021 | domain 2/6 phone | DAP``."""
+        return f"run {self.position.index}/{self.position.total} {self.label} | {self.where}"
+
+    @contextmanager
+    def phase(self, t: int | None, name: str) -> Iterator[None]:
+        """Show that phase ``name`` of domain ``t`` (None: before the first domain) runs; count it done after."""
+        domain = "base model" if t is None else f"domain {t + 1}/{len(self.domains)} {self.domains[t]}"
+        self.where = f"{domain} | {name}"
+        self._describe()
+        yield
+        self._bar.update(1)
+
+    def skip(self, phases: int) -> None:
+        """Count ``phases`` as done without running them (finished in an earlier, resumed attempt)."""
+        self._bar.update(phases)
+
+    def close(self) -> None:
+        """Stop the heartbeat and remove the line."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._bar.close()
+
+    def _describe(self) -> None:
+        self._bar.set_description_str(self.line(), refresh=True)
+
+    def _beat(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self._bar.refresh()  # redraws elapsed and remaining (tqdm's lock keeps it from tearing another bar)

@@ -1,0 +1,128 @@
+"""A newcomer's first hour (issue #44): the run says where it is, a decoder run speaks of next-token loss, a user's
+own quick runs reach their leaderboard, a typo'd profile gets a suggestion."""
+
+import dataclasses
+import io
+import re
+import time
+
+import pytest
+
+from benchmark.api import report, run_benchmark
+from benchmark.config import profile_config
+from benchmark.engine.progress import HEARTBEAT_SECONDS, RunPosition, RunProgress
+from benchmark.errors import DapbenchError
+from benchmark.io import read_json
+
+
+def test_the_run_line_is_redrawn_while_a_silent_phase_runs():
+    """A phase that reports nothing itself (a fine-tune) still shows the clock moving, every ``interval``."""
+    stream = io.StringIO()
+    progress = RunProgress("ncl seed 3", RunPosition(2, 3), ["alpha", "beta"], phases=4, interval=0.05, file=stream)
+    with progress.phase(1, "end task 1/2 alpha (fine-tune)"):
+        drawn = stream.getvalue().count("\r")
+        time.sleep(0.6)
+        redrawn = stream.getvalue().count("\r") - drawn
+    progress.close()
+    assert redrawn >= 5, f"{redrawn} redraws in 0.6 s with a 0.05 s heartbeat"
+    assert "run 2/3 ncl seed 3 | domain 2/2 beta | end task 1/2 alpha (fine-tune)" in stream.getvalue()
+    assert re.search(r"1/4 phases, 00:0\d elapsed, ~", stream.getvalue())
+
+
+def test_the_heartbeat_keeps_every_phase_under_the_30_second_bound():
+    assert HEARTBEAT_SECONDS <= 30
+
+
+def test_a_disabled_progress_line_prints_nothing_and_starts_no_thread():
+    stream = io.StringIO()
+    progress = RunProgress("ncl seed 3", RunPosition(), ["alpha"], phases=2, enabled=False, file=stream)
+    with progress.phase(0, "DAP"):
+        pass
+    progress.close()
+    assert stream.getvalue() == "" and progress._thread is None
+
+
+def test_a_run_says_which_run_domain_and_phase_it_is_in(tiny_config, capsys):
+    config = dataclasses.replace(tiny_config, methods=("none", "ncl"))
+    run_benchmark(config, show_progress=True, write_leaderboard=False)
+    shown = capsys.readouterr().err
+    for expected in (
+        "run 1/2 none seed 3 | base model | held-out evaluation",
+        "run 2/2 ncl seed 3 | domain 1/2 alpha | DAP",
+        "run 2/2 ncl seed 3 | domain 2/2 beta | held-out evaluation",
+        "run 2/2 ncl seed 3 | domain 2/2 beta | end task 2/2 beta_sup (fine-tune)",
+    ):
+        assert expected in shown, expected
+    assert re.search(r"\d+/\d+ phases, \d\d:\d\d elapsed, ~", shown)
+
+
+def test_a_decoder_run_says_next_token_loss_and_never_mlm(tiny_config, tiny_gpt2, tmp_path, capsys):
+    """What a decoder user sees, the progress bars, the console summary, the leaderboard and its run tables, names
+    the loss for what it is."""
+    from benchmark.cli import main
+
+    config = dataclasses.replace(tiny_config, model=str(tiny_gpt2), output_dir=str(tmp_path / "out"))
+    args = ["run", "--profile", "synthetic", "--methods", "ncl", "--seeds", "3", "--output-dir", config.output_dir]
+    args += ["--model", config.model, "--data-root", config.data_root, "--sequence", config.sequence]
+    args += ["--work-dir", config.work_dir]
+    for key in ("steps", "batch_size", "per_device_batch_size", "heldout_chunks", "probe_chunks", "log_every"):
+        args += ["--set", f"dap.{key}={getattr(config.dap, key)}"]
+    args += ["--set", "finetune.default_epochs=1", "--set", "finetune.max_train_examples=24"]
+    args += ["--set", "finetune.max_test_examples=24", "--set", f"general_heldout={config.general_heldout}"]
+    args += ["--set", f"general_corpus={config.general_corpus}"]
+    assert main(args) == 0
+    printed = capsys.readouterr()
+    board = (tmp_path / "out" / "leaderboard.md").read_text()
+    tables = "".join(p.read_text() for p in (tmp_path / "out" / "results" / "report" / "runs").glob("*.md"))
+    assert "next-token=" in printed.err and "next-token loss" in board and "next-token loss" in tables
+    for name, text in (("console", printed.out + printed.err), ("leaderboard", board), ("run tables", tables)):
+        assert "mlm" not in text.lower(), f"{name} says mlm: {text[text.lower().index('mlm') - 80:][:160]}"
+
+
+def test_a_users_ci_profile_runs_reach_their_own_leaderboard(tiny_config, tmp_path):
+    """``--profile ci`` is a quick first try for a plugin author: every record of their folder is reported; only a
+    key-number folder (the repository's results/ci, marked by KEY-NUMBERS.md) stays off a leaderboard."""
+    config = dataclasses.replace(tiny_config, profile="ci", methods=("ncl", "one"), output_dir=str(tmp_path / "out"))
+    records = run_benchmark(config)
+    board = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert len(records) == 2 and "No complete run records yet" not in board
+    assert "| `ncl` |" in board and "| `one` |" in board
+    assert report(tmp_path / "out")["records"] == 2
+
+    (tmp_path / "out" / "results" / "ci" / "KEY-NUMBERS.md").write_text("key numbers\n")
+    assert report(tmp_path / "out")["records"] == 0
+    assert "No complete run records yet" in (tmp_path / "out" / "leaderboard.md").read_text()
+
+
+def test_the_repositorys_key_number_records_stay_off_its_leaderboard():
+    from pathlib import Path
+
+    from benchmark.records.store import KEY_NUMBERS_MARKER, leaderboard_records, load_records
+
+    results = Path(__file__).resolve().parents[1] / "results"
+    assert (results / "ci" / KEY_NUMBERS_MARKER).is_file()
+    ci = [r["run_id"] for r in load_records(results / "ci")]
+    assert len(ci) == 3 and not {r["run_id"] for r in leaderboard_records(results)} & set(ci)
+    assert all(read_json(path, "record")["profile"] == "ci" for path in (results / "ci").glob("*.json"))
+
+
+def test_a_typod_profile_gets_did_you_mean():
+    with pytest.raises(DapbenchError, match="did you mean 'mini'"):
+        profile_config("mnii")
+
+
+def test_a_final_macro_f1_at_the_majority_class_is_said_as_such():
+    from benchmark.report.summary import majority_note
+
+    majority = {"acc": 0.6, "macro_f1": 0.25}
+    assert majority_note(0.2502, majority) == " (= always predicting the majority class)"
+    assert majority_note(0.31, majority) == "" and majority_note(0.25, None) == ""
+
+
+def test_dapbench_list_names_the_choices_of_the_schedule(capsys):
+    from benchmark.cli import main
+
+    assert main(["list"]) == 0
+    (schedule,) = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("schedule ")]
+    for name in ("per_domain_linear", "rewarm_cosine", "global", "wsd"):
+        assert name in schedule
