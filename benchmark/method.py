@@ -98,6 +98,36 @@ class RunEnv:
     base) loads them from here instead of copying them into every checkpoint's method state."""
 
 
+GROUP_OPTIMIZERS = ("adamw", "sgd")
+"""The optimisers a method's own parameter group may ask for: ``adamw`` (a group of the DAP AdamW at its own rate) or
+``sgd`` (plain SGD, as HAT's paper trains its task embeddings)."""
+
+
+@dataclass(frozen=True)
+class ParameterGroup:
+    """Parameters of a method's own that its paper trains at another rate (or with another optimiser) than the
+    model's weights: soft prompts, LoRA or adapter weights, HAT's task embeddings. Declared by
+    :meth:`ContinualMethod.parameter_groups`; the runner builds their optimiser, gives them the stage's schedule
+    shape at their own peak rate, and records how far each group moved per domain (``update_sizes``)."""
+
+    name: str
+    """How the record and the report name the group (``task_embeddings``, ``prompts``, ``lora``)."""
+    parameters: list[tuple[str, nn.Parameter]]
+    lr: float
+    """The group's peak learning rate (the schedule's warmup and decay shape applies to it as to ``dap.lr``)."""
+    optimizer: str = "adamw"
+    """One of :data:`GROUP_OPTIMIZERS`."""
+    clip: bool = True
+    """Whether the update's gradient-norm clipping (``dap.max_grad_norm``) counts these gradients: HAT's compensated
+    embedding gradients are scaled by up to smax/s on purpose and would shrink every other gradient."""
+
+    def __post_init__(self):
+        if self.optimizer not in GROUP_OPTIMIZERS:
+            raise ValueError(f"parameter group {self.name!r}: optimizer {self.optimizer!r} not in {GROUP_OPTIMIZERS}")
+        if not self.lr > 0:
+            raise ValueError(f"parameter group {self.name!r}: learning rate {self.lr} must be > 0")
+
+
 @dataclass
 class DomainContext:
     """What ``before_domain`` / ``after_domain`` see."""
@@ -232,6 +262,11 @@ class ContinualMethod(MethodDeclaration):
     def trainable_parameters(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
         """The parameters the DAP optimizer updates (default: every parameter that requires grad)."""
         return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+    def parameter_groups(self, model: nn.Module) -> list[ParameterGroup]:
+        """The method's own parameters (among :meth:`trainable_parameters`) that train at their own rate or with
+        their own optimiser (default: none; every trainable parameter then trains at ``dap.lr`` with AdamW)."""
+        return []
 
     def before_domain(self, ctx: DomainContext) -> None:
         """Called before training on a domain (e.g. importance at initialisation, teacher snapshot)."""

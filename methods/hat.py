@@ -15,7 +15,17 @@ trained freely (as in the reference), so earlier domains are protected only wher
 the forward (it needs the domain id); ``hat_all`` (:mod:`methods.hat_all`) fine-tunes the full
 network. The held-out MLM loss after domain t is measured with domain t's mask for ``hat`` and with
 the full network for ``hat_all``, matching what each fine-tunes (see below). Task embeddings start N(0, 1) like
-the HAT code's ``nn.Embedding``; the DAP optimizer's learning rate applies to them.
+the HAT code's ``nn.Embedding``.
+
+How the embeddings train (``fidelity``). The HAT paper trains them with plain SGD at lr 0.05, the rate its
+gradient compensation (smax/s x cosh ratio) is designed for. ``fidelity="paper"`` (the default) does that: the
+embeddings are a parameter group of their own (SGD at ``embedding_lr``, with the stage's schedule shape, outside the
+gradient-norm clipping, which the compensated gradients, scaled by up to smax/s, would otherwise turn on every
+weight). ``fidelity="reference"`` is ContinualLM's code, which puts them in the one AdamW of the model at the DAP
+rate (``utils/optimize.py``): Adam normalises each step, so the compensation no longer acts, and at lr 1e-4 an
+embedding moves about 1e-3 in 24 updates against a typical size of 0.8, so every mask stays the sign of its random
+start (issue #45). Each domain's report says how far the mask learned: the share of gate decisions (gate > 0.5 at
+s = smax) that changed during the domain, and the share of units it keeps open.
 
 Held-out evaluation (``heldout_view``): HAT serves domain k through domain k's mask, so ``hat`` measures
 domain k's held-out text after stage t with mask k (k <= t), as it fine-tunes task k. Text it has no mask
@@ -43,6 +53,7 @@ from benchmark.method import (
     DomainContext,
     FinetuneContext,
     MethodConfig,
+    ParameterGroup,
     StepContext,
     StepOutput,
 )
@@ -66,6 +77,11 @@ EMBEDDINGS = "dapbench_hat"
 class HATConfig(MethodConfig):
     """HAT options (defaults: the HAT paper and the reference)."""
 
+    fidelity: str = setting("paper", choices=("paper", "reference"))
+    """``paper``: the task embeddings train by SGD at ``embedding_lr`` (the HAT paper); ``reference``: in the
+    model's AdamW at ``dap.lr`` (ContinualLM's code)."""
+    embedding_lr: float = setting(0.05, low=0, low_open=True, high=100)
+    """The task embeddings' SGD rate under ``fidelity="paper"`` (the HAT paper's 0.05)."""
     smax: float = setting(400.0, low=1, low_open=True, high=1e6)
     reg_lambda: float = setting(0.75, low=0, high=1000)
     thres_cosh: float = setting(50.0, low=0, low_open=True, high=1000)
@@ -106,6 +122,9 @@ class HAT(ContinualMethod):
         "held-out losses of domain k use domain k's task mask (how HAT serves domain k); the general column"
         " and untrained domains use the full network, which HAT has no mask for."
     )
+    version: ClassVar[int] = 2
+    """2: the task embeddings train by SGD at the HAT paper's rate (``fidelity="paper"``); 1 trained them in the DAP
+    AdamW, as ``fidelity="reference"`` still does."""
     config: HATConfig
     full_network_after_domain: ClassVar[bool] = False
     """Evaluate (held-out MLM loss) with the full network instead of the domain's mask."""
@@ -119,6 +138,8 @@ class HAT(ContinualMethod):
         """Cumulative mask m_<t of the finished domains (layers x units), on CPU."""
         self._embeddings: TaskEmbeddings | None = None
         self._device_previous: dict[str, torch.Tensor] | None = None
+        self._decisions_before: dict[str, torch.Tensor] | None = None
+        self._report: dict[str, float] = {}
 
     # -- model -----------------------------------------------------------------------------------
     def setup(self, model: nn.Module) -> nn.Module:
@@ -127,6 +148,18 @@ class HAT(ContinualMethod):
         encoder_of(model).add_module(EMBEDDINGS, self._embeddings)
         attach_gates(model, tuple(self.config.units), self._gate)
         return model
+
+    def parameter_groups(self, model: nn.Module) -> list[ParameterGroup]:
+        """Under ``fidelity="paper"`` the task embeddings, trained by SGD at ``embedding_lr`` outside the clipping;
+        under ``reference`` none (they train in the model's AdamW)."""
+        if self.config.fidelity != "paper":
+            return []
+        tables = [(f"{EMBEDDINGS}.{unit}", table) for unit, table in self._embeddings.tables.items()]
+        return [ParameterGroup("task_embeddings", tables, self.config.embedding_lr, optimizer="sgd", clip=False)]
+
+    def _decisions(self, domain: int) -> dict[str, torch.Tensor]:
+        """Domain ``domain``'s gate decisions at s = smax: which units its mask keeps (gate > 0.5, i.e. e > 0)."""
+        return {u: (e > 0).detach().cpu() for u, e in self._embeddings.of(domain).items()}
 
     def _gate(self, unit: str, layer: int) -> torch.Tensor | None:
         if not self.gating:
@@ -139,6 +172,7 @@ class HAT(ContinualMethod):
         self.domain, self.gating = ctx.index, True
         self.s = anneal_s(0, 2, self.config.smax)
         self._device_previous = None
+        self._decisions_before = self._decisions(ctx.index)
 
     def after_domain(self, ctx: DomainContext) -> None:
         """Fold this domain's binary-ish mask into the cumulative mask; set the evaluation view."""
@@ -147,6 +181,18 @@ class HAT(ContinualMethod):
         self.previous = accumulate_importance(self.previous, mask)
         self.s, self.gating = self.config.smax, not self.full_network_after_domain
         self._device_previous = None
+        after, before = self._decisions(ctx.index), self._decisions_before
+        units = sum(d.numel() for d in after.values())
+        changed = sum(int((after[u] != before[u]).sum()) for u in after)
+        self._report = {
+            "gate_decisions_changed": round(changed / units, 6),
+            "gates_open": round(sum(int(d.sum()) for d in after.values()) / units, 6),
+        }
+
+    def domain_report(self) -> dict[str, Any]:
+        """How the domain's mask learned: the share of gate decisions that changed during the domain and the share
+        of units the mask keeps open (both at s = smax)."""
+        return dict(self._report)
 
     # -- evaluation ------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -16,6 +16,7 @@ from benchmark.engine.parts import RunParts
 from benchmark.engine.recipe import stage_plan
 from benchmark.engine.recompute import activation_checkpointing
 from benchmark.engine.training import DapTrainer
+from benchmark.engine.updates import UpdateSizes
 from benchmark.io import atomic_write_json
 from benchmark.method import DomainContext
 from benchmark.modeling import load_masked_lm, mlm_loss, restore_checkpoint_weights
@@ -155,6 +156,7 @@ class StageRunner:
             p.method.before_domain(ctx)
         trainer = DapTrainer(p.method, dap, p.data.tokenizer, p.accelerator, p.seed, p.tracker, p.show_progress,
                              self.instrument, p.data.causal)  # fmt: skip
+        sizes = UpdateSizes(model, p.method)  # after before_domain: what the stage's updates start from
         dataset = p.data.training_set(p.schedule.training_domains(t))
         plan = _stage_plan(p, t, self.general_probe)
         stats = trainer.train(model, dataset, plan, t, f"{p.method.name} {p.data.domains[t]}")
@@ -163,8 +165,9 @@ class StageRunner:
             ctx = dataclasses.replace(ctx, model=model)
         with _recomputed(ctx.model, dap):
             p.method.after_domain(ctx)
-        report = p.method.domain_report()
-        return {"trained": True, "trainable_parameters": trainable, **stats, "method_report": report}, model
+        report, moved = p.method.domain_report(), sizes.measure(ctx.model)  # after after_domain: what is kept
+        stats = {**stats, "update_sizes": moved, "method_report": report}
+        return {"trained": True, "trainable_parameters": trainable, **stats}, model
 
     def _heldout_view(self, model):
         """Per held-out set name, the method's view of ``model`` for that set's domain (None: general text)."""

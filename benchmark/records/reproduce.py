@@ -92,6 +92,8 @@ KIND_RULES = (
     ("domains/*/representation/*", "drift"),
     ("domains/*/mlm_loss/*", "loss"),
     ("domains/*/method_report/*", "report"),
+    ("domains/*/update_sizes/*/parameters", "exact"),
+    ("domains/*/update_sizes/*", "report"),
     ("finetune_reports/*", "report"),
     ("domains/*/loss_log/*/step", "exact"),
     ("domains/*/loss_log/*", "loss"),

@@ -17,6 +17,9 @@ import torch
 from benchmark.modeling import LayerModules, out_axis
 from methods._shared.softmask import scale_gradient, soft_mask_gradients
 
+FREE_FLOOR = 1e-6
+"""The regulariser's smallest denominator: far below one free unit, so it changes nothing until none is free."""
+
 
 def anneal_s(step: int, total_steps: int, smax: float) -> float:
     """HAT's linear annealing: 1/smax at the first step, smax at the last."""
@@ -31,10 +34,11 @@ def hat_gates(embeddings: dict[str, torch.Tensor], s: float) -> dict[str, torch.
 
 
 def attention_regularizer(gates: dict[str, torch.Tensor], previous: dict[str, torch.Tensor] | None) -> torch.Tensor:
-    """sum m * (1 - m_<t) / sum (1 - m_<t) over every unit; the mean gate when there is no m_<t."""
+    """sum m * (1 - m_<t) / sum (1 - m_<t) over every unit; the mean gate when there is no m_<t. Where earlier
+    domains hold every unit (sum (1 - m_<t) = 0, so every term of the numerator is 0 too) it is 0, not 0/0."""
     used = sum((g * (1 - previous[u])).sum() if previous else g.sum() for u, g in gates.items())
     free = sum((1 - previous[u]).sum() if previous else torch.tensor(float(g.numel())) for u, g in gates.items())
-    return used / free
+    return used / torch.clamp(free, min=FREE_FLOOR)
 
 
 def compensate_embedding_gradient(
