@@ -528,6 +528,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _options_line(options: dict, choices: dict) -> str:
     """``name=default`` per option; an option of named values lists them: ``name=default (one of: a, b)``."""
+
     def shown(name: str, default) -> str:
         return f"{name}={default}" + (f" (one of: {', '.join(map(str, choices[name]))})" if name in choices else "")
 

@@ -19,6 +19,7 @@ from benchmark.method import ContinualMethod
 WEIGHTS = "weights"
 """The group of every trained parameter that no declared group holds (trained at ``dap.lr`` with AdamW)."""
 
+
 def _key(name: str) -> str:
     """A parameter's name whatever wraps its block (compiled blocks add ``_orig_mod.``)."""
     return name.replace("_orig_mod.", "")

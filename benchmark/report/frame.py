@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from benchmark.metrics import untrained_groups
 from benchmark.report.groups import order_of, pairing_unit
 
 
@@ -96,6 +97,12 @@ def flags(capabilities: dict) -> str:
     return ", ".join(out) or "–"
 
 
+def untrained_flag(record: dict) -> str:
+    """The table flag of a record whose declared groups (or weights) did not move: ``untrained: prompts ≤ 2.0e-04``."""
+    stalled = untrained_groups(record["domains"])
+    return ", ".join(f"untrained: {group} ≤ {size:.1e}" for group, size in sorted(stalled.items()))
+
+
 def leaderboard_frame(records: list[dict], group_of: Callable[[dict], str] | None = None) -> pd.DataFrame:
     """One row per record: ``group`` (``group_of(record)``, else the group key of its own content), ``method`` (its
     label), ``seed``, ``run_id``, every column of :data:`ALL_COLUMNS`, trainable parameters and flags."""
@@ -114,7 +121,8 @@ def leaderboard_frame(records: list[dict], group_of: Callable[[dict], str] | Non
             value = column.value(record)
             row[column.title] = np.nan if value is None else float(value)
         row["trainable params"] = record["trainable_parameters"]
-        row["flags"] = flags(record["capabilities"])
+        shown = [f for f in (flags(record["capabilities"]), untrained_flag(record)) if f and f != "–"]
+        row["flags"] = ", ".join(shown) or "–"
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -11,12 +11,14 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from benchmark.metrics import UNTRAINED_BELOW
 from benchmark.report.end_task_reading import end_task_reading
 from benchmark.report.escape import code, text
 from benchmark.report.frame import ALL_COLUMNS, COST_COLUMNS, END_TASK_COLUMNS, LOSS_COLUMNS, Column
 from benchmark.report.groups import Group, LeftOut, order_of
 from benchmark.report.reading import loss_reading, sibling_reading, variant_reading, verdicts
 from benchmark.report.statistics import GroupStatistics
+from benchmark.report.training_reading import training_reading
 
 HEADER = [
     "# dapbench leaderboard",
@@ -38,7 +40,9 @@ HEADER = [
     "",
     "**End-task table**: scores in percent. Forgetting is n/a for per-domain methods and joint training. Flags:",
     "domain-id = needs the end task's domain id at fine-tuning; replay = stores past data; per-domain = one model per",
-    "domain from the base model; joint = one model on the union of domains.",
+    "domain from the base model; joint = one model on the union of domains; untrained = a parameter group of the",
+    f"method moved less than {UNTRAINED_BELOW:g} of its norm in every domain (||θ_end − θ_start|| / ||θ_start||,",
+    "the record's update sizes).",
     "",
 ]
 
@@ -65,7 +69,8 @@ def leaderboard_markdown(
         lines += order_tables(stats)
         lines += plot_links(plots)
         lines += ["", "**Reading** (generated from the numbers above):", ""]
-        lines += [*loss_reading(stats), *variant_reading(stats), *sibling_reading(stats), *end_task_reading(stats), ""]
+        lines += [*loss_reading(stats), *training_reading(stats), *variant_reading(stats), *sibling_reading(stats)]
+        lines += [*end_task_reading(stats), ""]
     if left_out:
         lines += ["## Left out", ""]
         for kind, meaning in LEFT_OUT_KINDS.items():
@@ -216,7 +221,7 @@ def table(
         cells = [code(label), str(len(runs)), *(_cell(stats, label, c) for c in columns)]
         cells += [verdicts.get(label, "–")] if verdicts is not None else []
         cells += [_cell(stats, label, c) for c in trailing]
-        cells += [f"{int(runs['trainable params'].iloc[0]):,}", text(runs["flags"].iloc[0])]
+        cells += [f"{int(runs['trainable params'].iloc[0]):,}", text("; ".join(sorted(set(runs["flags"]))))]
         key = runs[sort_by].mean()
         body.append((np.nan_to_num(key if ranked.higher_is_better else -key, nan=-np.inf), cells))
     body.sort(key=lambda item: -item[0])
