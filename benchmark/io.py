@@ -126,18 +126,51 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+OWNED_MARKER = ".dapbench-owned"
+"""The file dapbench writes first into every folder it builds whole (:func:`atomic_directory`, scratch folders): the
+proof that replacing or removing that folder later destroys nothing dapbench did not write."""
+
+
+def owned_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a real folder (no symbolic link) that dapbench built: it holds :data:`OWNED_MARKER`, or a
+    checkpoint manifest (checkpoints written before the marker existed)."""
+    path = Path(path)
+    return path.is_dir() and not path.is_symlink() and ((path / OWNED_MARKER).is_file() or (path / MANIFEST).is_file())
+
+
+def require_replaceable(path: str | Path, what: str = "output folder") -> None:
+    """Refuse, before any work, a ``path`` that exists and is not a folder dapbench built: dapbench replaces or
+    removes only what it wrote (a user's folder, the working folder or a file there is never deleted)."""
+    path = Path(path)
+    if (path.exists() or path.is_symlink()) and not owned_folder(path):
+        raise DapbenchError(
+            f"the {what} {path} already exists and was not written by dapbench (no {OWNED_MARKER} in it):"
+            " dapbench would have to replace it",
+            "pass a new folder name; dapbench replaces only folders it built itself",
+        )
+
+
+def mark_owned(folder: Path) -> None:
+    """Create ``folder`` (if needed) and mark it as built by dapbench (:data:`OWNED_MARKER`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / OWNED_MARKER).write_text("built by dapbench; dapbench may replace or remove this folder\n")
+
+
 def atomic_directory(final: str | Path, fill: Callable[[Path], None]) -> Path:
     """Build a directory under a temporary name with ``fill(tmp_dir)``, then rename it to ``final``.
 
     An interrupted fill leaves only a ``.tmp`` directory that the next call removes, so ``final``
-    exists if and only if it is complete.
+    exists if and only if it is complete. Only folders dapbench built are replaced or removed (both ``final`` and the
+    ``.tmp`` folder must be :func:`owned_folder` s where they exist): a foreign folder is a named error, untouched.
     """
     final = Path(final)
     tmp = final.with_name(final.name + ".tmp")
+    require_replaceable(final)
+    require_replaceable(tmp, "temporary folder")
     try:
         if tmp.exists():
             shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+        mark_owned(tmp)
         fill(tmp)
         if final.exists():
             shutil.rmtree(final)

@@ -10,7 +10,7 @@ from benchmark.data.inputs import prepare_data
 from benchmark.engine.runner import ContinualRun
 from benchmark.engine.training import build_optimizers
 from benchmark.method import ParameterGroup
-from benchmark.metrics import UNTRAINED_BELOW, untrained_groups
+from benchmark.metrics import GATE_DECISIONS, UNTRAINED_BELOW, untrained_groups
 from methods._shared.hat import attention_regularizer
 
 
@@ -99,3 +99,27 @@ def test_every_record_carries_update_sizes_and_a_group_that_did_not_move_is_name
     stalled = [{"update_sizes": {"prompts": {"relative": 2e-4}, "weights": {"relative": 0.02}}}]
     assert untrained_groups(stalled) == {"prompts": 2e-4}
     assert untrained_groups([{"update_sizes": {"lora": {"relative": None}}}, {}]) == {}
+    gated = [{"method_report": {"gate_decisions_changed": share}} for share in (0.012, 0.018)]
+    assert untrained_groups(gated) == {GATE_DECISIONS: 0.018}
+    assert untrained_groups([*gated, {"method_report": {"gate_decisions_changed": 0.2}}]) == {}
+
+
+def test_the_leaderboard_flags_and_explains_a_row_whose_masks_did_not_learn(tiny_config):
+    """A row whose gates barely changed is flagged in the tables and named in the reading with the measured share."""
+    import copy
+
+    from benchmark.report.frame import leaderboard_frame, reference_labels
+    from benchmark.report.groups import group_records
+    from benchmark.report.statistics import GroupStatistics
+    from benchmark.report.training_reading import training_reading
+
+    record = ContinualRun(tiny_config, prepare_data(tiny_config), "ncl", 3, show_progress=False).execute()
+    gated = copy.deepcopy(record)
+    for stage in gated["domains"]:
+        stage["method_report"] = {"gate_decisions_changed": 0.012, "gates_open": 0.51}
+    (group,), _ = group_records([gated])
+    part = leaderboard_frame(group.records, lambda r: group.key)
+    assert "untrained: gate decisions ≤ 1.2%" in part["flags"].iloc[0]
+    stats = GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))
+    (line,) = training_reading(stats)
+    assert "at most 1.2% of its gate decisions changed" in line and "keep 51-51% of the units" in line

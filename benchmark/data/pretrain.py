@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from benchmark.data.corpora import load_corpus, read_corpus_lines
 from benchmark.data.masking import MlmCollator, fixed_mlm_batches
 from benchmark.errors import DapbenchError
-from benchmark.io import atomic_directory, atomic_write_json
+from benchmark.io import atomic_directory, atomic_write_json, mark_owned, owned_folder, require_replaceable
 from benchmark.modeling import mlm_loss
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -140,6 +140,7 @@ def pretrain_base(
 
     if not Path(corpus).is_file():
         raise DapbenchError(f"corpus not found: {corpus}", "pass a text file with one passage per line")
+    _require_free_outputs(out_dir)
     set_seed(spec.seed)
     train = train_bpe_tokenizer if spec.causal else train_tokenizer
     tokenizer = train(vocab_corpora or [corpus], spec.vocab_size, spec.seq_len)
@@ -223,16 +224,30 @@ def _evaluate(model, batches: list[dict]) -> float:
 
 
 class _scratch:
-    """A temporary cache directory beside ``out_dir`` that is removed afterwards."""
+    """A temporary cache directory beside ``out_dir`` that is removed afterwards (only a folder dapbench made: a
+    user's folder of that name is refused before any work, by :func:`_require_free_outputs`)."""
 
     def __init__(self, out_dir: str | Path):
-        self.path = Path(str(out_dir) + ".cache")
+        self.path = scratch_path(out_dir)
 
     def __enter__(self) -> Path:
-        self.path.mkdir(parents=True, exist_ok=True)
+        require_replaceable(self.path, "scratch folder")
+        mark_owned(self.path)
         return self.path
 
     def __exit__(self, *exc) -> None:
         import shutil
 
-        shutil.rmtree(self.path, ignore_errors=True)
+        if owned_folder(self.path):
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def scratch_path(out_dir: str | Path) -> Path:
+    """Where ``pretrain_base`` caches its tokenised corpus while it runs: ``<out_dir>.cache``."""
+    return Path(str(out_dir) + ".cache")
+
+
+def _require_free_outputs(out_dir: str | Path) -> None:
+    """Before any work: the model folder and its scratch folder are new, or folders dapbench built."""
+    require_replaceable(out_dir, "model folder")
+    require_replaceable(scratch_path(out_dir), "scratch folder")

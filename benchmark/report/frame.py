@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from benchmark.metrics import untrained_groups
+from benchmark.metrics import GATE_DECISIONS, untrained_groups
 from benchmark.report.groups import order_of, pairing_unit
 
 
@@ -98,9 +98,14 @@ def flags(capabilities: dict) -> str:
 
 
 def untrained_flag(record: dict) -> str:
-    """The table flag of a record whose declared groups (or weights) did not move: ``untrained: prompts ≤ 2.0e-04``."""
+    """The table flag of a record whose declared groups (or weights, or gates) did not learn: ``untrained: prompts ≤
+    2.0e-04`` (relative update size), ``untrained: gate decisions ≤ 1.8%`` (share changed)."""
     stalled = untrained_groups(record["domains"])
-    return ", ".join(f"untrained: {group} ≤ {size:.1e}" for group, size in sorted(stalled.items()))
+    return ", ".join(f"untrained: {group} ≤ {_amount(group, size)}" for group, size in sorted(stalled.items()))
+
+
+def _amount(group: str, value: float) -> str:
+    return f"{100 * value:.1f}%" if group == GATE_DECISIONS else f"{value:.1e}"
 
 
 def leaderboard_frame(records: list[dict], group_of: Callable[[dict], str] | None = None) -> pd.DataFrame:

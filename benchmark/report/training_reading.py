@@ -4,7 +4,7 @@ moved, so no such row is ranked silently beside methods that learned."""
 
 from __future__ import annotations
 
-from benchmark.metrics import UNTRAINED_BELOW, untrained_groups
+from benchmark.metrics import GATE_DECISIONS, GATES_UNLEARNED_BELOW, UNTRAINED_BELOW, untrained_groups
 from benchmark.report.escape import code
 from benchmark.report.statistics import GroupStatistics
 
@@ -20,14 +20,32 @@ def training_reading(stats: GroupStatistics) -> list[str]:
         stages = [stage for record in records for stage in record["domains"]]
         stalled = untrained_groups(stages)
         if stalled:
-            moved = ", ".join(f"its {group} moved at most {size:.1e} of their norm" for group, size in stalled.items())
             lines.append(
-                f"- {code(label)} is untrained at this budget: {moved} in a domain (threshold {UNTRAINED_BELOW:g}); its"
-                " numbers measure the method's starting point, not what it learns."
+                f"- {code(label)} is untrained at this budget: {'; '.join(_stalled(g, v) for g, v in stalled.items())}."
+                f" Its numbers measure the method's starting point more than what it learns{_gates(stages)}."
             )
         elif plasticity.get(label, 0) < 0 and any(stage.get("trained") for stage in stages):
             lines.append(f"- {code(label)} has negative plasticity ({plasticity[label]:+.3f}): {_moved(stages)}.")
     return lines
+
+
+def _stalled(group: str, value: float) -> str:
+    if group == GATE_DECISIONS:
+        return (
+            f"at most {100 * value:.1f}% of its gate decisions changed in a domain (threshold"
+            f" {100 * GATES_UNLEARNED_BELOW:g}%)"
+        )
+    return f"its {group} moved at most {value:.1e} of their norm in a domain (threshold {UNTRAINED_BELOW:g})"
+
+
+def _gates(stages: list[dict]) -> str:
+    """``; its masks keep 51% of units`` for a gated method (the share of units its last domain's mask keeps)."""
+    open_shares = [s["method_report"]["gates_open"] for s in stages if "gates_open" in (s.get("method_report") or {})]
+    return (
+        f" (its masks keep {100 * min(open_shares):.0f}-{100 * max(open_shares):.0f}% of the units)"
+        if open_shares
+        else ""
+    )
 
 
 def _moved(stages: list[dict]) -> str:
