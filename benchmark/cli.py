@@ -464,7 +464,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(f"  largest {kind} difference: {diff:.5f} ({name})")
     for mismatch in result.mismatches:
         print(f"  {mismatch}")
-    print("verdict: REPRODUCED" if result.ok else f"verdict: NOT REPRODUCED ({len(result.mismatches)} number(s) differ)")
+    differ = f" ({len(result.mismatches)} number(s) differ)" if result.mismatches else ""
+    print(f"verdict: {'REPRODUCED' if result.ok else 'NOT REPRODUCED'}{differ}")
     return 0 if result.ok else 1
 
 
