@@ -5,6 +5,7 @@ import dataclasses
 import io
 import re
 import time
+from typing import ClassVar
 
 import pytest
 
@@ -13,6 +14,8 @@ from benchmark.config import profile_config
 from benchmark.engine.progress import HEARTBEAT_SECONDS, RunPosition, RunProgress
 from benchmark.errors import DapbenchError
 from benchmark.io import read_json
+from benchmark.method import ContinualMethod
+from benchmark.registry import default_registry
 
 
 def test_the_run_line_is_redrawn_while_a_silent_phase_runs():
@@ -79,14 +82,29 @@ def test_a_decoder_run_says_next_token_loss_and_never_mlm(tiny_config, tiny_gpt2
         assert "mlm" not in text.lower(), f"{name} says mlm: {text[text.lower().index('mlm') - 80:][:160]}"
 
 
-def test_a_users_ci_profile_runs_reach_their_own_leaderboard(tiny_config, tmp_path):
-    """``--profile ci`` is a quick first try for a plugin author: every record of their folder is reported; only a
-    key-number folder (the repository's results/ci, marked by KEY-NUMBERS.md) stays off a leaderboard."""
-    config = dataclasses.replace(tiny_config, profile="ci", methods=("ncl", "one"), output_dir=str(tmp_path / "out"))
+class MyPlugin(ContinualMethod):
+    """A plugin author's first method (naive continual DAP under its own name)."""
+
+    name: ClassVar[str] = "myplugin"
+
+
+@pytest.fixture
+def my_plugin():
+    registry = default_registry()
+    registry.register("myplugin", "test_first_hour:MyPlugin")
+    yield "myplugin"
+    default_registry.cache_clear()  # the next test sees the built-in methods only
+
+
+def test_a_users_ci_profile_runs_reach_their_own_leaderboard(tiny_config, tmp_path, my_plugin):
+    """``--profile ci --methods ncl,PLUGIN`` is a plugin author's first try: every record of their folder is
+    reported; only a key-number folder (the repository's results/ci, marked by KEY-NUMBERS.md) stays off."""
+    out = str(tmp_path / "out")
+    config = dataclasses.replace(tiny_config, profile="ci", methods=("ncl", my_plugin), output_dir=out)
     records = run_benchmark(config)
     board = (tmp_path / "out" / "leaderboard.md").read_text()
     assert len(records) == 2 and "No complete run records yet" not in board
-    assert "| `ncl` |" in board and "| `one` |" in board
+    assert "| `ncl` |" in board and "| `myplugin` |" in board
     assert report(tmp_path / "out")["records"] == 2
 
     (tmp_path / "out" / "results" / "ci" / "KEY-NUMBERS.md").write_text("key numbers\n")

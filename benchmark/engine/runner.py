@@ -25,7 +25,7 @@ from benchmark.engine.heldout import BaseEvaluation
 from benchmark.engine.layout import RunClock, RunLayout
 from benchmark.engine.parts import RunParts
 from benchmark.engine.progress import RunPosition, RunProgress
-from benchmark.engine.schedule import StageSchedule
+from benchmark.engine.schedule import StageSchedule, run_phases, stage_phases
 from benchmark.engine.stages import StageModels, StageRunner
 from benchmark.engine.tracking import RunTracker
 from benchmark.errors import error_context
@@ -41,15 +41,8 @@ from benchmark.registry import default_registry
 class ContinualRun:
     """Runs one method with one seed through the sequence, resumably, and builds its record."""
 
-    def __init__(
-        self,
-        config: RunConfig,
-        data: RunData,
-        method_name: str,
-        seed: int,
-        show_progress: bool = True,
-        position: RunPosition | None = None,
-    ):
+    def __init__(self, config: RunConfig, data: RunData, method_name: str, seed: int, show_progress: bool = True,
+                 position: RunPosition | None = None):  # fmt: skip
         cls, accelerator = default_registry().get(method_name), make_accelerator(config)
         self.identity = run_identity(config, cls, data.domains, data.checksums, accelerator.num_processes)
         self.run_id = self.identity.run_id(seed, config.sequence)
@@ -64,8 +57,7 @@ class ContinualRun:
         self.method, self.layout, self.schedule, self.seed = p.method, p.layout, p.schedule, p.seed
         self.models, self.base = StageModels(p), BaseEvaluation(p)
         self.stages, self.end_tasks = StageRunner(p, self.models, self.base), EndTaskRunner(p, self.models)
-        self.position = position or RunPosition()
-        """Which run of the grid this is (its progress line says ``run i/n``)."""
+        self.position = position or RunPosition()  # which run of the grid this is: ``run i/n`` on its progress line
 
     def execute(self) -> RunRecord:
         """Run (or resume) every stage and fine-tune, then return the complete record."""
@@ -73,25 +65,27 @@ class ContinualRun:
         p.layout.root.mkdir(parents=True, exist_ok=True)
         clock = RunClock(p.layout.clock)
         p.tracker.start()
-        p.progress = self._progress()
+        shown = p.show_progress and p.accelerator.is_main_process
+        p.progress = RunProgress(p.where, self.position, p.data.domains, run_phases(p.schedule), enabled=shown)
         try:
             self._stages(clock)
         finally:
             p.progress.close()
             p.progress = None
-        record = self._record(clock)
+        record = _record(self, clock)
         p.tracker.log_values("final", record["summary"])
         p.tracker.finish()
         return record
 
     def _stages(self, clock: RunClock) -> None:
+        """The base model's evaluation, then every stage and end-task row not finished yet, on the progress line."""
         p = self.parts
         with p.phase(None, "held-out evaluation"):
             self.base.losses()
         clock.save()
         for t in p.schedule.stages():
             if p.layout.domain_done(t).exists():
-                p.skip_phases(self.stages.phases())
+                p.skip_phases(stage_phases(p.schedule))
             else:
                 with error_context(f"{p.where}, domain {t} ({p.data.domains[t]})"):
                     self.stages.run(t)
@@ -100,29 +94,21 @@ class ContinualRun:
             if t > 0 and not p.config.keep_checkpoints and p.accelerator.is_main_process:
                 p.layout.discard_checkpoint(t - 1)  # its row is done; the next stage starts from checkpoint t
 
-    def _progress(self) -> RunProgress:
-        """The run's progress line: every phase the run holds (the base model's evaluation, each stage's training
-        and evaluation, each end-task cell), shown by the main process only."""
-        p = self.parts
-        phases = 1 + sum(self.stages.phases() + len(p.schedule.row_tasks(t)) for t in p.schedule.stages())
-        return RunProgress(
-            f"{p.method.name} seed {p.seed}", self.position, p.data.domains, phases,
-            enabled=p.show_progress and p.accelerator.is_main_process,
-        )  # fmt: skip
 
-    def _record(self, clock: RunClock) -> RunRecord:
-        p = self.parts
-        stats: list[dict[str, Any] | None] = [None] * len(p.data.domains)
-        for t in p.schedule.stages():
-            stats[t] = read_json(p.layout.domain_done(t), "domain progress file")
-        present = [s for s in stats if s is not None]
-        return build_record(
-            run_id=self.run_id, identity=self.identity, method=p.method, seed=p.seed, config=p.config, data=p.data,
-            stage_stats=stats, cells=self.end_tasks.matrices(), base_losses=self.base.losses(),
-            base_chunk_sums=self.base.chunk_sums(),
-            base_anisotropy={name: round(anisotropy(v), 5) for name, v in self.base.features().items()},
-            timing=run_timing(clock, present, memory_kind()), environment=environment_facts(p.accelerator),
-        )  # fmt: skip
+def _record(run: ContinualRun, clock: RunClock) -> RunRecord:
+    """The complete record of ``run`` from its finished stages' files, end-task cells and clock."""
+    p = run.parts
+    stats: list[dict[str, Any] | None] = [None] * len(p.data.domains)
+    for t in p.schedule.stages():
+        stats[t] = read_json(p.layout.domain_done(t), "domain progress file")
+    present = [s for s in stats if s is not None]
+    return build_record(
+        run_id=run.run_id, identity=run.identity, method=p.method, seed=p.seed, config=p.config, data=p.data,
+        stage_stats=stats, cells=run.end_tasks.matrices(), base_losses=run.base.losses(),
+        base_chunk_sums=run.base.chunk_sums(),
+        base_anisotropy={name: round(anisotropy(v), 5) for name, v in run.base.features().items()},
+        timing=run_timing(clock, present, memory_kind()), environment=environment_facts(p.accelerator),
+    )  # fmt: skip
 
 
 def run_once(run: ContinualRun, path: Path, echo: Callable[[str], None], describe: Callable[[RunRecord], str]):

@@ -71,3 +71,13 @@ class StageSchedule:
         """The name of row t's fine-tune results; the no-DAP baseline fine-tunes the same base model in every
         row, so each column is computed once (``base``)."""
         return "base" if not self.caps.pretrains else f"row{t}"
+
+
+def stage_phases(schedule: StageSchedule) -> int:
+    """The phases of a stage on the run's progress line: DAP (if the method trains) and held-out evaluation."""
+    return 2 if schedule.trains() else 1
+
+
+def run_phases(schedule: StageSchedule) -> int:
+    """Every phase of a run on its progress line: the base model's evaluation, each stage's, each end-task cell."""
+    return 1 + sum(stage_phases(schedule) + len(schedule.row_tasks(t)) for t in schedule.stages())

@@ -109,10 +109,6 @@ class StageRunner:
         self.general_probe = GeneralProbe(parts)
         self.instrument = None  # set by `dapbench bench` (DapTrainer.instrument)
 
-    def phases(self) -> int:
-        """How many phases a stage shows on the run's progress line: DAP (if the method trains) and evaluation."""
-        return 2 if self.parts.schedule.trains() else 1
-
     def run(self, t: int) -> dict[str, Any]:
         """Run stage ``t`` and write its statistics (whose file marks it finished); return them."""
         p = self.parts
@@ -126,25 +122,8 @@ class StageRunner:
                 trained, model = self._train(model, t)
             stats = {**stats, **trained}
         with p.phase(t, "held-out evaluation"):
-            self._evaluate_and_checkpoint(model, t, stats)
+            evaluate_and_checkpoint(p, self.base, model, t, stats)
         return stats
-
-    def _evaluate_and_checkpoint(self, model, t: int, stats: dict[str, Any]) -> None:
-        """Add the held-out losses, drift and peak memory to ``stats``; write the checkpoint and the statistics file
-        that marks stage ``t`` finished."""
-        p, device = self.parts, self.parts.accelerator.device
-        view = self._heldout_view(model)
-        evaluation = heldout_evaluation(model, p.data.heldout_batches, device, view, p.accelerator)
-        stats["mlm_loss"], stats["mlm_loss_chunks"] = evaluation.losses, evaluation.chunk_sums
-        p.tracker.log_values("heldout", evaluation.losses, step=p.schedule.step_offset(t) + p.schedule.updates())
-        features = heldout_features(model, p.data.feature_batches(), device, view, p.accelerator)
-        stats["representation"] = representation_drift(self.base.features(), features)
-        stats["peak_memory_mb"] = peak_memory_mb()
-        if p.accelerator.is_main_process:  # once; the other processes hold the same model and numbers
-            p.layout.save_checkpoint(t, p.accelerator.unwrap_model(model), p.data.tokenizer, p.method.state_dict())
-            atomic_write_json(p.layout.domain_done(t), stats)
-        p.accelerator.wait_for_everyone()
-        p.accelerator.free_memory()
 
     def _train(self, model, t: int) -> tuple[dict[str, Any], Any]:
         """Train stage ``t``: its statistics, and the trained model (gathered from its shards if training sharded)."""
@@ -169,8 +148,26 @@ class StageRunner:
         stats = {**stats, "update_sizes": moved, "method_report": report}
         return {"trained": True, "trainable_parameters": trainable, **stats}, model
 
-    def _heldout_view(self, model):
-        """Per held-out set name, the method's view of ``model`` for that set's domain (None: general text)."""
-        p = self.parts
-        index = {name: k for k, name in enumerate(p.data.domains)}
-        return lambda name: p.method.heldout_view(p.accelerator.unwrap_model(model), index.get(name))
+
+def evaluate_and_checkpoint(p: RunParts, base: BaseEvaluation, model, t: int, stats: dict[str, Any]) -> None:
+    """Add stage ``t``'s held-out losses, drift from ``base`` and peak memory to ``stats``; write the checkpoint and
+    the statistics file that marks the stage finished."""
+    device = p.accelerator.device
+    view = _heldout_view(p, model)
+    evaluation = heldout_evaluation(model, p.data.heldout_batches, device, view, p.accelerator)
+    stats["mlm_loss"], stats["mlm_loss_chunks"] = evaluation.losses, evaluation.chunk_sums
+    p.tracker.log_values("heldout", evaluation.losses, step=p.schedule.step_offset(t) + p.schedule.updates())
+    features = heldout_features(model, p.data.feature_batches(), device, view, p.accelerator)
+    stats["representation"] = representation_drift(base.features(), features)
+    stats["peak_memory_mb"] = peak_memory_mb()
+    if p.accelerator.is_main_process:  # once; the other processes hold the same model and numbers
+        p.layout.save_checkpoint(t, p.accelerator.unwrap_model(model), p.data.tokenizer, p.method.state_dict())
+        atomic_write_json(p.layout.domain_done(t), stats)
+    p.accelerator.wait_for_everyone()
+    p.accelerator.free_memory()
+
+
+def _heldout_view(p: RunParts, model):
+    """Per held-out set name, the method's view of ``model`` for that set's domain (None: general text)."""
+    index = {name: k for k, name in enumerate(p.data.domains)}
+    return lambda name: p.method.heldout_view(p.accelerator.unwrap_model(model), index.get(name))
