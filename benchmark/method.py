@@ -248,16 +248,8 @@ class MethodDeclaration:
         return 1.0
 
 
-class ContinualMethod(MethodDeclaration):
-    """Base class of every method: the hooks the runner calls. Every hook has a no-op default, so NCL is the
-    empty subclass. Per stage: ``setup`` (on every model load: fresh, checkpoint, fine-tune) ->
-    ``load_state_dict`` -> ``before_domain`` -> per update [``training_loss`` -> ``after_backward`` ->
-    ``after_optimizer_step``] -> ``after_domain`` -> ``domain_report`` -> ``heldout_view`` -> ``state_dict``; then
-    per end task ``finetune_model`` -> ``finetune_report``."""
-
-    def setup(self, model: nn.Module) -> nn.Module:
-        """Modify the freshly loaded model once (gates, adapters, prompts) and return the model to train."""
-        return model
+class TrainedParameters:
+    """The hooks that say what the DAP optimizer trains, and at which rate."""
 
     def trainable_parameters(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
         """The parameters the DAP optimizer updates (default: every parameter that requires grad)."""
@@ -267,6 +259,18 @@ class ContinualMethod(MethodDeclaration):
         """The method's own parameters (among :meth:`trainable_parameters`) that train at their own rate or with
         their own optimiser (default: none; every trainable parameter then trains at ``dap.lr`` with AdamW)."""
         return []
+
+
+class ContinualMethod(MethodDeclaration, TrainedParameters):
+    """Base class of every method: the hooks the runner calls. Every hook has a no-op default, so NCL is the
+    empty subclass. Per stage: ``setup`` (on every model load: fresh, checkpoint, fine-tune) ->
+    ``load_state_dict`` -> ``before_domain`` -> per update [``training_loss`` -> ``after_backward`` ->
+    ``after_optimizer_step``] -> ``after_domain`` -> ``domain_report`` -> ``heldout_view`` -> ``state_dict``; then
+    per end task ``finetune_model`` -> ``finetune_report``."""
+
+    def setup(self, model: nn.Module) -> nn.Module:
+        """Modify the freshly loaded model once (gates, adapters, prompts) and return the model to train."""
+        return model
 
     def before_domain(self, ctx: DomainContext) -> None:
         """Called before training on a domain (e.g. importance at initialisation, teacher snapshot)."""

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from benchmark.data.inputs import prepare_data
+from benchmark.engine.optimizers import build_optimizers
 from benchmark.engine.runner import ContinualRun
-from benchmark.engine.training import build_optimizers
 from benchmark.method import ParameterGroup
 from benchmark.metrics import GATE_DECISIONS, UNTRAINED_BELOW, untrained_groups
 from methods._shared.hat import attention_regularizer

@@ -230,7 +230,7 @@ def test_fused_adamw_is_chosen_on_cuda_only_and_takes_the_same_steps(tiny_model)
     from transformers import AutoModelForMaskedLM
 
     from benchmark.config import DapConfig
-    from benchmark.engine.training import build_optimizer, fused_adamw
+    from benchmark.engine.optimizers import build_optimizer, fused_adamw
 
     assert fused_adamw("cuda", "bf16") and fused_adamw(torch.device("cuda", 1)) and not fused_adamw("cpu")
     assert not fused_adamw("cuda", "fp16"), "under fp16 accelerate must still see an overflowed step skipped"

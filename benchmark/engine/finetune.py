@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from benchmark.config import FinetuneConfig
 from benchmark.data.endtasks import EndTaskData, Example, fixed_subset, format_example
-from benchmark.engine.training import fused_adamw
+from benchmark.engine.optimizers import fused_adamw
 from benchmark.errors import NonFiniteError
 from benchmark.metrics import classification_scores
 

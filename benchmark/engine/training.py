@@ -25,11 +25,12 @@ from tqdm.auto import tqdm
 from benchmark.config import DapConfig
 from benchmark.data.sampling import DROPOUT, derived_seed, seeded, stage_stream
 from benchmark.engine.compiling import prepare_blocks
-from benchmark.engine.recipe import StagePlan, stage_scheduler
+from benchmark.engine.optimizers import StageUpdate, stage_optimizers
+from benchmark.engine.recipe import StagePlan
 from benchmark.engine.recompute import activation_checkpointing
-from benchmark.engine.sharding import accumulating, average_replicated
+from benchmark.engine.sharding import accumulating
 from benchmark.errors import NonFiniteError
-from benchmark.method import ContinualMethod, ParameterGroup, StepContext, StepOutput
+from benchmark.method import ContinualMethod, StepContext, StepOutput
 from benchmark.modeling import mlm_forward
 
 
@@ -49,53 +50,6 @@ def _prepared_step(model, method: ContinualMethod, acc, optimizer, replicated):
     if replicated is not None:  # sharded by FSDP2: accelerate's DDP would wrap it once more
         return ShardedStep(model, method, acc, replicated), optimizer
     return acc.prepare(DapStep(model, method), optimizer)
-
-
-def _clipped(model: torch.nn.Module, groups: list[ParameterGroup]) -> list[torch.nn.Parameter]:
-    """The parameters whose gradients the update's norm clipping counts: all of the model's but those of groups
-    declared unclipped (every parameter where a method declares no group, as before groups existed)."""
-    unclipped = {id(p) for group in groups if not group.clip for _, p in group.parameters}
-    return [p for p in model.parameters() if id(p) not in unclipped]
-
-
-@dataclass
-class _Update:
-    """What ends an update after its micro-batches: the method's gradient hooks, clipping, the optimizers' and
-    schedules' steps, the method's after-step hook.
-
-    Only the DAP AdamW (``optimizer``) is prepared by accelerate; a method group's own optimizer (``extra``: SGD) is
-    stepped before it, through the fp16 gradient scaler where there is one, so the scaler's once-per-update
-    ``update`` (inside the prepared optimizer's step) comes after every optimizer has been checked for overflow."""
-
-    optimizer: Any
-    extra: list
-    schedules: list
-    clipped: list[torch.nn.Parameter]
-    method: ContinualMethod
-    max_grad_norm: float | None
-
-    def apply(self, ctx: StepContext, step_module) -> None:
-        """Take the update of ``ctx``'s accumulated gradients."""
-        acc = ctx.accelerator
-        scaler = getattr(acc, "scaler", None)
-        sharded = isinstance(step_module, ShardedStep)
-        if sharded:
-            average_replicated(step_module.replicated)
-        self.method.after_backward(ctx)
-        for extra in self.extra if scaler is not None else ():
-            scaler.unscale_(extra)  # accelerate unscales only the optimizer it prepared
-        if self.max_grad_norm is not None:
-            clip = torch.nn.utils.clip_grad_norm_ if sharded else acc.clip_grad_norm_
-            clip(self.clipped, self.max_grad_norm)
-        for extra in self.extra:
-            scaler.step(extra) if scaler is not None else extra.step()
-        self.optimizer.step()
-        if not acc.optimizer_step_was_skipped:  # fp16 overflow: the schedule waits, as accelerate's would
-            for schedule in self.schedules:
-                schedule.step()
-        self.method.after_optimizer_step(ctx)
-        for optimizer in (self.optimizer, *self.extra):
-            optimizer.zero_grad(set_to_none=True)
 
 
 def _log_entry(sums: dict[str, torch.Tensor], count: int, acc, method: str, step: int, bar, causal: bool) -> dict:
@@ -133,15 +87,13 @@ class DapTrainer:
         """Run ``plan.steps`` updates on ``dataset`` (and its replay pools) and return the stage's statistics."""
         dap, acc, steps = self.dap, self.accelerator, plan.steps
         replicated = prepare_blocks(model, dap, acc.device)
-        params, groups = self.method.trainable_parameters(model), self.method.parameter_groups(model)
-        optimizer, *extra = build_optimizers(params, groups, dap, fused=fused_adamw(acc.device, acc.mixed_precision))
-        schedules = [stage_scheduler(o, plan) for o in (optimizer, *extra)]
+        (optimizer, *extra), schedules, clipped = stage_optimizers(self.method, model, dap, plan, acc)
         accum = max(1, dap.batch_size // (dap.per_device_batch_size * acc.num_processes))
         replay = plan.replay_plan(dap.per_device_batch_size, accum * acc.num_processes)
         stream = training_stream(dataset, self.tokenizer, dap, self.seed, t, acc, self.causal, replay)
         step, optimizer = _prepared_step(model, self.method, acc, optimizer, replicated)
         ctx = StepContext(model, t, 0, steps, plan.step_offset, acc, optimizer)
-        update = _Update(optimizer, extra, schedules, _clipped(model, groups), self.method, dap.max_grad_norm)
+        update = StageUpdate(optimizer, extra, schedules, clipped, self.method, dap.max_grad_norm, replicated)
         start = time.perf_counter()
         with _stage_context(model, dap, self.instrument):
             log = self._loop(ctx, step, update, iter(stream), accum, desc)
@@ -151,7 +103,8 @@ class DapTrainer:
         )
 
     def _loop(
-        self, ctx: StepContext, step_module, update: _Update, batches: Iterator[tuple[int, dict]], accum: int, desc: str
+        self, ctx: StepContext, step_module, update: StageUpdate, batches: Iterator[tuple[int, dict]], accum: int,
+        desc: str,
     ) -> list[dict]:
         model, acc, dap = ctx.model, self.accelerator, self.dap
         tracking = self.tracker.active
@@ -165,7 +118,7 @@ class DapTrainer:
             terms = {} if tracking else None  # an update's own terms, kept only for a tracker (no work otherwise)
             accumulate(ctx, step_module, batches, accum, self.seed, sums, terms)
             lr = update.schedules[0].get_last_lr()[0]  # the rate this update is taken at, before the schedule steps
-            update.apply(ctx, step_module)
+            update.apply(ctx)
             if tracking:
                 self.tracker.log_update(ctx.global_step + 1, terms, lr)
             if (step + 1) % dap.log_every == 0 or step + 1 == ctx.total_domain_steps:
@@ -248,41 +201,6 @@ def stage_statistics(steps: int, tokens: int, seconds: float, log: list[dict]) -
     }
 
 
-def build_optimizer(params: list[tuple[str, torch.nn.Parameter]], dap: DapConfig, fused: bool = False):
-    """AdamW over ``params`` (one fused kernel if ``fused``); its schedule is :func:`stage_scheduler`'s."""
-    groups = param_groups(params, dap.weight_decay)
-    return torch.optim.AdamW(groups, lr=dap.lr, eps=dap.adam_eps, fused=fused or None)
-
-
-def build_optimizers(
-    params: list[tuple[str, torch.nn.Parameter]], groups: list[ParameterGroup], dap: DapConfig, fused: bool = False
-) -> list[torch.optim.Optimizer]:
-    """The DAP AdamW over ``params`` at ``dap.lr``, less the parameters of the method's declared ``groups``: an
-    ``adamw`` group joins it at its own rate (after the DAP groups, so theirs are stepped exactly as without it), an
-    ``sgd`` group gets a plain SGD of its own. Without groups: the one AdamW of :func:`build_optimizer`."""
-    own = {id(p) for group in groups for _, p in group.parameters}
-    adamw = build_optimizer([(n, p) for n, p in params if id(p) not in own], dap, fused)
-    optimizers = [adamw]
-    for group in groups:
-        tensors = [p for _, p in group.parameters]
-        if group.optimizer == "adamw":
-            for part in param_groups(group.parameters, dap.weight_decay):
-                if part["params"]:
-                    adamw.add_param_group({**part, "lr": group.lr})
-        else:
-            optimizers.append(torch.optim.SGD(tensors, lr=group.lr))
-    return optimizers
-
-
-def fused_adamw(device: torch.device | str, mixed_precision: str = "no") -> bool:
-    """Whether AdamW runs fused: on CUDA, as transformers' ``Trainer`` defaults to (``adamw_torch_fused``), one
-    kernel per parameter group instead of a chain of elementwise launches per update; but not under fp16, whose
-    gradient scaler then always calls the fused step (it skips an overflowed update inside the kernel), so accelerate
-    could no longer report a skipped step and the schedule would not wait for it. On CPU the default (for-each)
-    implementation stays, so CPU numbers, and the records made there, keep their numerics."""
-    return torch.device(device).type == "cuda" and mixed_precision != "fp16"
-
-
 def finite_means(sums: dict[str, torch.Tensor], n: int, what: str, step: int) -> dict[str, float]:
     """The means of the summed loss terms over ``n`` updates (one host sync), emptying ``sums``; a non-finite
     term stops the run with a named error."""
@@ -294,18 +212,6 @@ def finite_means(sums: dict[str, torch.Tensor], n: int, what: str, step: int) ->
             f"{what} {bad} became non-finite by step {step}", "lower the learning rate or check the method's loss terms"
         )
     return means
-
-
-def param_groups(params: list[tuple[str, torch.nn.Parameter]], weight_decay: float) -> list[dict]:
-    """AdamW groups: weight decay on weight matrices, none on biases and LayerNorms."""
-
-    def no_decay(name: str) -> bool:
-        return name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name
-
-    return [
-        {"params": [p for n, p in params if not no_decay(n)], "weight_decay": weight_decay},
-        {"params": [p for n, p in params if no_decay(n)], "weight_decay": 0.0},
-    ]
 
 
 class ShardedStep(DapStep):

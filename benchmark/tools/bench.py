@@ -29,8 +29,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from benchmark.config import RunConfig
 from benchmark.data.inputs import RunData, prepare_data
 from benchmark.engine.environment import make_accelerator
+from benchmark.engine.optimizers import fused_adamw
 from benchmark.engine.runner import ContinualRun
-from benchmark.engine.training import fused_adamw
 
 BENCH_SCHEMA = 1
 """Version of the JSON ``dapbench bench --save`` writes under ``results/bench/``."""
