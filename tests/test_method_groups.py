@@ -123,3 +123,14 @@ def test_the_leaderboard_flags_and_explains_a_row_whose_masks_did_not_learn(tiny
     stats = GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))
     (line,) = training_reading(stats)
     assert "at most 1.2% of its gate decisions changed" in line and "keep 51-51% of the units" in line
+
+
+def test_a_record_made_before_update_sizes_reproduces_without_them_and_one_with_them_is_compared_on_them():
+    from benchmark.records.reproduce import CI_TOLERANCE, compare_records
+
+    old = {"domains": [{"steps": 4, "mlm_loss": {"general": 5.0}}]}
+    sizes = {"weights": {"parameters": 10, "start_norm": 3.0, "change_norm": 0.1, "relative": 0.0333}}
+    new = {"domains": [{"steps": 4, "mlm_loss": {"general": 5.0}, "update_sizes": sizes}]}
+    assert compare_records(old, new, CI_TOLERANCE) == []
+    moved = {"domains": [{**new["domains"][0], "update_sizes": {"weights": {**sizes["weights"], "relative": 0.5}}}]}
+    assert [m.name for m in compare_records(new, moved, CI_TOLERANCE)] == ["domains/0/update_sizes/weights/relative"]
