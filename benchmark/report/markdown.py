@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from benchmark.metrics import UNTRAINED_BELOW
+from benchmark.metrics import GATES_UNLEARNED_BELOW, UNTRAINED_BELOW
 from benchmark.report.end_task_reading import end_task_reading
 from benchmark.report.escape import code, text
 from benchmark.report.frame import ALL_COLUMNS, COST_COLUMNS, END_TASK_COLUMNS, LOSS_COLUMNS, Column
@@ -42,7 +42,8 @@ HEADER = [
     "domain-id = needs the end task's domain id at fine-tuning; replay = stores past data; per-domain = one model per",
     "domain from the base model; joint = one model on the union of domains; untrained = a parameter group of the",
     f"method moved less than {UNTRAINED_BELOW:g} of its norm in every domain (||θ_end − θ_start|| / ||θ_start||,",
-    "the record's update sizes).",
+    f"the record's update sizes), or fewer than {100 * GATES_UNLEARNED_BELOW:g}% of a gated method's gate decisions",
+    "changed in any domain (its masks are then mostly their random start).",
     "",
 ]
 
