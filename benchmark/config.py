@@ -530,6 +530,11 @@ def _parse_value(raw: str) -> Any:
 def _set_path(obj: Any, path: list[str], value: Any) -> Any:
     """Return a copy of the dataclass ``obj`` with the field at ``path`` replaced by ``value``."""
     head, rest = path[0], path[1:]
+    if not (isinstance(obj, dict) or dataclasses.is_dataclass(obj)):
+        raise DapbenchError(
+            f"a setting holds a value ({obj!r}), not a section: it has no key {head!r}",
+            "write --set section.key=value with the key itself last (e.g. dap.steps=10)",
+        )
     if isinstance(obj, dict):
         if not rest:
             return {**obj, head: value}

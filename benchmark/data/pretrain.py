@@ -20,28 +20,44 @@ from benchmark.data.masking import MlmCollator, fixed_mlm_batches
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_directory, atomic_write_json, mark_owned, owned_folder, require_replaceable
 from benchmark.modeling import mlm_loss
+from benchmark.settings import check_settings, setting
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
 @dataclass(frozen=True)
 class BaseModelSpec:
-    """Architecture and training budget of a base model."""
+    """Architecture and training budget of a base model (``dapbench pretrain-base``'s options: each declared with its
+    range and checked before any work)."""
 
-    vocab_size: int = 8000
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int = 512
-    seq_len: int = 128
-    steps: int = 1000
-    batch_size: int = 32
-    lr: float = 5e-4
+    vocab_size: int = setting(8000, low=len(SPECIAL_TOKENS) + 1, high=10_000_000)
+    hidden_size: int = setting(128, low=1, high=65_536)
+    num_layers: int = setting(2, low=1, high=1_000)
+    num_heads: int = setting(4, low=1, high=1_024)
+    intermediate_size: int = setting(512, low=1, high=1_000_000)
+    seq_len: int = setting(128, low=4, high=1_000_000)
+    """Tokens per training chunk: at least a special token each side and two of text."""
+    steps: int = setting(1000, low=1, high=100_000_000)
+    batch_size: int = setting(32, low=1, high=1_000_000)
+    lr: float = setting(5e-4, low=0, low_open=True, high=1)
     seed: int = 0
     causal: bool = False
     """A Llama-style decoder (next-token loss) instead of a BERT masked LM."""
-    kv_heads: int = 0
+    kv_heads: int = setting(0, low=0, high=1_024)
     """Key/value heads of the decoder (grouped-query attention); 0: as many as query heads."""
+
+    def __post_init__(self):
+        check_settings("pretrain-base", self)
+        if self.hidden_size % self.num_heads:
+            raise DapbenchError(
+                f"--hidden-size {self.hidden_size} is not divisible by --num-heads {self.num_heads}",
+                "choose a hidden size that is a multiple of the number of heads",
+            )
+        if self.kv_heads and self.num_heads % self.kv_heads:
+            raise DapbenchError(
+                f"--kv-heads {self.kv_heads} does not divide --num-heads {self.num_heads}",
+                "choose a number of key/value heads that divides the number of query heads (or 0: as many)",
+            )
 
 
 def train_tokenizer(corpora: list[str], vocab_size: int, max_length: int):

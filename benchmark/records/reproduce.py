@@ -42,6 +42,15 @@ class Tolerance:
     report: float = 0.002
     """What a method reports about itself (importance summaries, measured damping; unitless)."""
 
+    def __post_init__(self):
+        for kind in ("score", "loss", "drift", "report"):
+            value = getattr(self, kind)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise DapbenchError(
+                    f"--{kind}-tolerance {value!r} is not a finite number >= 0",
+                    f"pass --{kind}-tolerance as the largest accepted absolute difference, e.g. 0.01",
+                )
+
     def allowed(self, kind: str, tokens: int = 1) -> float:
         """The tolerance of a number of ``kind`` (``tokens``: masked tokens behind a per-chunk sum)."""
         if kind == "exact":

@@ -60,6 +60,14 @@ class SlurmOptions:
     executor: str = "slurm"
     """``slurm``, or submitit's ``local`` / ``debug`` executor (same path, no cluster: for tests and trials)."""
 
+    def __post_init__(self):
+        bounds = {"time_min": (self.time_min, 1), "gpus": (self.gpus, 0), "cpus": (self.cpus, 1)}
+        bounds["mem_gb"] = (self.mem_gb, 1)
+        for name, (value, low) in bounds.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                flag = "--slurm-" + {"time_min": "time", "mem_gb": "mem"}.get(name, name)
+                raise DapbenchError(f"{flag} {value!r} must be a whole number >= {low}", f"pass {flag} >= {low}")
+
 
 def expand_sequences(text: str | None) -> list[str | None]:
     """``seq0..seq4`` -> ``[seq0, ..., seq4]``; ``seq0+seq3`` -> ``[seq0, seq3]``; anything else is one sequence."""
