@@ -97,10 +97,10 @@ def flags(capabilities: dict) -> str:
     return ", ".join(out) or "–"
 
 
-def untrained_flag(record: dict) -> str:
-    """The table flag of a record whose declared groups (or weights, or gates) did not learn: ``untrained: prompts ≤
-    2.0e-04`` (relative update size), ``untrained: gate decisions ≤ 1.8%`` (share changed)."""
-    stalled = untrained_groups(record["domains"])
+def untrained_flag(records: list[dict]) -> str:
+    """The table flag of a row whose declared groups (or weights, or gates) did not learn in any of its records:
+    ``untrained: prompts ≤ 2.0e-04`` (relative update size), ``untrained: gate decisions ≤ 1.8%`` (share changed)."""
+    stalled = untrained_groups([stage for record in records for stage in record["domains"]])
     return ", ".join(f"untrained: {group} ≤ {_amount(group, size)}" for group, size in sorted(stalled.items()))
 
 
@@ -126,8 +126,7 @@ def leaderboard_frame(records: list[dict], group_of: Callable[[dict], str] | Non
             value = column.value(record)
             row[column.title] = np.nan if value is None else float(value)
         row["trainable params"] = record["trainable_parameters"]
-        shown = [f for f in (flags(record["capabilities"]), untrained_flag(record)) if f and f != "–"]
-        row["flags"] = ", ".join(shown) or "–"
+        row["flags"] = flags(record["capabilities"])
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -14,7 +14,7 @@ import pandas as pd
 from benchmark.metrics import GATES_UNLEARNED_BELOW, UNTRAINED_BELOW
 from benchmark.report.end_task_reading import end_task_reading
 from benchmark.report.escape import code, text
-from benchmark.report.frame import ALL_COLUMNS, COST_COLUMNS, END_TASK_COLUMNS, LOSS_COLUMNS, Column
+from benchmark.report.frame import ALL_COLUMNS, COST_COLUMNS, END_TASK_COLUMNS, LOSS_COLUMNS, Column, untrained_flag
 from benchmark.report.groups import Group, LeftOut, order_of
 from benchmark.report.reading import loss_reading, sibling_reading, variant_reading, verdicts
 from benchmark.report.statistics import GroupStatistics
@@ -222,7 +222,7 @@ def table(
         cells = [code(label), str(len(runs)), *(_cell(stats, label, c) for c in columns)]
         cells += [verdicts.get(label, "–")] if verdicts is not None else []
         cells += [_cell(stats, label, c) for c in trailing]
-        cells += [f"{int(runs['trainable params'].iloc[0]):,}", text("; ".join(sorted(set(runs["flags"]))))]
+        cells += [f"{int(runs['trainable params'].iloc[0]):,}", text(_flags(runs["flags"].iloc[0], stats, label))]
         key = runs[sort_by].mean()
         body.append((np.nan_to_num(key if ranked.higher_is_better else -key, nan=-np.inf), cells))
     body.sort(key=lambda item: -item[0])
@@ -231,6 +231,13 @@ def table(
         "|" + "---|" * len(header),
         *("| " + " | ".join(c) + " |" for _, c in body),
     ]
+
+
+def _flags(capabilities: str, stats: GroupStatistics, label: str) -> str:
+    """A row's capability flags and, where its records say so, what it did not train (over all its records)."""
+    untrained = untrained_flag([r for r in stats.records if r["method_label"] == label])
+    shown = [f for f in (capabilities, untrained) if f and f != "–"]
+    return ", ".join(shown) or "–"
 
 
 def _cell(stats: GroupStatistics, label: str, column: Column) -> str:
