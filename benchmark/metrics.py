@@ -224,17 +224,23 @@ GATE_DECISIONS = "gate decisions"
 """How :func:`untrained_groups` names a gated method's masks (from ``method_report.gate_decisions_changed``)."""
 
 
-def untrained_groups(domains: list[dict]) -> dict[str, float]:
-    """What a record's stages did not train: each parameter group whose relative update size stayed below
-    :data:`UNTRAINED_BELOW` in every trained domain, and :data:`GATE_DECISIONS` where a gated method changed fewer than
-    :data:`GATES_UNLEARNED_BELOW` of its gate decisions in every domain; each with the largest value it reached (empty
-    where the record holds no sizes or gate reports)."""
+def largest_update_sizes(domains: list[dict]) -> dict[str, float]:
+    """Per parameter group, the largest relative update size of any of ``domains`` (stages of records; groups that
+    started at zero and stages made before update sizes were recorded are left out)."""
     largest: dict[str, float] = {}
     for stage in domains:
         for group, size in (stage.get("update_sizes") or {}).items():
             if size.get("relative") is not None:
                 largest[group] = max(largest.get(group, 0.0), size["relative"])
-    stalled = {group: value for group, value in largest.items() if value < UNTRAINED_BELOW}
+    return largest
+
+
+def untrained_groups(domains: list[dict]) -> dict[str, float]:
+    """What a record's stages did not train: each parameter group whose relative update size stayed below
+    :data:`UNTRAINED_BELOW` in every trained domain, and :data:`GATE_DECISIONS` where a gated method changed fewer than
+    :data:`GATES_UNLEARNED_BELOW` of its gate decisions in every domain; each with the largest value it reached (empty
+    where the record holds no sizes or gate reports)."""
+    stalled = {group: value for group, value in largest_update_sizes(domains).items() if value < UNTRAINED_BELOW}
     changed = [s["method_report"]["gate_decisions_changed"] for s in domains
                if "gate_decisions_changed" in (s.get("method_report") or {})]  # fmt: skip
     if changed and max(changed) < GATES_UNLEARNED_BELOW:

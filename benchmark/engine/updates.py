@@ -29,14 +29,14 @@ class UpdateSizes:
     """The start of a stage's trained parameters (a float32 copy on the CPU), to measure their update against."""
 
     def __init__(self, model: nn.Module, method: ContinualMethod):
-        names = {id(p): _key(n) for n, p in model.named_parameters()}
+        params = {_key(n): p for n, p in model.named_parameters()}
+        names = {id(p): key for key, p in params.items()}
         groups = method.parameter_groups(model)
         own = {id(p) for group in groups for _, p in group.parameters}
         self.members = {group.name: [names[id(p)] for _, p in group.parameters] for group in groups}
         weights = [names[id(p)] for _, p in method.trainable_parameters(model) if id(p) not in own]
         if weights:
             self.members = {WEIGHTS: weights, **self.members}
-        params = {_key(n): p for n, p in model.named_parameters()}
         self.start = {n: _cpu(params[n]) for members in self.members.values() for n in members}
 
     def measure(self, model: nn.Module) -> dict[str, dict[str, float | int | None]]:

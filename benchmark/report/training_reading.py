@@ -4,7 +4,13 @@ moved, so no such row is ranked silently beside methods that learned."""
 
 from __future__ import annotations
 
-from benchmark.metrics import GATE_DECISIONS, GATES_UNLEARNED_BELOW, UNTRAINED_BELOW, untrained_groups
+from benchmark.metrics import (
+    GATE_DECISIONS,
+    GATES_UNLEARNED_BELOW,
+    UNTRAINED_BELOW,
+    largest_update_sizes,
+    untrained_groups,
+)
 from benchmark.report.escape import code
 from benchmark.report.statistics import GroupStatistics
 
@@ -49,11 +55,7 @@ def _gates(stages: list[dict]) -> str:
 
 
 def _moved(stages: list[dict]) -> str:
-    largest: dict[str, float] = {}
-    for stage in stages:
-        for group, size in (stage.get("update_sizes") or {}).items():
-            if size.get("relative") is not None:
-                largest[group] = max(largest.get(group, 0.0), size["relative"])
+    largest = largest_update_sizes(stages)
     if not largest:
         return "its records predate update sizes, so whether its parameters moved is not recorded (re-run to see)"
     moved = ", ".join(f"{group} up to {size:.3g}" for group, size in sorted(largest.items()))
