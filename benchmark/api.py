@@ -17,10 +17,10 @@ from pathlib import Path
 
 from benchmark.config import DEFAULT_OUTPUT, RunConfig, apply_overrides, profile_config
 from benchmark.errors import DapbenchError
-from benchmark.io import atomic_write_json, path_inside, read_json, safe_name
+from benchmark.io import path_inside, read_json, safe_name
 from benchmark.preflight import check_inputs, require_multi_process
 from benchmark.records.schema import RunRecord
-from benchmark.records.store import load_record, load_records
+from benchmark.records.store import load_record, load_records, write_record
 from benchmark.tools.launch import GridRun, SlurmOptions
 
 Echo = Callable[[str], None]
@@ -415,7 +415,7 @@ def reproduce(
         run = ContinualRun(config, data, record["method"], record["seed"], show_progress=show_progress)
         new = run.execute()
     path = out / "results" / config.profile / f"{run.run_id}.json"
-    atomic_write_json(path, new)
+    write_record(path, new)
     tolerance = tolerance or rep.DEFAULT_TOLERANCE
     compared = len(set(rep.key_numbers(record)) | set(rep.key_numbers(new)))
     mismatches = rep.compare_records(record, new, tolerance)
@@ -474,7 +474,7 @@ def migrate_results(results_dir: str | Path) -> list[Path]:
         raw = read_json(path, "run record")
         record = validate_record(raw if not isinstance(raw, dict) else migrate_record(raw, str(path)), str(path))
         if raw.get("schema") != SCHEMA_VERSION:
-            atomic_write_json(path, record)
+            write_record(path, record)
             rewritten.append(path)
     return rewritten
 

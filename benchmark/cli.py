@@ -171,6 +171,11 @@ def _printable(value: object) -> str:
     return "\n".join(printable(line) for line in str(value).splitlines())
 
 
+def _say(line: str) -> None:
+    """Print ``line`` without control characters: plugins' names and docstrings reach the terminal as they are."""
+    print(_printable(line))
+
+
 def _quiet_libraries() -> None:
     from benchmark.api import quiet_libraries
 
@@ -506,23 +511,23 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(facts, indent=2))
         return 0
-    print("methods (options with their defaults: --set <method>.<option>=value):")
+    _say("methods (options with their defaults: --set <method>.<option>=value):")
     for name, method in facts["methods"].items():
         studies = f" [studies: {', '.join(method['studies'])}]" if method["studies"] else ""
-        print(f"  {name:12s} {method['doc']}{studies}")
+        _say(f"  {name:12s} {method['doc']}{studies}")
         if method["options"]:
-            print("  " + " " * 13 + _options_line(method["options"], method["choices"]))
-    print("recipe options of every method that pre-trains (--set <section>.<option>=value; each its own row):")
+            _say("  " + " " * 13 + _options_line(method["options"], method["choices"]))
+    _say("recipe options of every method that pre-trains (--set <section>.<option>=value; each its own row):")
     for section, options in facts["recipes"].items():
-        print(f"  {section:12s} " + _options_line(options, facts["recipe_choices"][section]))
-    print("domains and end tasks:")
+        _say(f"  {section:12s} " + _options_line(options, facts["recipe_choices"][section]))
+    _say("domains and end tasks:")
     for name, domain in facts["domains"].items():
         task = domain["end_task"]
-        print(f"  {name:12s} {domain['corpus']:32s} -> {task} ({facts['end_tasks'][task]} labels)")
-    print("sequences:")
+        _say(f"  {name:12s} {domain['corpus']:32s} -> {task} ({facts['end_tasks'][task]} labels)")
+    _say("sequences:")
     for name, order in facts["sequences"].items():
-        print(f"  {name:12s} {' -> '.join(order)}")
-    print(f"profiles: {', '.join(facts['profiles'])} (default: synthetic)")
+        _say(f"  {name:12s} {' -> '.join(order)}")
+    _say(f"profiles: {', '.join(facts['profiles'])} (default: synthetic)")
     return 0
 
 

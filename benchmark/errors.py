@@ -32,10 +32,10 @@ class WriteError(DapbenchError):
     """A file could not be written (disk full, no permission); the previous version of it is intact."""
 
     @classmethod
-    def of(cls, path: os.PathLike, exc: OSError) -> WriteError:
-        """The error for ``exc`` raised while writing ``path``."""
+    def of(cls, path: os.PathLike, exc: BaseException) -> WriteError:
+        """The error for ``exc`` (an ``OSError``, or a library's write failure) raised while writing ``path``."""
         return cls(
-            f"cannot write {path}: {exc.strerror or exc}; the previous version of the file is kept",
+            f"cannot write {path}: {getattr(exc, 'strerror', None) or exc}; the previous version of the file is kept",
             "free disk space or fix the folder's permissions (or pass another --output-dir / --work-dir),"
             " then run the same command again: finished work is kept",
         )

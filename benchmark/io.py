@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -60,6 +61,20 @@ def path_inside(root: str | Path, *parts: str) -> Path:
     return path
 
 
+def unlinked_path(root: str | Path, *parts: str) -> Path:
+    """``root/parts...`` after checking that no existing component below ``root`` is a symbolic link: dapbench
+    writes and deletes only inside folders of its own, never through a link to somewhere else."""
+    path = Path(root)
+    for part in parts:
+        path = path / part
+        if path.is_symlink():
+            raise DapbenchError(
+                f"{path} is a symbolic link: dapbench writes and deletes files only inside its own output folder",
+                f"replace the link by a folder (or remove it), or pass another --output-dir than {root}",
+            )
+    return path
+
+
 def _file_mode() -> int:
     """0666 less the process umask: the mode ``open()`` would give a new file."""
     mask = os.umask(0)
@@ -69,7 +84,7 @@ def _file_mode() -> int:
 
 def atomic_write_json(path: str | Path, data: Any) -> None:
     """Write ``data`` as indented JSON, atomically."""
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=json_default) + "\n")
 
 
 def atomic_write_bytes(path: str | Path, write: Callable[[Path], None]) -> None:
@@ -87,12 +102,25 @@ def atomic_write_bytes(path: str | Path, write: Callable[[Path], None]) -> None:
         write(tmp)
         os.chmod(tmp, _file_mode())  # an ordinary, shareable file, whatever mode the writer gave it
         os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise WriteError.of(path, exc) from exc
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):  # a read-only folder refuses this too; the write error is what matters
+            tmp.unlink(missing_ok=True)
+        if write_failure(exc):
+            raise WriteError.of(path, exc) from exc
         raise
+
+
+def write_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` says a file could not be written (disk full, file too large, no permission): an ``OSError``, or
+    what safetensors and ``torch.save`` raise for one (they do not raise ``OSError``)."""
+    if isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError":
+        return True
+    chain = [exc, exc.__context__] if exc.__context__ is not None else [exc]
+    return any(isinstance(e, RuntimeError) and any(w in str(e) for w in TORCH_WRITE_FAILURES) for e in chain)
+
+
+TORCH_WRITE_FAILURES = ("PytorchStreamWriter", "inline_container", "iostream error", "write failed", "No space left")
+"""Words of the ``RuntimeError`` s ``torch.save``'s C++ writer raises when the file system refuses a write."""
 
 
 def _host() -> str:
@@ -172,16 +200,25 @@ def atomic_directory(final: str | Path, fill: Callable[[Path], None]) -> Path:
             shutil.rmtree(tmp)
         mark_owned(tmp)
         fill(tmp)
+        _ordinary_modes(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-    except OSError as exc:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise WriteError.of(final, exc) from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if write_failure(exc) and not isinstance(exc, DapbenchError):
+            raise WriteError.of(final, exc) from exc
         raise
     return final
+
+
+def _ordinary_modes(folder: Path) -> None:
+    """Give every file under ``folder`` the mode ``open()`` would (0666 less the umask): libraries write some files
+    private (transformers' ``model.safetensors`` is 0600), which would keep the rest of a group from reading them."""
+    mode = _file_mode()
+    for file in folder.rglob("*"):
+        if file.is_file() and not file.is_symlink():
+            os.chmod(file, mode)
 
 
 def built_once(final: str | Path, build: Callable[[], object]) -> Path:
@@ -214,8 +251,8 @@ def read_json(path: str | Path, what: str = "JSON file") -> Any:
         ) from exc
 
 
-def _json_default(value: Any) -> Any:
-    """Serialise numpy scalars/arrays and paths that ``json`` does not know."""
+def json_default(value: Any) -> Any:
+    """``json.dumps``' ``default``: serialise numpy scalars/arrays and paths that ``json`` does not know."""
     if hasattr(value, "tolist"):
         return value.tolist()
     if isinstance(value, Path):

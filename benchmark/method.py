@@ -235,7 +235,7 @@ class MethodDeclaration:
     def variant(self) -> str:
         """The options that differ from the defaults (``fidelity=reference``), to label records: the canonical
         options (:meth:`MethodConfig.canonical_options`), so one behaviour has one label."""
-        return ",".join(f"{k}={_label_value(v)}" for k, v in self.config.canonical_options().items())
+        return options_label(self.config.canonical_options())
 
     def label(self) -> str:
         """Name plus non-default options, e.g. ``das[fidelity=reference]``: one leaderboard row each."""
@@ -317,6 +317,11 @@ class ContinualMethod(MethodDeclaration, TrainedParameters):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+
+def options_label(options: Mapping[str, Any]) -> str:
+    """Canonical options as a label writes them: ``fidelity=reference,lambda=0.5``."""
+    return ",".join(f"{k}={_label_value(v)}" for k, v in options.items())
 
 
 def _label_value(value: Any) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from benchmark.config import RunConfig
 from benchmark.errors import DapbenchError
-from benchmark.io import path_inside
+from benchmark.io import path_inside, unlinked_path
 from benchmark.records.store import load_records
 
 
@@ -40,6 +40,47 @@ def check_run_data(config: RunConfig, data) -> None:
                 " linear probe cannot be fitted on",
                 "raise finetune.max_train_examples or fix the task's training file",
             )
+    check_measurable(config, data)
+
+
+MIN_HELDOUT_CHUNKS = 2
+"""Held-out chunks every held-out set needs: representation drift compares inputs, and a loss over one chunk has no
+spread to put an error bar on."""
+MIN_HELDOUT_TOKENS = 10
+"""Scored tokens (masked ones for a masked LM, every next token for a decoder) every held-out set needs over all its
+chunks and mask draws: a loss over fewer is noise, not a measurement."""
+MIN_FINETUNE_EPOCHS = 1.0
+"""Passes over its training examples every fine-tuned end task gets at least (``finetune.epochs`` x
+``finetune.epoch_scale``): less leaves the head close to its random start, and the score measures that start."""
+
+
+def check_measurable(config: RunConfig, data) -> None:
+    """Refuse settings under which a run's numbers would measure nothing: too little held-out text to score, a
+    fine-tune of less than one pass, past replay without a past."""
+    for name, counts in data.heldout_chunk_counts().items():
+        scored = sum(counts)
+        if len(counts) < MIN_HELDOUT_CHUNKS or scored < MIN_HELDOUT_TOKENS:
+            raise DapbenchError(
+                f"held-out set {name}: {len(counts)} chunk(s) of dap.seq_len={config.dap.seq_len} tokens with {scored}"
+                f" scored token(s) (dap.mlm_probability={config.dap.mlm_probability:g}); a measurement needs at least"
+                f" {MIN_HELDOUT_CHUNKS} chunks and {MIN_HELDOUT_TOKENS} scored tokens",
+                "raise dap.heldout_fraction, dap.heldout_chunks, dap.mlm_probability or dap.seq_len (or use more text)",
+            )
+    if config.finetune.protocol == "finetune":
+        for task in data.tasks.values():
+            epochs = config.finetune.epochs.get(task.name, config.finetune.default_epochs) * config.finetune.epoch_scale
+            if epochs < MIN_FINETUNE_EPOCHS:
+                raise DapbenchError(
+                    f"end task {task.name} would be fine-tuned for {epochs:g} epoch(s) (finetune.epochs x"
+                    f" finetune.epoch_scale): under one pass its score measures the untrained head",
+                    f"raise finetune.epoch_scale (or finetune.epochs.{task.name}) to give it at least one epoch",
+                )
+    if config.replay.past > 0 and len(data.domains) < 2:
+        raise DapbenchError(
+            f"replay.past={config.replay.past:g} on a sequence of one domain ({data.domains[0]}): there is no past to"
+            " replay, so the row would be plain training under a replay label",
+            "drop replay.past, or use a sequence of two or more domains",
+        )
 
 
 def _suite_tasks(config: RunConfig) -> list[str]:
@@ -109,6 +150,7 @@ def check_config_inputs(config: RunConfig) -> None:
             f"the work folder {work} is inside the results folder {results.parent}: its files would be read as records",
             "pass a --work-dir outside <output-dir>/results (the default is <output-dir>/.dapbench)",
         )
+    check_output_folders(config)
     existing = next(p for p in (results, *results.parents) if p.exists())  # nothing is created here
     try:
         tempfile.TemporaryFile(dir=existing).close()
@@ -131,6 +173,23 @@ def check_config_inputs(config: RunConfig) -> None:
     check_model_files(config.model)
     _check_model_fits(config)
     check_recipe(config)
+
+
+def check_output_folders(config: RunConfig) -> None:
+    """The folders a run writes into below its output folder are its own: no symbolic link to somewhere else (the
+    report's pages and plots, the trackers' files, the work folder's caches and runs), a tracker that can track."""
+    from benchmark.engine.tracking import check_tracking
+    from benchmark.records.store import REPORT_FOLDER
+    from benchmark.report.writer import REPORT_SUBFOLDERS
+
+    out = Path(config.output_dir)
+    report = unlinked_path(out, "results", REPORT_FOLDER)
+    for folder in REPORT_SUBFOLDERS:
+        unlinked_path(report, folder)
+    check_tracking(config.report_to, config.output_dir)
+    work = Path(config.work_dir).absolute()
+    if out.absolute() in work.parents:  # the default <output-dir>/.dapbench, or another folder inside the output
+        unlinked_path(out.absolute(), *work.relative_to(out.absolute()).parts)
 
 
 def check_recipe(config: RunConfig) -> None:

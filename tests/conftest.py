@@ -108,3 +108,16 @@ def tiny_config(world_root, tiny_model, tmp_path) -> RunConfig:
 
 def requires_shared_data():
     return pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"shared data not found at {SHARED_DATA}")
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """Fail-fast hook: a DAP stage that starts raises ``cli_helpers.TrainingStarted`` instead of training."""
+    from cli_helpers import TrainingStarted
+
+    from benchmark.engine.training import DapTrainer
+
+    def refuse(self, *args, **kwargs):
+        raise TrainingStarted
+
+    monkeypatch.setattr(DapTrainer, "train", refuse)

@@ -220,15 +220,55 @@ def test_a_corrupt_data_cache_entry_is_rebuilt_to_the_same_record(damage, tiny_c
     assert _numbers(second) == _numbers(first)
 
 
+def _nan_loss(path: Path) -> None:
+    path.write_text(path.read_text().replace('"general": ', '"general": NaN, "was": ', 1))
+
+
+def _edited_loss(path: Path) -> None:
+    stored = json.loads(path.read_text())
+    stored["content"]["mlm_loss"]["alpha"] += 0.5  # a plausible, wrong number
+    path.write_text(json.dumps(stored))
+
+
+def _flipped_prediction(path: Path) -> None:
+    stored = json.loads(path.read_text())
+    stored["content"]["predictions"][0] = 1 - stored["content"]["predictions"][0]
+    path.write_text(json.dumps(stored))
+
+
+def _edited_score(path: Path) -> None:
+    stored = json.loads(path.read_text())
+    stored["content"]["acc"] = 1.0
+    path.write_text(json.dumps(stored))
+
+
+WORK_FILE_DAMAGE = [
+    ("finetune/row1-task0.json", _truncate),
+    ("domain-0.json", _truncate),
+    ("base-mlm-loss.json", _truncate),
+    ("base-mlm-loss.json", _nan_loss),  # issue 47: a NaN in the base losses
+    ("domain-0.json", _edited_loss),  # issue 47: an edited loss
+    ("finetune/row1-task1.json", _flipped_prediction),  # issue 47: a flipped prediction
+    ("finetune/row1-task1.json", _edited_score),  # issue 47: an edited score
+]
+
+
+@pytest.mark.parametrize(("name", "damage"), WORK_FILE_DAMAGE, ids=[f"{n}-{d.__name__}" for n, d in WORK_FILE_DAMAGE])
+def test_a_damaged_work_file_is_named_moved_aside_and_rebuilt_to_the_same_record(name, damage, tiny_config, capsys):
+    data = prepare_data(tiny_config)
+    first = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).execute()
+    root = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).layout.root
+    damage(root / name)
+    damaged = (root / name).read_bytes()
+    again = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).execute()
+    assert _numbers(again) == _numbers(first)
+    assert f"{name.split('/')[-1]}.corrupt and rebuilt" in capsys.readouterr().err
+    assert (root / f"{name}.corrupt").read_bytes() == damaged  # kept for whoever wants to look, not deleted
+
+
 @pytest.mark.parametrize(
     ("name", "message"),
-    [
-        ("finetune/row1-task0.json", "is corrupt"),
-        ("domain-0.json", "is corrupt"),
-        ("base-mlm-loss.json", "is corrupt"),
-        ("base-features.npz", "base feature file .* is corrupt"),
-        ("elapsed.json", "is corrupt"),
-    ],
+    [("base-features.npz", "base feature file .* is corrupt"), ("elapsed.json", "is corrupt")],
 )
 def test_a_corrupt_work_file_is_a_named_error_and_deleting_it_recovers_the_record(name, message, tiny_config):
     data = prepare_data(tiny_config)

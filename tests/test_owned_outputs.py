@@ -71,3 +71,15 @@ def test_pretrain_base_replaces_its_own_model_and_cleans_its_own_scratch(corpus,
     assert (out / OWNED_MARKER).is_file() and (out / "config.json").is_file()
     assert main(["pretrain-base", str(corpus), str(out), *TINY, "--seed", "2"]) == 0
     assert not (tmp_path / "mymodel.cache").exists() and not (tmp_path / "mymodel.tmp").exists()
+
+
+def test_pretrain_base_writes_its_files_with_the_umasks_mode(corpus, tmp_path):
+    import os
+
+    out = tmp_path / "mymodel"
+    assert main(["pretrain-base", str(corpus), str(out), *TINY]) == 0
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes["model.safetensors"] == 0o666 & ~mask, modes  # transformers writes it 0600
+    assert set(modes.values()) == {0o666 & ~mask}

@@ -7,6 +7,7 @@ import torch
 
 from benchmark.data.inputs import prepare_data
 from benchmark.engine.runner import ContinualRun
+from benchmark.engine.workfiles import read_work_file
 from benchmark.errors import DapbenchError
 from methods.ncl import NCL
 
@@ -67,7 +68,7 @@ def test_linear_probe_protocol_fills_the_matrix(tiny_config):
     record = run.execute()
     acc = record["matrices"]["acc"]
     assert all(0 <= v <= 1 for v in (acc[0][0], acc[1][0], acc[1][1]))
-    pair = json.loads(run.layout.finetune_cell("row1", 0).read_text())
+    pair = read_work_file(run.layout.finetune_cell("row1", 0), "fine-tune result")
     assert pair["protocol"] == "linear_probe" and pair["n_train"] == 24
     assert record["config"]["finetune"]["protocol"] == "linear_probe"
 

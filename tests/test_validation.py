@@ -12,6 +12,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cli_helpers import TrainingStarted
+from cli_helpers import no_record as _no_record
+from cli_helpers import quick_run_args as _args
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -23,30 +26,6 @@ CI_EXAMPLES = 12
 """Examples per property in the default run; the ``slow`` variants run 10x as many."""
 
 
-class TrainingStarted(Exception):
-    """Raised by the hook in place of the first DAP stage: the input was accepted."""
-
-
-@pytest.fixture
-def started(monkeypatch):
-    """Fail-fast hook: a DAP stage that starts raises :class:`TrainingStarted` instead of training."""
-    from benchmark.engine.training import DapTrainer
-
-    def refuse(self, *args, **kwargs):
-        raise TrainingStarted
-
-    monkeypatch.setattr(DapTrainer, "train", refuse)
-
-
-def _args(world: Path, model: Path, out: Path, *extra: str, methods: str = "ncl") -> list[str]:
-    args = ["run", "--profile", "synthetic", "--model", str(model), "--data-root", str(world)]
-    args += ["--general-heldout", str(world / "general_heldout.txt"), "--sequence", "alpha,beta"]
-    args += ["--methods", methods, "--seeds", "1", "--output-dir", str(out), "--quiet", "--no-leaderboard"]
-    for setting in ("dap.steps=2", "dap.heldout_chunks=4", "finetune.max_train_examples=16"):
-        args += ["--set", setting]
-    return [*args, *extra]
-
-
 def _outcome(args: list[str], capsys) -> str:
     """``refused`` (exit 2, a named error, no traceback) or ``runs`` (the first DAP stage was reached)."""
     try:
@@ -56,10 +35,6 @@ def _outcome(args: list[str], capsys) -> str:
     err = capsys.readouterr().err
     assert code == 2 and "dapbench: error:" in err and "fix:" in err and "Traceback" not in err, (code, err)
     return "refused"
-
-
-def _no_record(out: Path) -> None:
-    assert not list(out.glob("results/**/*.json")), "a record was written"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ from __future__ import annotations
 from benchmark.engine.finetune import evaluate_end_task
 from benchmark.engine.parts import RunParts
 from benchmark.engine.stages import StageModels
+from benchmark.engine.workfiles import finished, read_work_file, write_work_file
 from benchmark.errors import error_context
-from benchmark.io import atomic_write_json, read_json
 from benchmark.method import FinetuneContext
 
 SCORES = ("acc", "macro_f1", "micro_f1")
@@ -26,7 +26,7 @@ class EndTaskRunner:
         from transformers import set_seed
 
         p, row_key, acc = self.parts, self.parts.schedule.row_key(t), self.parts.accelerator
-        todo = [k for k in p.schedule.row_tasks(t) if not p.layout.finetune_cell(row_key, k).exists()]
+        todo = [k for k in p.schedule.row_tasks(t) if not self._finished(row_key, k)]
         mine = todo[acc.process_index :: acc.num_processes]  # several processes take whole fine-tunes each
         p.skip_phases(len(p.schedule.row_tasks(t)) - len(todo))
         dap_model = self.models.load(t) if mine else None
@@ -47,11 +47,16 @@ class EndTaskRunner:
                 result = evaluate_end_task(model, task, p.data.tokenizer, p.config.finetune, seed, p.accelerator)
             report = p.method.finetune_report(model)
             cell = {"row": t, "task": task.name, **result, **({"method_report": report} if report else {})}
-            atomic_write_json(p.layout.finetune_cell(row_key, k), cell)
+            write_work_file(p.layout.finetune_cell(row_key, k), cell)
             p.tracker.log_values(f"end_task/{task.name}/after_{t}", result)
             on_cell_done()
         acc.wait_for_everyone()  # every cell of the row is on disk before anyone reads the matrix or trains on
         p.skip_phases(len(todo) - len(mine))  # the cells the other processes scored
+
+    def _finished(self, row_key: str, k: int) -> bool:
+        """Whether cell ``k`` of row ``row_key`` is done (its file intact; a corrupt one is moved aside and redone)."""
+        path, main = self.parts.layout.finetune_cell(row_key, k), self.parts.accelerator.is_main_process
+        return finished(path, "fine-tune result", main)
 
     def matrices(self) -> tuple[dict[str, list[list[float | None]]], dict[str, list[int]], dict[str, dict]]:
         """A[t][k] per score from the finished cells (None where the matrix mode skips a cell), each cell's test
@@ -62,7 +67,7 @@ class EndTaskRunner:
         predictions, reports = {}, {}
         for t in p.schedule.stages():
             for k in p.schedule.row_tasks(t):
-                cell = read_json(p.layout.finetune_cell(p.schedule.row_key(t), k), "fine-tune result")
+                cell = read_work_file(p.layout.finetune_cell(p.schedule.row_key(t), k), "fine-tune result")
                 for metric in out:
                     out[metric][t][k] = cell[metric]
                 predictions[f"{t}/{k}"] = cell["predictions"]

@@ -13,8 +13,9 @@ import numpy as np
 from benchmark.data.corpora import load_heldout_text
 from benchmark.data.masking import fixed_mlm_batches
 from benchmark.engine.evaluation import DeviceBatches, heldout_evaluation, heldout_features
+from benchmark.engine.workfiles import finished, read_work_file, write_work_file
 from benchmark.errors import CorruptStateError
-from benchmark.io import atomic_write_bytes, atomic_write_json, read_json
+from benchmark.io import atomic_write_bytes
 from benchmark.modeling import load_masked_lm
 
 
@@ -46,16 +47,17 @@ class BaseEvaluation:
 
     def _measured(self) -> dict[str, Any]:
         layout, data, device = self.parts.layout, self.parts.data, self.parts.accelerator.device
-        if not (layout.base_losses.exists() and layout.base_features.exists()):
+        main = self.parts.accelerator.is_main_process
+        if not (finished(layout.base_losses, "base MLM-loss file", main) and layout.base_features.exists()):
             model, _ = load_masked_lm(self.parts.config.model)
             model, processes = model.to(device), self.parts.accelerator
             features = heldout_features(model, data.feature_batches(), device, processes=processes)
             losses = heldout_evaluation(model, data.heldout_batches, device, processes=processes)
             if processes.is_main_process:
                 atomic_write_bytes(layout.base_features, lambda tmp: np.savez(tmp, **features))
-                atomic_write_json(layout.base_losses, vars(losses))
+                write_work_file(layout.base_losses, vars(losses))
             processes.wait_for_everyone()
-        return read_json(layout.base_losses, "base MLM-loss file")
+        return read_work_file(layout.base_losses, "base MLM-loss file")
 
 
 class GeneralProbe:

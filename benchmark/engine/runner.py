@@ -28,8 +28,8 @@ from benchmark.engine.progress import RunPosition, RunProgress
 from benchmark.engine.schedule import StageSchedule, run_phases, stage_phases
 from benchmark.engine.stages import StageModels, StageRunner
 from benchmark.engine.tracking import RunTracker
+from benchmark.engine.workfiles import finished, read_work_file
 from benchmark.errors import error_context
-from benchmark.io import read_json
 from benchmark.method import RunEnv, build_method
 from benchmark.metrics import anisotropy
 from benchmark.records.build import build_record, run_timing
@@ -84,7 +84,7 @@ class ContinualRun:
             self.base.losses()
         clock.save()
         for t in p.schedule.stages():
-            if p.layout.domain_done(t).exists():
+            if finished(p.layout.domain_done(t), "domain progress file", p.accelerator.is_main_process):
                 p.skip_phases(stage_phases(p.schedule))
             else:
                 with error_context(f"{p.where}, domain {t} ({p.data.domains[t]})"):
@@ -100,7 +100,7 @@ def _record(run: ContinualRun, clock: RunClock) -> RunRecord:
     p = run.parts
     stats: list[dict[str, Any] | None] = [None] * len(p.data.domains)
     for t in p.schedule.stages():
-        stats[t] = read_json(p.layout.domain_done(t), "domain progress file")
+        stats[t] = read_work_file(p.layout.domain_done(t), "domain progress file")
     present = [s for s in stats if s is not None]
     return build_record(
         run_id=run.run_id, identity=run.identity, method=p.method, seed=p.seed, config=p.config, data=p.data,
@@ -119,8 +119,7 @@ def run_once(run: ContinualRun, path: Path, echo: Callable[[str], None], describ
     from accelerate import PartialState
 
     from benchmark.engine.layout import run_lock
-    from benchmark.io import atomic_write_json
-    from benchmark.records.store import load_record
+    from benchmark.records.store import load_record, write_record
 
     name, main = f"{run.method.name} seed {run.seed}", PartialState().is_main_process
     with run_lock(run.layout.root) if main else contextlib.nullcontext(True) as locked:
@@ -133,7 +132,7 @@ def run_once(run: ContinualRun, path: Path, echo: Callable[[str], None], describ
             return load_record(path)
         record = run.execute()
         if main:
-            atomic_write_json(path, record)
+            write_record(path, record)
             echo(f"{name}: {describe(record)} -> {path}")
         return record
 

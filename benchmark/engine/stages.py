@@ -12,12 +12,13 @@ from benchmark.data.masking import fixed_mlm_batches
 from benchmark.engine.environment import peak_memory_mb, reset_peak_memory
 from benchmark.engine.evaluation import DeviceBatches, heldout_evaluation, heldout_features, representation_drift
 from benchmark.engine.heldout import BaseEvaluation, GeneralProbe
+from benchmark.engine.hooks import checked_report, checked_state, hook_call
 from benchmark.engine.parts import RunParts
 from benchmark.engine.recipe import stage_plan
 from benchmark.engine.recompute import activation_checkpointing
 from benchmark.engine.training import DapTrainer
 from benchmark.engine.updates import UpdateSizes
-from benchmark.io import atomic_write_json
+from benchmark.engine.workfiles import write_work_file
 from benchmark.method import DomainContext
 from benchmark.modeling import load_masked_lm, mlm_loss, restore_checkpoint_weights
 
@@ -131,7 +132,7 @@ class StageRunner:
         probe = DeviceBatches(_probe_batches(p, t), p.accelerator.device)
         ctx = DomainContext(t, p.data.domains[t], model, probe, p.accelerator, mlm_loss, self.general_probe)
         trainable = sum(q.numel() for _, q in p.method.trainable_parameters(model))
-        with _recomputed(model, dap):
+        with _recomputed(model, dap), hook_call(p.method, "before_domain"):
             p.method.before_domain(ctx)
         trainer = DapTrainer(p.method, dap, p.data.tokenizer, p.accelerator, p.seed, p.tracker, p.show_progress,
                              self.instrument, p.data.causal)  # fmt: skip
@@ -142,9 +143,11 @@ class StageRunner:
         if dap.sharding == "fsdp":  # one whole model again for the method's after-domain work, evaluation, checkpoint
             model = self.models.unsharded(model)
             ctx = dataclasses.replace(ctx, model=model)
-        with _recomputed(ctx.model, dap):
+        with _recomputed(ctx.model, dap), hook_call(p.method, "after_domain"):
             p.method.after_domain(ctx)
-        report, moved = p.method.domain_report(), sizes.measure(ctx.model)  # after after_domain: what is kept
+        with hook_call(p.method, "domain_report"):
+            report = checked_report(p.method, p.method.domain_report())
+        moved = sizes.measure(ctx.model)  # after after_domain: what is kept
         stats = {**stats, "update_sizes": moved, "method_report": report}
         return {"trained": True, "trainable_parameters": trainable, **stats}, model
 
@@ -161,8 +164,10 @@ def evaluate_and_checkpoint(p: RunParts, base: BaseEvaluation, model, t: int, st
     stats["representation"] = representation_drift(base.features(), features)
     stats["peak_memory_mb"] = peak_memory_mb()
     if p.accelerator.is_main_process:  # once; the other processes hold the same model and numbers
-        p.layout.save_checkpoint(t, p.accelerator.unwrap_model(model), p.data.tokenizer, p.method.state_dict())
-        atomic_write_json(p.layout.domain_done(t), stats)
+        with hook_call(p.method, "state_dict"):
+            state = checked_state(p.method, p.method.state_dict())
+        p.layout.save_checkpoint(t, p.accelerator.unwrap_model(model), p.data.tokenizer, state)
+        write_work_file(p.layout.domain_done(t), stats)
     p.accelerator.wait_for_everyone()
     p.accelerator.free_memory()
 

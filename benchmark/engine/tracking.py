@@ -11,9 +11,36 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 TRACKERS = ("none", "tensorboard", "wandb", "mlflow")
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",)}
+"""The modules a tracker needs (any one of them): without them accelerate only warns and nothing is tracked."""
+
+
+def check_tracking(report_to: str, output_dir: str) -> None:
+    """Refuse, before any work, a tracker whose package is missing, and a ``<output-dir>/tracking`` that is a file or
+    a symbolic link (its files would land elsewhere, or the tracker would fail once the run has started)."""
+    from importlib.util import find_spec
+
+    from benchmark.errors import DapbenchError
+
+    if report_to == "none":
+        return
+    if not any(find_spec(module) for module in TRACKER_PACKAGES[report_to]):
+        package = TRACKER_PACKAGES[report_to][0]
+        raise DapbenchError(
+            f"--report-to {report_to}: the package {package!r} is not installed, so nothing would be tracked",
+            f"pip install {package}, or pass --report-to none",
+        )
+    folder = Path(output_dir) / "tracking"
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise DapbenchError(
+            f"{folder} is {'a symbolic link' if folder.is_symlink() else 'a file'}: trackers write their files only"
+            " into a folder of the output folder's own",
+            f"move {folder} away, or pass another --output-dir",
+        )
 
 
 class RunTracker:

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from benchmark.config import DapConfig
 from benchmark.data.sampling import DROPOUT, derived_seed, seeded, stage_stream
 from benchmark.engine.compiling import prepare_blocks
+from benchmark.engine.hooks import checked_loss_terms, hook_call
 from benchmark.engine.optimizers import StageUpdate, stage_optimizers
 from benchmark.engine.recipe import StagePlan
 from benchmark.engine.recompute import activation_checkpointing
@@ -105,7 +106,7 @@ class DapTrainer:
     def _loop(
         self, ctx: StepContext, step_module, update: StageUpdate, batches: Iterator[tuple[int, dict]], accum: int,
         desc: str,
-    ) -> list[dict]:
+    ) -> list[dict]:  # fmt: skip
         model, acc, dap = ctx.model, self.accelerator, self.dap
         tracking = self.tracker.active
         sums: dict[str, torch.Tensor] = {}
@@ -186,7 +187,10 @@ class DapStep(torch.nn.Module):
     def forward(self, batch: dict, ctx: StepContext) -> dict[str, torch.Tensor]:
         """``{"mlm": loss, **method terms}`` of ``batch``."""
         loss, hidden, logits = mlm_forward(self.model, batch)
-        return {"mlm": loss, **self.method.training_loss(batch, StepOutput(loss, hidden, logits), ctx)}
+        where = f"step {ctx.domain_step}"  # the runner's error context names the run and the domain
+        with hook_call(self.method, "training_loss", where):
+            terms = self.method.training_loss(batch, StepOutput(loss, hidden, logits), ctx)
+        return {"mlm": loss, **checked_loss_terms(self.method, terms, where)}
 
 
 def stage_statistics(steps: int, tokens: int, seconds: float, log: list[dict]) -> dict:

@@ -27,7 +27,8 @@ CHUNK_TOLERANCE = 1e-3
 def check_record(record: dict[str, Any], path: Path | None = None) -> None:
     """Refuse, with a named error, a record whose id or derived numbers are not its own (see the module docstring)."""
     source = str(path) if path is not None else record["run_id"]
-    problems = [*_identity_problems(record, path), *_non_finite(record), *_derived_problems(record)]
+    problems = [*_identity_problems(record, path), *_type_problems(record), *_non_finite(record)]
+    problems += _derived_problems(record)
     if problems:
         raise DapbenchError(
             f"{source} is not what its run wrote: {'; '.join(problems[:3])}"
@@ -50,6 +51,29 @@ def _identity_problems(record: dict[str, Any], path: Path | None) -> list[str]:
         expected = identity.run_id(record["seed"], record["config"].get("sequence", ""))
         if expected != run_id:
             out.append(f"its configuration, inputs or options hash to {expected}, not to its run id ({tag})")
+    return out
+
+
+def _type_problems(record: dict[str, Any]) -> list[str]:
+    """Fields a reader counts or labels with: the row label the run's method and options give, whole counts."""
+    from benchmark.method import options_label
+    from benchmark.records.identity import canonical_recipe, recipe_label
+
+    out, identity = [], record.get("identity") or {}
+    if "method_options" in identity:
+        variant = ",".join(p for p in (options_label(identity["method_options"]), recipe_label(canonical_recipe(
+            record["config"]))) if p)  # fmt: skip
+        label = f"{record['method']}[{variant}]" if variant else record["method"]
+        if record["method_label"] != label:
+            out.append(f"its method_label {record['method_label']!r} is not {label!r} (what its method, options give)")
+    counts = {"trainable_parameters": (record.get("trainable_parameters"), 0)}
+    environment = record.get("environment") or {}
+    for key in ("torch_threads", "num_processes"):
+        if key in environment:
+            counts[f"environment.{key}"] = (environment[key], 1)
+    for name, (value, least) in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            out.append(f"{name} {value!r} is not a whole number >= {least}")
     return out
 
 

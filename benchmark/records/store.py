@@ -103,6 +103,21 @@ def load_record(path: str | Path) -> RunRecord:
     return record
 
 
+def write_record(path: str | Path, record: RunRecord) -> None:
+    """Write ``record`` to ``path`` (atomically) after the very checks :func:`load_record` applies to it when read:
+    dapbench never writes a record that it, or the report, would refuse afterwards (every write path calls this)."""
+    import json
+
+    from benchmark.io import atomic_write_json, json_default
+    from benchmark.records.checks import check_record
+
+    path = Path(path)
+    plain = json.loads(json.dumps(record, default=json_default))  # as a reader will see it
+    checked = validate_record(migrate_record(plain, str(path)), str(path))
+    check_record(checked, path)
+    atomic_write_json(path, record)
+
+
 REPORT_FOLDER = "report"
 """The folder under ``results/`` where ``dapbench report`` writes what it generates (tables, plots, a manifest)."""
 OTHER_REPORTS = ("bench", REPORT_FOLDER)

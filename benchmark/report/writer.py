@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from benchmark.errors import DapbenchError
-from benchmark.io import atomic_write_json, atomic_write_text, read_json
+from benchmark.io import atomic_write_json, atomic_write_text, read_json, unlinked_path
 from benchmark.records.store import REPORT_FOLDER, leaderboard_records
 from benchmark.report.escape import code, text
 from benchmark.report.frame import leaderboard_frame, reference_labels
@@ -23,13 +23,17 @@ from benchmark.report.markdown import is_decoder, leaderboard_markdown, loss_uni
 from benchmark.report.statistics import GroupStatistics
 
 MANIFEST = "manifest.json"
+REPORT_SUBFOLDERS = ("runs", "plots")
+"""The report's folders under ``results/report/``: one page per record, the group plots."""
 
 
 def write_report(output_dir: str | Path, show_progress: bool = False) -> dict[str, int]:
     """Regenerate what changed of the tables, plots and ``leaderboard.md`` under ``output_dir`` from the records
     under ``output_dir/results``; return how many records and groups it read and how many files it wrote."""
     out = Path(output_dir)
-    report = owned_folder(out, "results", REPORT_FOLDER)
+    report = unlinked_path(out, "results", REPORT_FOLDER)
+    for folder in REPORT_SUBFOLDERS:  # where run pages and plots go: refused if linked elsewhere, before any write
+        unlinked_path(report, folder)
     records = leaderboard_records(out / "results")  # all but the key-number folder's
     groups, left_out = group_records(records)  # every check runs before anything is written
     previous = _read_manifest(report)
@@ -43,20 +47,6 @@ def write_report(output_dir: str | Path, show_progress: bool = False) -> dict[st
     _remove_unproduced(report, previous, manifest)
     atomic_write_json(report / MANIFEST, manifest)
     return {"records": len(records), "groups": len(groups), "files": written + 1}
-
-
-def owned_folder(root: Path, *parts: str) -> Path:
-    """``root/parts...`` after checking that no existing component below ``root`` is a symbolic link: the report
-    writes and deletes only inside its own folder."""
-    path = root
-    for part in parts:
-        path = path / part
-        if path.is_symlink():
-            raise DapbenchError(
-                f"{path} is a symbolic link: the report writes and deletes files only inside its own output folder",
-                f"replace the link by a folder (or remove it), or pass another --output-dir than {root}",
-            )
-    return path
 
 
 def _statistics(group: Group) -> GroupStatistics:
