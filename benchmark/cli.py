@@ -229,6 +229,13 @@ def _parser() -> argparse.ArgumentParser:
     study.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="e.g. chunks=64,256")
     _add_run_arguments(study)
 
+    tune = command(
+        "tune", "choose a method's rate (a numeric option) on validation slices at a profile's budget", cmd_tune
+    )
+    _add_run_arguments(tune)
+    tune.add_argument("--option", required=True, metavar="METHOD.KEY", help="e.g. prompt_one.prompt_lr")
+    tune.add_argument("--values", required=True, help="comma-separated candidates, e.g. 0.3,0.03,0.003")
+
     _add_record_commands(command)
     return parser
 
@@ -443,6 +450,27 @@ def cmd_study(args: argparse.Namespace) -> int:
         key, value = item.split("=", 1)
         options[key.strip()] = value.strip()
     print(json.dumps(run_study(_config(args), args.method, args.study, options), indent=2))
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """``dapbench tune``: one method, one seed, each value of one option; prints the choice and where it is written."""
+    from benchmark.tools.tune import CRITERION, tune
+
+    config = _config(args)
+    if len(config.methods) != 1 or len(config.seeds) != 1:
+        raise DapbenchError(
+            f"tune takes one method and one seed, got {len(config.methods)} and {len(config.seeds)}",
+            "pass --methods NAME --seeds SEED",
+        )
+    try:
+        values = [float(v) for v in args.values.split(",")]
+    except ValueError as exc:
+        raise DapbenchError(f"--values {args.values!r} is not a list of numbers", "e.g. --values 1e-4,1e-3") from exc
+    result = tune(config, config.methods[0], args.option, values, config.seeds[0], show_progress=not args.quiet)
+    for row in result["candidates"]:
+        print(f"{args.option}={row['value']:g}: mean validation loss {row['mean']:.4f}")
+    print(f"chosen: {args.option}={result['chosen']:g} ({CRITERION})")
     return 0
 
 

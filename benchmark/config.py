@@ -63,6 +63,9 @@ class DapConfig:
     """Share of each corpus's lines (its first lines, as the reference's validation split) kept out of training."""
     heldout_chunks: int = setting(256, low=1)
     """Held-out chunks per corpus on which the MLM-loss matrix is measured."""
+    evaluate_on: str = setting("heldout", choices=("heldout", "validation"))
+    """What the loss matrix is measured on: the held-out sets (every leaderboard run), or validation slices disjoint
+    from them and from the training lines (``dapbench tune``: choosing a rate never looks at the held-out sets)."""
     heldout_mask_draws: int = setting(1, low=1, high=64)
     """Independent mask draws of every held-out chunk (each a fixed, seeded draw): more masked tokens per chunk,
     so a smaller evaluation-sample error at the cost of one forward pass per chunk and draw."""

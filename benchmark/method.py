@@ -98,7 +98,7 @@ class RunEnv:
     base) loads them from here instead of copying them into every checkpoint's method state."""
 
 
-GROUP_OPTIMIZERS = ("adamw", "sgd")
+GROUP_OPTIMIZERS = ("adamw", "sgd", "adafactor")
 """The optimisers a method's own parameter group may ask for: ``adamw`` (a group of the DAP AdamW at its own rate) or
 ``sgd`` (plain SGD, as HAT's paper trains its task embeddings)."""
 
@@ -113,8 +113,10 @@ class ParameterGroup:
     name: str
     """How the record and the report name the group (``task_embeddings``, ``prompts``, ``lora``)."""
     parameters: list[tuple[str, nn.Parameter]]
-    lr: float
-    """The group's peak learning rate (the schedule's warmup and decay shape applies to it as to ``dap.lr``)."""
+    lr: float | None
+    """The group's peak learning rate (the schedule's warmup and decay shape applies to it as to ``dap.lr``); None:
+    ``dap.lr`` itself (an ``adamw`` group then trains exactly as without the group, and only its update size is
+    recorded apart)."""
     optimizer: str = "adamw"
     """One of :data:`GROUP_OPTIMIZERS`."""
     clip: bool = True
@@ -124,7 +126,7 @@ class ParameterGroup:
     def __post_init__(self):
         if self.optimizer not in GROUP_OPTIMIZERS:
             raise ValueError(f"parameter group {self.name!r}: optimizer {self.optimizer!r} not in {GROUP_OPTIMIZERS}")
-        if not self.lr > 0:
+        if self.lr is not None and not self.lr > 0:
             raise ValueError(f"parameter group {self.name!r}: learning rate {self.lr} must be > 0")
 
 

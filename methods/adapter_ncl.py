@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from torch import nn
 
-from benchmark.method import ContinualMethod, FinetuneContext, MethodConfig
+from benchmark.method import ContinualMethod, FinetuneContext, MethodConfig, ParameterGroup
 from benchmark.settings import setting
 from methods._shared.adapters import (
     adapter_parameters,
@@ -35,6 +35,9 @@ class AdapterConfig(MethodConfig):
 
     reduction_factor: int = setting(16, low=1, high=4096)
     """Adapter rank = hidden_size // reduction_factor (the reference's default 16: 48 for roberta-base)."""
+    adapter_lr: float | None = setting(None, low=0, low_open=True, high=1)
+    """Peak rate of the adapter weights (None: ``dap.lr``, the reference's one rate; the adapter paper, Houlsby et
+    al. 2019, chooses per task from 3e-5, 3e-4, 3e-3; ``dapbench tune`` chooses at a profile's budget)."""
 
 
 class AdapterNCL(ContinualMethod):
@@ -56,6 +59,10 @@ class AdapterNCL(ContinualMethod):
         model = inject_ffn_adapters(model, [ADAPTER], self.config.reduction_factor)
         train_only(model, adapter_parameters(model, ADAPTER) + head_parameters(model))
         return model
+
+    def parameter_groups(self, model: nn.Module) -> list[ParameterGroup]:
+        """The adapter weights, at ``adapter_lr`` in the DAP AdamW (the MLM head stays at ``dap.lr``)."""
+        return [ParameterGroup("adapter", adapter_parameters(model, ADAPTER), self.config.adapter_lr)]
 
     def finetune_model(self, ctx: FinetuneContext) -> nn.Module:
         """Classifier with the trained adapter; adapter and model all trainable."""

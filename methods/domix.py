@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from benchmark.method import ContinualMethod, DomainContext, FinetuneContext, MethodConfig
+from benchmark.method import ContinualMethod, DomainContext, FinetuneContext, MethodConfig, ParameterGroup
 from benchmark.modeling import layer_modules, out_axis
 from benchmark.settings import setting
 from methods._shared.adapters import activate_adapters, adapter_parameters, classifier_with_dap_encoder, train_only
@@ -54,6 +54,9 @@ class DoMIXConfig(MethodConfig):
     """LoRA rank of every domain module."""
     alpha: float = setting(16.0, low=0, low_open=True, high=1e4)
     """LoRA scale numerator: the modules' updates are multiplied by ``alpha / rank``."""
+    lora_lr: float | None = setting(None, low=0, low_open=True, high=1)
+    """Peak rate of the domain modules during DAP (None: ``dap.lr``; the LoRA paper trains RoBERTa-base's modules at
+    4e-4 to 5e-4; ``dapbench tune`` chooses at a profile's budget)."""
 
 
 def inject_domain_modules(model: nn.Module, count: int, config: DoMIXConfig) -> nn.Module:
@@ -163,6 +166,10 @@ class DoMIX(ContinualMethod):
     def trainable_parameters(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
         """The module of the domain being trained."""
         return adapter_parameters(model, module_name(self.trained))
+
+    def parameter_groups(self, model: nn.Module) -> list[ParameterGroup]:
+        """The module of the domain being trained, at ``lora_lr``."""
+        return [ParameterGroup("lora", self.trainable_parameters(model), self.config.lora_lr)]
 
     def after_domain(self, ctx: DomainContext) -> None:
         """Freeze the new module; every trained module is active for evaluation and the next checkpoint."""

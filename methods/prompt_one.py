@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from torch import nn
 
-from benchmark.method import Capabilities, ContinualMethod, FinetuneContext, MethodConfig
+from benchmark.method import Capabilities, ContinualMethod, FinetuneContext, MethodConfig, ParameterGroup
 from benchmark.settings import setting
 from methods._shared.adapters import classifier_with_dap_encoder, train_only
 from methods._shared.prompts import attach_prompt, prompt_parameters
@@ -35,6 +35,12 @@ class PromptConfig(MethodConfig):
     """Prompt vectors per domain (the paper's n_tokens)."""
     init: str = setting("SAMPLE_VOCAB", choices=INITS)
     """peft's ``PromptTuningInit``: ``SAMPLE_VOCAB`` or ``RANDOM``."""
+    prompt_lr: float | None = setting(None, low=0, low_open=True, high=10)
+    """Peak rate of the prompt vectors (None: ``dap.lr``, as every record before parameter groups). The
+    prompt-tuning paper trains them at 0.3 with ``prompt_optimizer=adafactor``; ``dapbench tune`` chooses at a
+    profile's budget."""
+    prompt_optimizer: str = setting("adamw", choices=("adamw", "adafactor"))
+    """The prompt vectors' optimiser: the DAP AdamW, or the paper's Adafactor (fixed rate, no parameter scaling)."""
 
     def extra_positions(self) -> int:
         """The prompt vectors take positions in front of every DAP chunk and end-task input."""
@@ -61,6 +67,11 @@ class PromptONE(ContinualMethod):
         model = attach_prompt(model, self.config.num_tokens, self.config.init)
         train_only(model, prompt_parameters(model))
         return model
+
+    def parameter_groups(self, model: nn.Module) -> list[ParameterGroup]:
+        """The prompt vectors, at ``prompt_lr`` with ``prompt_optimizer`` (so their update size is recorded apart)."""
+        optimizer = self.config.prompt_optimizer
+        return [ParameterGroup("prompts", prompt_parameters(model), self.config.prompt_lr, optimizer=optimizer)]
 
     def finetune_model(self, ctx: FinetuneContext) -> nn.Module:
         """Classifier whose encoder carries the trained prompt; prompt and model all trainable."""

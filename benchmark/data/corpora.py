@@ -69,9 +69,11 @@ def load_corpus(
     max_lines: int | None,
     cache_dir: Path,
     causal: bool = False,
+    validation: bool = False,
 ) -> Corpus:
     """Split lines (first ``heldout_fraction`` held out), tokenise and pack (:func:`encode_documents`); cached on
-    disk by content."""
+    disk by content. With ``validation``, the corpus's ``heldout`` part is its validation slice instead
+    (:func:`validation_split`): as many lines as the held-out part, disjoint from it and from the training lines."""
     lines = read_corpus_lines(source)
     if len(lines) < 2:
         raise DapbenchError(
@@ -82,8 +84,11 @@ def load_corpus(
     heldout_lines, train_lines = lines[:n_heldout], lines[n_heldout:]
     if max_lines is not None:
         train_lines = train_lines[:max_lines]
+    if validation:
+        train_lines, heldout_lines = validation_split(lines[n_heldout:], max_lines, n_heldout)
     checksum = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
     kind = "|causal" if causal else ""  # masked entries keep the keys they had before causal LMs existed
+    kind += "|validation" if validation else ""
     key = hashlib.sha256(
         f"{checksum}|{_tokenizer_id(tokenizer)}|{seq_len}|{heldout_fraction}|{max_lines}{kind}".encode()
     ).hexdigest()[:20]
@@ -97,11 +102,23 @@ def load_corpus(
     return Corpus(name=name, train=train, heldout=heldout, checksum=checksum)
 
 
+def validation_split(rest: list[str], max_lines: int | None, size: int) -> tuple[list[str], list[str]]:
+    """The training lines and a validation slice of ``size`` lines from ``rest`` (a corpus after its held-out lines).
+    Where ``max_lines`` leaves lines unread, the slice is the ``size`` lines after the training lines, which stay
+    exactly those of a leaderboard run; otherwise it is the last ``size`` lines, taken out of training."""
+    if max_lines is not None and len(rest) >= max_lines + size:
+        return rest[:max_lines], rest[max_lines : max_lines + size]
+    train = rest[:-size][:max_lines] if max_lines is not None else rest[:-size]
+    return train, rest[-size:]
+
+
 def load_heldout_text(
-    name: str, source: str, tokenizer, seq_len: int, cache_dir: Path, max_lines: int | None = None, causal: bool = False
-):
-    """A whole text file as packed chunks (the general corpus), and its checksum."""
+    name: str, source: str, tokenizer, seq_len: int, cache_dir: Path, max_lines: int | None = None,
+    causal: bool = False, last: int | None = None,
+):  # fmt: skip
+    """A whole text file (or its ``last`` lines) as packed chunks (the general corpus), and its checksum."""
     lines = read_corpus_lines(source)[:max_lines]
+    lines = lines[-last:] if last else lines
     checksum = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
     kind = "|causal" if causal else ""
     key = hashlib.sha256(f"{checksum}|{_tokenizer_id(tokenizer)}|{seq_len}{kind}".encode()).hexdigest()[:20]

@@ -11,7 +11,7 @@ from typing import Any
 from torch.utils.data import ConcatDataset, Dataset
 
 from benchmark.config import DapConfig, RunConfig
-from benchmark.data.corpora import Corpus, load_corpus, load_heldout_text, resolve_corpus_path
+from benchmark.data.corpora import Corpus, load_corpus, load_heldout_text, read_corpus_lines, resolve_corpus_path
 from benchmark.data.endtasks import load_end_task
 from benchmark.data.masking import batches_checksum, chunk_token_counts, heldout_mlm_batches
 from benchmark.data.suite import TaskSuite, load_suite
@@ -91,20 +91,36 @@ def prepare_data(config: RunConfig) -> RunData:
         spec = suite.domains[name]
         task = load_end_task(suite.end_tasks[spec.end_task], config.data_root, check_sizes=suite.source == "builtin")
         corpus = load_corpus(
-            name, sources[name], tokenizer, dap.seq_len, dap.heldout_fraction, dap.max_corpus_lines, cache_dir, causal
-        )
+            name, sources[name], tokenizer, dap.seq_len, dap.heldout_fraction, dap.max_corpus_lines, cache_dir, causal,
+            validation=dap.evaluate_on == "validation",
+        )  # fmt: skip
         corpora[name], tasks[name] = corpus, encode_task(task, tokenizer, config.finetune)
         checksums[f"corpus/{name}"], checksums[f"task/{task.name}"] = corpus.checksum, task.checksum
     for name, corpus in corpora.items():
         heldout[name] = _heldout_batches(corpus.heldout, tokenizer, dap, causal)
     if config.general_heldout:
+        source, last = _general_evaluation_text(config)
         general, checksums[f"corpus/{GENERAL}"] = load_heldout_text(
-            GENERAL, config.general_heldout, tokenizer, dap.seq_len, cache_dir, causal=causal
+            GENERAL, source, tokenizer, dap.seq_len, cache_dir, causal=causal, last=last
         )
         heldout[GENERAL] = _heldout_batches(general, tokenizer, dap, causal)
     checksums.update(_file_checksums(config))
     draws = 1 if causal else dap.heldout_mask_draws  # a causal LM's evaluation has nothing to draw
     return RunData(suite, domains, tokenizer, corpora, heldout, tasks, checksums, draws, dap.feature_chunks, causal)
+
+
+def _general_evaluation_text(config: RunConfig) -> tuple[str, int | None]:
+    """The general text the loss matrix measures: the general held-out text, or under ``dap.evaluate_on=validation``
+    as many lines from the end of the general training corpus (which a run without general replay never reads)."""
+    if config.dap.evaluate_on != "validation":
+        return config.general_heldout, None
+    if not config.general_corpus or config.replay.general > 0:
+        raise DapbenchError(
+            "dap.evaluate_on=validation measures general text on the last lines of general_corpus, so it needs one"
+            " and no general replay (which would train on them)",
+            "pass --set general_corpus=PATH and leave replay.general at 0 while tuning",
+        )
+    return config.general_corpus, len(read_corpus_lines(config.general_heldout))
 
 
 def _file_checksums(config: RunConfig) -> dict[str, str]:

@@ -2,8 +2,9 @@
 
 The DAP AdamW trains every parameter the method trains (weight decay on matrices only) at ``dap.lr``; a method's
 declared :class:`~benchmark.method.ParameterGroup` s train at their own rate (an ``adamw`` group inside that AdamW,
-an ``sgd`` group with a plain SGD of its own), all with the stage's schedule shape. Where a method declares no group,
-this is the one AdamW every record before groups existed was trained with, stepped identically.
+an ``sgd`` group with a plain SGD of its own, an ``adafactor`` group with the Adafactor of the prompt-tuning paper:
+fixed rate, no parameter scaling, weight decay 1e-5), all with the stage's schedule shape. Where a method declares no
+group, this is the one AdamW every record before groups existed was trained with, stepped identically.
 """
 
 from __future__ import annotations
@@ -43,13 +44,18 @@ def build_optimizers(
     adamw = build_optimizer([(n, p) for n, p in params if id(p) not in own], dap, fused)
     optimizers = [adamw]
     for group in groups:
-        tensors = [p for _, p in group.parameters]
+        tensors, lr = [p for _, p in group.parameters], dap.lr if group.lr is None else group.lr
         if group.optimizer == "adamw":
             for part in param_groups(group.parameters, dap.weight_decay):
                 if part["params"]:
-                    adamw.add_param_group({**part, "lr": group.lr})
+                    adamw.add_param_group({**part, "lr": lr})
+        elif group.optimizer == "adafactor":
+            from transformers.optimization import Adafactor
+
+            # Lester et al. 2021: Adafactor at a fixed rate, parameter scaling off, weight decay 1e-5, beta2 decay 0.8
+            optimizers.append(Adafactor(tensors, lr=lr, scale_parameter=False, relative_step=False, weight_decay=1e-5))
         else:
-            optimizers.append(torch.optim.SGD(tensors, lr=group.lr))
+            optimizers.append(torch.optim.SGD(tensors, lr=lr))
     return optimizers
 
 
@@ -86,9 +92,10 @@ class StageUpdate:
     """What ends an update after its micro-batches: the method's gradient hooks, clipping, the optimizers' and
     schedules' steps, the method's after-step hook.
 
-    Only the DAP AdamW (``optimizer``) is prepared by accelerate; a method group's own optimizer (``extra``: SGD) is
-    stepped before it, through the fp16 gradient scaler where there is one, so the scaler's once-per-update
-    ``update`` (inside the prepared optimizer's step) comes after every optimizer has been checked for overflow."""
+    Only the DAP AdamW (``optimizer``) is prepared by accelerate; a method group's own optimizer (``extra``: SGD,
+    Adafactor) is stepped before it, through the fp16 gradient scaler where there is one, so the scaler's
+    once-per-update ``update`` (inside the prepared optimizer's step) comes after every optimizer has been checked for
+    overflow."""
 
     optimizer: Any
     extra: list

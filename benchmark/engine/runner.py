@@ -77,7 +77,22 @@ class ContinualRun:
         p.tracker.finish()
         return record
 
-    def _stages(self, clock: RunClock) -> None:
+    def pretrain_only(self) -> dict[str, float]:
+        """Every stage not finished yet (resumably), without the end tasks; the losses measured after the last stage
+        (what ``dapbench tune`` compares)."""
+        p = self.parts
+        p.layout.root.mkdir(parents=True, exist_ok=True)
+        shown = p.show_progress and p.accelerator.is_main_process
+        phases = 1 + len(p.schedule.stages()) * stage_phases(p.schedule)
+        p.progress = RunProgress(p.where, self.position, p.data.domains, phases, enabled=shown)
+        try:
+            self._stages(RunClock(p.layout.clock), end_tasks=False)
+        finally:
+            p.progress.close()
+            p.progress = None
+        return read_work_file(p.layout.domain_done(p.schedule.stages()[-1]), "domain progress file")["mlm_loss"]
+
+    def _stages(self, clock: RunClock, end_tasks: bool = True) -> None:
         """The base model's evaluation, then every stage and end-task row not finished yet, on the progress line."""
         p = self.parts
         with p.phase(None, "held-out evaluation"):
@@ -90,7 +105,8 @@ class ContinualRun:
                 with error_context(f"{p.where}, domain {t} ({p.data.domains[t]})"):
                     self.stages.run(t)
                 clock.save()
-            self.end_tasks.run_row(t, on_cell_done=clock.save)
+            if end_tasks:
+                self.end_tasks.run_row(t, on_cell_done=clock.save)
             if t > 0 and not p.config.keep_checkpoints and p.accelerator.is_main_process:
                 p.layout.discard_checkpoint(t - 1)  # its row is done; the next stage starts from checkpoint t
 
