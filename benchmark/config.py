@@ -471,6 +471,28 @@ def _mini_causal() -> RunConfig:
     return dataclasses.replace(_mini(), profile="mini-causal", model="recipe:general-causal")
 
 
+def _mini_rung(profile: str, factor: int) -> RunConfig:
+    mini = _mini()
+    return dataclasses.replace(mini, profile=profile, dap=dataclasses.replace(mini.dap, steps=mini.dap.steps * factor))
+
+
+def _mini_4x() -> RunConfig:
+    """The budget ladder's middle rung (issue #46): ``mini`` with 4x its DAP updates per domain (96 updates, 98K
+    tokens), all else equal, so its group differs from ``mini``'s only in ``dap.steps`` (the report reads the rungs as
+    one ladder). At the mini rung's measured one-thread speeds (NCL 513 tokens/s, DAS 189) a run's DAP takes about
+    19 min (NCL) to 52 min (DAS) over six domains, plus the same evaluation as ``mini``."""
+    return _mini_rung("mini-4x", 4)
+
+
+def _mini_pass() -> RunConfig:
+    """The budget ladder's top rung (issue #46): ``mini`` with 12x its DAP updates (288 updates of 16 x 64 tokens,
+    295K tokens per domain: about one pass over a domain's training text at the 1500-line cap, which packs into 1.9K
+    (camera) to 7.5K (pubmed) chunks of 64 tokens with the small model's tokenizer, 4.6K chunks at this budget). At
+    the one-thread speeds above a run's DAP takes about 1 h (NCL) to 2.6 h (DAS): the ladder spans sessions and
+    resumes from stage checkpoints."""
+    return _mini_rung("mini-pass", 12)
+
+
 @dataclass(frozen=True)
 class Profile:
     """A named starting configuration."""
@@ -482,6 +504,8 @@ PROFILES = {
     "synthetic": Profile(_synthetic),
     "mini": Profile(_mini),
     "mini-causal": Profile(_mini_causal),
+    "mini-4x": Profile(_mini_4x),
+    "mini-pass": Profile(_mini_pass),
     "gpu-small": Profile(_gpu_small),
     "ci": Profile(_ci),
     "paper": Profile(_paper),

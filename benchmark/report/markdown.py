@@ -56,9 +56,10 @@ LEFT_OUT_KINDS = {
 
 
 def leaderboard_markdown(
-    sections: list[tuple[Group, GroupStatistics, dict[str, str]]], left_out: list[LeftOut] = ()
+    sections: list[tuple[Group, GroupStatistics, dict[str, str]]], left_out: list[LeftOut] = (), ladders: list = ()
 ) -> str:
-    """The whole leaderboard: ``sections`` are each group with its statistics and its plots (kind -> link)."""
+    """The whole leaderboard: ``sections`` are each group with its statistics and its plots (kind -> link);
+    ``ladders`` each budget ladder's reading with its plot's link (:mod:`benchmark.report.ladder`)."""
     lines = list(HEADER)
     if not sections:
         lines.append("No complete run records yet.")
@@ -72,6 +73,12 @@ def leaderboard_markdown(
         lines += ["", "**Reading** (generated from the numbers above):", ""]
         lines += [*loss_reading(stats), *training_reading(stats), *variant_reading(stats), *sibling_reading(stats)]
         lines += [*end_task_reading(stats), ""]
+    if ladders:
+        from benchmark.report.ladder import ladder_markdown
+
+        lines += ["## Ranking stability across budgets", ""]
+        for reading, plot in ladders:
+            lines += ladder_markdown(reading, plot)
     if left_out:
         lines += ["## Left out", ""]
         for kind, meaning in LEFT_OUT_KINDS.items():

@@ -43,7 +43,9 @@ def write_report(output_dir: str | Path, show_progress: bool = False) -> dict[st
         written += _write_runs(group, report, previous, manifest)
         written += _write_group_plots(group, report, previous, manifest, plots_code)
     sections = [(g, _statistics(g), _links(manifest["groups"][g.key]["files"])) for g in groups]
-    atomic_write_text(out / "leaderboard.md", leaderboard_markdown(sections, left_out))
+    ladders = _write_ladders(sections, report, manifest)
+    written += len(ladders)
+    atomic_write_text(out / "leaderboard.md", leaderboard_markdown(sections, left_out, ladders))
     _remove_unproduced(report, previous, manifest)
     atomic_write_json(report / MANIFEST, manifest)
     return {"records": len(records), "groups": len(groups), "files": written + 1}
@@ -99,6 +101,20 @@ def _write_group_plots(group: Group, report: Path, previous: dict, manifest: dic
             entry["files"][kind] = relative
     manifest["groups"][group.key] = entry
     return len(entry["files"])
+
+
+def _write_ladders(sections: list, report: Path, manifest: dict) -> list[tuple]:
+    """Every budget ladder among the groups (:mod:`benchmark.report.ladder`), read and plotted; its plot is listed in
+    the manifest like a group's, so it is removed once the ladder is gone."""
+    from benchmark.report.ladder import find_ladders, plot_ladder, read_ladder
+
+    out = []
+    for ladder in find_ladders(sections):
+        reading, relative = read_ladder(ladder), f"plots/ladder-{ladder.key}.png"
+        plot_ladder(reading, report / relative)
+        manifest["groups"][f"ladder-{ladder.key}"] = {"digest": ladder.key, "files": {"ladder": relative}}
+        out.append((reading, _links({"ladder": relative})["ladder"]))
+    return out
 
 
 def _links(files: dict[str, str]) -> dict[str, str]:

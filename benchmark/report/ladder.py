@@ -1,0 +1,250 @@
+"""Rankings across a budget ladder (issue #46): do a group's verdicts hold when the methods train longer?
+
+A ladder is a set of leaderboard groups that differ in nothing but the DAP budget (``dap.steps``): the same model,
+data, evaluation and end-task protocol, found in the records themselves, so any family of rungs (the ``mini``,
+``mini-4x`` and ``mini-pass`` profiles, or a user's ``--set dap.steps=`` series) is read alike. Per metric, the rows
+the rungs share are ranked at each rung and compared between consecutive rungs (and bottom against top) by Kendall's
+tau, with a bootstrap interval that resamples each method's seeds and the held-out chunks (or test examples) the
+metric was measured on, the same replicates the leaderboard's own intervals use. A pairwise verdict (method A better
+than B) is resolved at a rung when the 95% bootstrap interval of their difference excludes zero; between rungs it
+keeps, flips (resolved both times, opposite ways) or appears (resolved only at the larger budget).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from itertools import combinations
+
+import numpy as np
+
+from benchmark.report.frame import END_TASK_COLUMNS, LOSS_COLUMNS, Column
+from benchmark.report.statistics import REPLICATES, GroupStatistics
+
+LADDER_COLUMNS = [c for c in LOSS_COLUMNS + END_TASK_COLUMNS if c.metric and c.higher_is_better is not None]
+"""The columns a ladder compares: those with a direction and replicated evaluation error."""
+BOOTSTRAP = REPLICATES
+"""Joint resamples of seeds and evaluation sample per ladder (one per evaluation-sample replicate)."""
+
+
+@dataclass
+class Rung:
+    """One group of a ladder: its statistics and its budget."""
+
+    stats: GroupStatistics
+    key: str
+    steps: int
+    tokens_per_domain: int
+
+
+@dataclass
+class Ladder:
+    """Groups that differ only in their DAP budget, smallest first."""
+
+    rungs: list[Rung]
+    key: str
+    references: dict[str, str] = field(default_factory=dict)
+
+    def labels(self) -> list[str]:
+        """The method rows every rung has."""
+        shared = set.intersection(*(set(r.stats.part["method"]) for r in self.rungs))
+        return sorted(shared)
+
+
+def find_ladders(sections: list[tuple]) -> list[Ladder]:
+    """The ladders among a leaderboard's ``(group, statistics, plots)`` sections: two or more groups whose payloads
+    are equal once ``dap.steps`` is left out (parts of a group split by domain orders are left out)."""
+    by_key: dict[str, list[Rung]] = {}
+    for group, stats, _ in sections:
+        if group.orders:
+            continue
+        payload = json.loads(json.dumps(group.payload))
+        dap = payload.get("config", {}).get("dap", {})
+        steps = int(group.records[0]["config"]["dap"]["steps"])
+        dap.pop("steps", None)
+        key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
+        dap_config = group.records[0]["config"]["dap"]
+        tokens = steps * int(dap_config["batch_size"]) * int(dap_config["seq_len"])
+        by_key.setdefault(key, []).append(Rung(stats, group.key, steps, tokens))
+    ladders = []
+    for key, rungs in sorted(by_key.items()):
+        if len({r.steps for r in rungs}) >= 2:
+            rungs = sorted(rungs, key=lambda r: r.steps)
+            ladders.append(Ladder(rungs, key, rungs[-1].stats.references))
+    return ladders
+
+
+def replicates(stats: GroupStatistics, label: str, column: Column, rng: np.random.Generator) -> np.ndarray | None:
+    """``BOOTSTRAP`` replicates of ``label``'s mean on ``column``: each a mean over a resample of its seeds, each
+    seed's value taken from one bootstrap replicate of the evaluation sample (its point value where it has none)."""
+    rows = stats.part[stats.part["method"] == label].dropna(subset=[column.title])
+    if rows.empty:
+        return None
+    values = []
+    for run_id, point in zip(rows["run_id"], rows[column.title], strict=True):
+        sampled = stats.sample.of(run_id, column.metric)
+        values.append(np.full(BOOTSTRAP, point) if sampled is None else sampled)
+    table = np.stack(values)  # seeds x replicates
+    picks = rng.integers(0, len(table), (BOOTSTRAP, len(table)))
+    return table[picks, np.arange(BOOTSTRAP)[:, None]].mean(axis=1)
+
+
+def kendall_tau(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Kendall's tau-b of two rankings of the same rows, along the last axis (one tau per leading index): the sum over
+    row pairs of sign(a_i - a_j) sign(b_i - b_j), normalised by the pairs each ranking does not tie."""
+    sa = np.sign(a[..., :, None] - a[..., None, :])
+    sb = np.sign(b[..., :, None] - b[..., None, :])
+    denominator = np.sqrt((sa**2).sum(axis=(-2, -1)) * (sb**2).sum(axis=(-2, -1)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (sa * sb).sum(axis=(-2, -1)) / denominator
+
+
+@dataclass
+class TauResult:
+    """Kendall's tau of one metric between two rungs, over the rows both have, with its bootstrap interval."""
+
+    column: str
+    rungs: tuple[int, int]
+    rows: int
+    tau: float
+    low: float
+    high: float
+
+
+@dataclass
+class Verdict:
+    """A pairwise verdict on one metric between two rungs: kept, flipped or appeared."""
+
+    column: str
+    better: str
+    worse: str
+    change: str
+    rungs: tuple[int, int]
+
+
+@dataclass
+class LadderReading:
+    """Everything the leaderboard says about one ladder."""
+
+    ladder: Ladder
+    taus: list[TauResult]
+    verdicts: list[Verdict]
+    means: dict[str, dict[str, list[float | None]]]
+    """Per column title and row label, its mean at each rung (None where the rung lacks it)."""
+
+
+def read_ladder(ladder: Ladder) -> LadderReading:
+    """Tau per metric between consecutive rungs (and bottom to top), and every pairwise verdict that kept, flipped or
+    appeared between consecutive rungs."""
+    rng = np.random.default_rng(int(ladder.key, 16))
+    labels = ladder.labels()
+    samples = {c.title: [{lab: replicates(r.stats, lab, c, rng) for lab in labels} for r in ladder.rungs]
+               for c in LADDER_COLUMNS}  # fmt: skip
+    means = {c.title: {lab: [_mean(r.stats, lab, c) for r in ladder.rungs] for lab in labels} for c in LADDER_COLUMNS}
+    pairs = [(i, i + 1) for i in range(len(ladder.rungs) - 1)]
+    pairs += [(0, len(ladder.rungs) - 1)] if len(ladder.rungs) > 2 else []
+    taus, verdicts = [], []
+    for column in LADDER_COLUMNS:
+        for i, j in pairs:
+            taus += _tau(column, samples[column.title], means[column.title], i, j)
+        for i, j in pairs[: len(ladder.rungs) - 1]:
+            verdicts += _verdicts(column, samples[column.title], i, j)
+    return LadderReading(ladder, taus, verdicts, means)
+
+
+def _mean(stats: GroupStatistics, label: str, column: Column) -> float | None:
+    rows = stats.part[stats.part["method"] == label][column.title].dropna()
+    return None if rows.empty else float(rows.mean())
+
+
+def _tau(column: Column, samples: list[dict], means: dict, i: int, j: int) -> list[TauResult]:
+    rows = [lab for lab in means if means[lab][i] is not None and means[lab][j] is not None]
+    if len(rows) < 3:
+        return []
+    point = float(kendall_tau(np.array([means[r][i] for r in rows]), np.array([means[r][j] for r in rows])))
+    before, after = (np.stack([samples[k][r] for r in rows], axis=1) for k in (i, j))  # replicates x rows
+    drawn = kendall_tau(before, after)
+    drawn = drawn[np.isfinite(drawn)]  # a replicate in which one rung ties every row has no tau
+    low, high = np.percentile(drawn, [2.5, 97.5]) if len(drawn) else (np.nan, np.nan)
+    return [TauResult(column.title, (i, j), len(rows), point, float(low), float(high))]
+
+
+def _verdicts(column: Column, samples: list[dict], i: int, j: int) -> list[Verdict]:
+    out = []
+    rows = [lab for lab in samples[i] if samples[i][lab] is not None and samples[j][lab] is not None]
+    for a, b in combinations(rows, 2):
+        before, after = _resolved(column, samples[i][a], samples[i][b]), _resolved(column, samples[j][a], samples[j][b])
+        if after is None:
+            continue
+        better, worse = (a, b) if after else (b, a)
+        change = "appeared" if before is None else "kept" if before == after else "flipped"
+        out.append(Verdict(column.title, better, worse, change, (i, j)))
+    return out
+
+
+def _resolved(column: Column, a: np.ndarray, b: np.ndarray) -> bool | None:
+    """True if ``a`` is resolved better than ``b`` (95% interval of the difference excludes 0), False if worse,
+    None if unresolved."""
+    low, high = np.percentile(a - b, [2.5, 97.5])
+    if low <= 0 <= high:
+        return None
+    return (low > 0) == bool(column.higher_is_better)
+
+
+def ladder_markdown(reading: LadderReading, plot: str | None) -> list[str]:
+    """The leaderboard's section on one ladder: its rungs, tau per metric and rung pair, the verdicts that changed."""
+    from benchmark.report.escape import code
+
+    rungs = reading.ladder.rungs
+    budget = [f"{r.steps} updates ({r.tokens_per_domain:,} tokens per domain)" for r in rungs]
+    lines = [f"### Ladder {code(reading.ladder.key)}: {' -> '.join(budget)}", ""]
+    lines += [f"Groups {', '.join(code(r.key) for r in rungs)}; {len(reading.ladder.labels())} rows at every rung."]
+    lines += ["Kendall's tau of the rows' ranking between rungs, with a 95% bootstrap interval over seeds and the"]
+    lines += ["evaluation sample (1 = the same order, 0 = unrelated, -1 = reversed):", ""]
+    lines += ["| metric | rungs | rows | tau | 95% interval |", "|---|---|---|---|---|"]
+    for t in reading.taus:
+        steps = f"{rungs[t.rungs[0]].steps} -> {rungs[t.rungs[1]].steps} updates"
+        tau = "n/a (every row tied)" if np.isnan(t.tau) else f"{t.tau:+.2f}"
+        interval = "n/a" if np.isnan(t.low) else f"[{t.low:+.2f}, {t.high:+.2f}]"
+        lines.append(f"| {t.column} | {steps} | {t.rows} | {tau} | {interval} |")
+    lines.append("")
+    for i in range(len(rungs) - 1):
+        changes = [v for v in reading.verdicts if v.rungs == (i, i + 1)]
+        counts = {kind: sum(v.change == kind for v in changes) for kind in ("kept", "flipped", "appeared")}
+        lines.append(f"From {rungs[i].steps} to {rungs[i + 1].steps} updates, resolved pairwise verdicts: "
+                     + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + ".")  # fmt: skip
+        lines += [f"- flipped: {v.column}: {code(v.better)} now better than {code(v.worse)}"
+                  for v in changes if v.change == "flipped"]  # fmt: skip
+    if plot:
+        lines += ["", f"![metric against budget]({plot})"]
+    return [*lines, ""]
+
+
+def plot_ladder(reading: LadderReading, path) -> object:
+    """Each metric against the budget (tokens per domain, log scale), one small panel per metric, a line per row;
+    the reference rows (no DAP, naive continual, the proposed method) drawn in colour, the others in grey."""
+    from benchmark.report.plots import _pyplot, _save
+
+    plt = _pyplot()
+    tokens = [r.tokens_per_domain for r in reading.ladder.rungs]
+    references = set(reading.ladder.references.values())
+    ncols = 3
+    nrows = -(-len(LADDER_COLUMNS) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
+    for ax, column in zip(axes.flat, LADDER_COLUMNS, strict=False):
+        scale = 100.0 if column.kind == "pct" else 1.0
+        for label, means in sorted(reading.means[column.title].items(), key=lambda item: item[0] in references):
+            ys = [np.nan if m is None else m * scale for m in means]
+            style = {"lw": 2.2, "marker": "o", "label": label} if label in references else {"lw": 0.8, "color": "0.65"}
+            ax.plot(tokens, ys, **style)
+        ax.set_xscale("log")
+        ax.set_title(f"{column.title} ({'higher' if column.higher_is_better else 'lower'} is better)", fontsize=9)
+        ax.set_xlabel("DAP tokens per domain", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(LADDER_COLUMNS) :]:
+        ax.axis("off")
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, names, loc="lower right", fontsize=8, title="reference rows (others grey)")
+    return _save(fig, path)

@@ -1,0 +1,86 @@
+"""The budget ladder (issue #46): groups that differ only in ``dap.steps`` are read as rungs of one ladder, with
+Kendall's tau of the rows' ranking between rungs and the pairwise verdicts that keep, flip or appear."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from benchmark.config import profile_config
+from benchmark.data.inputs import prepare_data
+from benchmark.engine.runner import ContinualRun
+from benchmark.io import atomic_write_json
+from benchmark.report.ladder import kendall_tau
+
+
+def test_kendall_tau_is_one_for_the_same_order_minus_one_reversed_and_counts_discordant_pairs():
+    a = np.array([0.1, 0.5, 0.3, 0.9])
+    assert kendall_tau(a, a) == pytest.approx(1.0)
+    assert kendall_tau(a, -a) == pytest.approx(-1.0)
+    b = np.array([0.1, 0.3, 0.5, 0.9])  # one of the six pairs swapped: (5 - 1) / 6
+    assert kendall_tau(a, b) == pytest.approx(4 / 6)
+    stacked = kendall_tau(np.stack([a, a]), np.stack([a, b]))  # one tau per leading index
+    assert stacked == pytest.approx([1.0, 4 / 6])
+
+
+@pytest.fixture(scope="module")
+def rungs(world_root, tiny_model, tmp_path_factory):
+    """none, ncl and one at 2 and 6 updates per domain, seeds 1 and 2, written as two profiles' records; and one
+    ncl group at another learning rate (not a rung: it differs in more than the budget)."""
+    base = profile_config("synthetic")
+    out = tmp_path_factory.mktemp("ladder")
+    config = dataclasses.replace(
+        base, model=str(tiny_model), data_root=str(world_root), general_heldout=str(world_root / "general_heldout.txt"),
+        general_corpus=str(world_root / "general.txt"), sequence="alpha,beta", output_dir=str(out),
+        work_dir=str(out / "work"),
+        dap=dataclasses.replace(base.dap, batch_size=8, per_device_batch_size=4, heldout_chunks=8, probe_chunks=8,
+                                probe_batch_size=4, log_every=2),
+        finetune=dataclasses.replace(base.finetune, default_epochs=1, max_train_examples=24, max_test_examples=24,
+                                     batch_size=8),
+    )  # fmt: skip
+    cases = [("rung-a", 2, 1e-4, ("none", "ncl", "one")), ("rung-b", 6, 1e-4, ("none", "ncl", "one"))]
+    cases.append(("other-lr", 6, 3e-4, ("ncl",)))
+    for profile, steps, lr, methods in cases:
+        rung = dataclasses.replace(config, profile=profile, dap=dataclasses.replace(config.dap, steps=steps, lr=lr))
+        data = prepare_data(rung)
+        for method in methods:
+            for seed in (1, 2):
+                record = ContinualRun(rung, data, method, seed, show_progress=False).execute()
+                atomic_write_json(out / "results" / profile / f"{record['run_id']}.json", record)
+    return out
+
+
+def test_two_groups_that_differ_only_in_budget_are_one_ladder_and_its_reading_is_on_the_leaderboard(rungs):
+    from benchmark.report.writer import write_report
+
+    write_report(rungs)
+    board = (rungs / "leaderboard.md").read_text()
+    section = board[board.index("## Ranking stability across budgets") :]
+    assert section.count("### Ladder") == 1  # the other-lr group is not a rung
+    assert "2 updates (512 tokens per domain) -> 6 updates (1,536 tokens per domain)" in section
+    assert "| plasticity | 2 -> 6 updates | 3 |" in section and "| final macro-F1 | 2 -> 6 updates | 3 |" in section
+    assert "resolved pairwise verdicts:" in section
+    plots = list((rungs / "results" / "report" / "plots").glob("ladder-*.png"))
+    assert len(plots) == 1 and plots[0].stat().st_size > 10_000
+    assert f"(results/report/plots/{plots[0].name})" in section
+
+
+def test_the_ladder_reading_gives_taus_within_their_intervals_and_verdicts_between_consecutive_rungs(rungs):
+    from benchmark.records.store import leaderboard_records
+    from benchmark.report.groups import group_records
+    from benchmark.report.ladder import find_ladders, read_ladder
+    from benchmark.report.writer import _statistics
+
+    groups, _ = group_records(leaderboard_records(rungs / "results"))
+    ladders = find_ladders([(g, _statistics(g), {}) for g in groups])
+    assert len(ladders) == 1 and [r.steps for r in ladders[0].rungs] == [2, 6]
+    reading = read_ladder(ladders[0])
+    assert ladders[0].labels() == ["ncl", "none", "one"]
+    measured = [t for t in reading.taus if not np.isnan(t.tau)]  # a metric on which every row ties has no tau
+    assert measured and all(-1 <= t.low <= t.high <= 1 and -1 <= t.tau <= 1 for t in measured)
+    assert {v.change for v in reading.verdicts} <= {"kept", "flipped", "appeared"}
+    assert all(v.rungs == (0, 1) and v.better != v.worse for v in reading.verdicts)
+    # none does not train: its held-out losses are the base model's at every rung
+    assert reading.means["plasticity"]["none"][0] == reading.means["plasticity"]["none"][1]
