@@ -126,7 +126,7 @@ SCHEDULES = ("per_domain_linear", "rewarm_cosine", "global", "wsd")
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """The DAP learning-rate schedule (:mod:`benchmark.engine.lr_schedule`), a recipe option of every method: its
+    """The DAP learning-rate schedule (:mod:`benchmark.engine.recipe`), a recipe option of every method: its
     non-default values label the leaderboard row (``ncl[schedule.name=wsd]``) and enter the run id."""
 
     name: str = setting("per_domain_linear", choices=SCHEDULES)

@@ -5,7 +5,8 @@ import numpy as np
 import torch
 
 from benchmark.config import FinetuneConfig
-from benchmark.engine.finetune import EncodedTask, _train_loader, encoder_features, probe_and_evaluate
+from benchmark.data.endtasks import EncodedTask
+from benchmark.engine.finetune import _train_loader, encoder_features, probe_and_evaluate
 
 
 def _features(n: int) -> list[dict]:

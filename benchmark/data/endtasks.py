@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmark.config import FinetuneConfig
 from benchmark.data.suite import EndTaskSpec, require_data_root
 from benchmark.errors import DapbenchError
 
@@ -143,3 +144,36 @@ def format_example(example: Example, sep_token: str | None) -> str:
     if sep_token is None:
         return f"{example.aspect.strip()}: {example.text}"
     return f"{example.aspect.strip()} {sep_token}{example.text}"
+
+
+@dataclass
+class EncodedTask:
+    """An end task tokenised once and reused by every fine-tune of the run."""
+
+    name: str
+    num_labels: int
+    train: list[dict]
+    test: list[dict]
+    test_labels: list[int]
+
+
+def encode_task(task: EndTaskData, tokenizer, cfg: FinetuneConfig) -> EncodedTask:
+    """Subsample (fixed subsets) and tokenise an end task with truncation to ``cfg.max_length``."""
+    train = fixed_subset(task.train, cfg.max_train_examples, f"{task.name}/train")
+    test = fixed_subset(task.test, cfg.max_test_examples, f"{task.name}/test")
+    return EncodedTask(
+        name=task.name,
+        num_labels=len(task.labels),
+        train=_encode(train, tokenizer, cfg.max_length),
+        test=_encode(test, tokenizer, cfg.max_length),
+        test_labels=[ex.label for ex in test],
+    )
+
+
+def _encode(examples: list[Example], tokenizer, max_length: int) -> list[dict]:
+    texts = [format_example(ex, tokenizer.sep_token) for ex in examples]
+    encoded = tokenizer(texts, truncation=True, max_length=max_length)
+    return [
+        {"input_ids": ids, "attention_mask": mask, "labels": ex.label}
+        for ids, mask, ex in zip(encoded["input_ids"], encoded["attention_mask"], examples, strict=True)
+    ]

@@ -12,10 +12,9 @@ from torch.utils.data import ConcatDataset, Dataset
 
 from benchmark.config import DapConfig, RunConfig
 from benchmark.data.corpora import Corpus, load_corpus, load_heldout_text, read_corpus_lines, resolve_corpus_path
-from benchmark.data.endtasks import load_end_task
+from benchmark.data.endtasks import EncodedTask, encode_task, load_end_task
 from benchmark.data.masking import batches_checksum, chunk_token_counts, heldout_mlm_batches
 from benchmark.data.suite import TaskSuite, load_suite
-from benchmark.engine.finetune import EncodedTask, encode_task
 from benchmark.errors import DapbenchError
 from benchmark.records.identity import FileHashCache, file_checksum, model_checksum, shared_cache_path
 

@@ -1,6 +1,6 @@
 """Held-out evaluation of a DAP model: MLM loss per held-out set and representation drift from the base model.
 
-Both run in eval mode (no dropout) on the fixed held-out batches of :class:`benchmark.runner.RunData`,
+Both run in eval mode (no dropout) on the fixed held-out batches of :class:`benchmark.data.inputs.RunData`,
 whose masks come from a generator the project owns, so every method and device sees the same batches.
 """
 
@@ -98,7 +98,7 @@ def _batch_losses(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _add_chunk_sums(sums: dict[int, float], batch, token_losses: torch.Tensor) -> None:
     """Add each masked token's loss to its held-out chunk's sum. ``batch["chunk_index"]`` names the rows' chunks
-    (:func:`benchmark.data.heldout_mlm_batches`); batches without it count as new chunks, one per row."""
+    (:func:`benchmark.data.masking.heldout_mlm_batches`); batches without it count as new chunks, one per row."""
     size = batch["input_ids"].shape[0]
     rows = batch["mlm_positions"] // batch["input_ids"].shape[1]
     per_row = torch.zeros(size, dtype=torch.float64, device=token_losses.device)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -14,43 +13,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from benchmark.config import FinetuneConfig
-from benchmark.data.endtasks import EndTaskData, Example, fixed_subset, format_example
+from benchmark.data.endtasks import EncodedTask
 from benchmark.engine.optimizers import fused_adamw
 from benchmark.errors import NonFiniteError
 from benchmark.metrics import classification_scores
-
-
-@dataclass
-class EncodedTask:
-    """An end task tokenised once and reused by every fine-tune of the run."""
-
-    name: str
-    num_labels: int
-    train: list[dict]
-    test: list[dict]
-    test_labels: list[int]
-
-
-def encode_task(task: EndTaskData, tokenizer, cfg: FinetuneConfig) -> EncodedTask:
-    """Subsample (fixed subsets) and tokenise an end task with truncation to ``cfg.max_length``."""
-    train = fixed_subset(task.train, cfg.max_train_examples, f"{task.name}/train")
-    test = fixed_subset(task.test, cfg.max_test_examples, f"{task.name}/test")
-    return EncodedTask(
-        name=task.name,
-        num_labels=len(task.labels),
-        train=_encode(train, tokenizer, cfg.max_length),
-        test=_encode(test, tokenizer, cfg.max_length),
-        test_labels=[ex.label for ex in test],
-    )
-
-
-def _encode(examples: list[Example], tokenizer, max_length: int) -> list[dict]:
-    texts = [format_example(ex, tokenizer.sep_token) for ex in examples]
-    encoded = tokenizer(texts, truncation=True, max_length=max_length)
-    return [
-        {"input_ids": ids, "attention_mask": mask, "labels": ex.label}
-        for ids, mask, ex in zip(encoded["input_ids"], encoded["attention_mask"], examples, strict=True)
-    ]
 
 
 def finetune_and_evaluate(

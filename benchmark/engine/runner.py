@@ -1,9 +1,9 @@
 """The continual runner: DAP through a domain sequence, end-task fine-tunes, one record per run.
 
-For every stage t of the method's :class:`~benchmark.schedule.StageSchedule`: ``before_domain`` -> train
-(:class:`~benchmark.training.DapTrainer`) -> ``after_domain`` -> held-out losses and representation drift
+For every stage t of the method's :class:`~benchmark.engine.schedule.StageSchedule`: ``before_domain`` -> train
+(:class:`~benchmark.engine.training.DapTrainer`) -> ``after_domain`` -> held-out losses and representation drift
 -> atomic checkpoint -> fine-tune the row of A[t][k] that ``--matrix`` asks for. Finished stages and
-fine-tunes are files in the run's :class:`~benchmark.layout.RunLayout`, skipped when a run is started again.
+fine-tunes are files in the run's :class:`~benchmark.engine.layout.RunLayout`, skipped when a run is started again.
 
 :class:`ContinualRun` drives the parts, which share one :class:`RunParts`: :class:`StageModels` (which
 model a stage starts from), :class:`BaseEvaluation` (the base model's held-out numbers), :class:`StageRunner`

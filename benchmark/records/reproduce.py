@@ -153,7 +153,7 @@ def kind_of(path: str) -> str | None:
             return kind
     raise DapbenchError(
         f"the record field {path} is neither a result kind nor listed as not a result",
-        "classify it in benchmark.reproduce.KIND_RULES or NOT_RESULTS",
+        "classify it in benchmark.records.reproduce.KIND_RULES or NOT_RESULTS",
     )
 
 

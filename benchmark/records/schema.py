@@ -12,7 +12,7 @@ Schema history:
   ``data_checksums`` also covers the base model's files and the general training corpus;
   ``finetune.protocol``, ``mlm_loss.metrics``, ``representation`` and ``majority_class`` are always present
   (the last two None in records migrated from schema 1 that lack them).
-- 3: the run id hashes the canonical identity (``benchmark.identity.RunIdentity``): ``identity`` also holds the
+- 3: the run id hashes the canonical identity (``benchmark.records.identity.RunIdentity``): ``identity`` also holds the
   method's canonical options (and the process count where it matters), so the id can be re-derived from the record
   itself; ``mlm_loss.chunks`` holds every held-out chunk's summed loss (and masked-token count), from which the
   report bootstraps over the evaluation sample; ``comparison_role``, ``leaderboard_note`` and ``model_kind`` carry
@@ -110,7 +110,8 @@ class RunRecord(TypedDict):
 
     schema: int
     run_id: str
-    """``<method>-<sequence>-seed<seed>-<hash>`` (``benchmark.identity.run_id``); the file is ``<run_id>.json``."""
+    """``<method>-<sequence>-seed<seed>-<hash>`` (``benchmark.records.identity.RunIdentity.run_id``); the file is
+    ``<run_id>.json``."""
     status: str
     """``complete`` (only complete records are written)."""
     method: str

@@ -86,7 +86,7 @@ def installed_method(name: str) -> type | None:
 def load_record(path: str | Path) -> RunRecord:
     """Read, migrate and check one run record file: its schema, that its run id is its file name, method and seed
     (and, for schema 3, the hash of its own identity fields), and that every derived number is what its raw
-    numbers give (:func:`benchmark.record_checks.check_record`)."""
+    numbers give (:func:`benchmark.records.checks.check_record`)."""
     from benchmark.records.checks import check_record
 
     path = Path(path)

@@ -1,7 +1,7 @@
 """Leaderboard groups from content: records belong together when everything that determines their numbers, except
 the method, its options and the seed, is the same.
 
-The group of a record is its identity's group payload (:meth:`benchmark.identity.RunIdentity.group_payload`: the
+The group of a record is its identity's group payload (:meth:`benchmark.records.identity.RunIdentity.group_payload`: the
 canonical configuration, the domains, the input checksums and the numerics version), so a setting added later
 can never be left out of it and records made with another ``dap.lr``, other end-task files or older numerics never
 share a group. The domains enter as a set: runs over several orders of one suite (``seq0..seq4``) form one group,
