@@ -78,6 +78,20 @@ def _method_name(name: str) -> str:
     return default_registry().canonical_name(name)
 
 
+def _method_class(name: str):
+    from benchmark.registry import default_registry
+
+    return default_registry().get(name)
+
+
+def continual_run(config: RunConfig, data, method: str, seed: int, show_progress: bool = True, position=None):
+    """The :class:`~benchmark.engine.runner.ContinualRun` of the registered method ``method`` (any spelling the
+    registry accepts) with ``seed`` over ``data``: where a method name becomes its class."""
+    from benchmark.engine.runner import ContinualRun
+
+    return ContinualRun(config, data, _method_class(method), seed, show_progress, position)
+
+
 def validate_config(config: RunConfig) -> None:
     """Every check that needs no data: methods, their options, the DAP budget, seeds, names that become paths."""
     from benchmark.registry import default_registry
@@ -149,7 +163,7 @@ def run_benchmark(
         (data,) = check_inputs([config])
     records, grid = [], [(method, seed) for method in config.methods for seed in config.seeds]
     for index, (method, seed) in enumerate(grid, 1):
-        run = ContinualRun(config, data, method, seed, show_progress, RunPosition(index, len(grid)))
+        run = ContinualRun(config, data, _method_class(method), seed, show_progress, RunPosition(index, len(grid)))
         path = path_inside(config.output_dir, "results", config.profile, f"{run.run_id}.json")
         record = run_once(run, path, echo, describe=one_line)
         if record is not None:
@@ -397,7 +411,6 @@ def reproduce(
     """Re-run a record's method and seed from scratch (its recorded thread count by default: CPU float
     summation order depends on it) and compare every number it reports within ``tolerance``."""
     from benchmark.data.inputs import prepare_data
-    from benchmark.engine.runner import ContinualRun
     from benchmark.records import reproduce as rep
 
     quiet_libraries()
@@ -412,7 +425,7 @@ def reproduce(
         config = materialise(config)  # a synthetic base model is rebuilt with the record's thread count too
         data = prepare_data(config)
         rep.check_data(record, data.checksums)
-        run = ContinualRun(config, data, record["method"], record["seed"], show_progress=show_progress)
+        run = continual_run(config, data, record["method"], record["seed"], show_progress=show_progress)
         new = run.execute()
     path = out / "results" / config.profile / f"{run.run_id}.json"
     write_record(path, new)

@@ -24,9 +24,8 @@ MICRO_BATCH, GLOBAL_BATCH = 4, 8
 def main(out: Path, model: str, data_root: Path, methods: list[str]) -> None:
     from accelerate import PartialState
 
-    from benchmark.api import quiet_libraries, resolve_config
+    from benchmark.api import continual_run, quiet_libraries, resolve_config
     from benchmark.data.inputs import prepare_data
-    from benchmark.engine.runner import ContinualRun
 
     quiet_libraries()
     state = PartialState(cpu=True)  # gloo processes (what `benchmark.environment.process_state` makes on CPU)
@@ -41,7 +40,7 @@ def main(out: Path, model: str, data_root: Path, methods: list[str]) -> None:
         data = prepare_data(config)
     stage = _digest_models_as_evaluated(out / "digests", state.process_index)
     for method in methods:
-        run = ContinualRun(config, data, method, 3, show_progress=False)
+        run = continual_run(config, data, method, 3, show_progress=False)
         for t in run.schedule.stages():
             stage["name"] = f"{method}-stage{t}"
             run.stages.run(t)

@@ -70,11 +70,11 @@ def test_kd_temperature_scaling():
 def test_baselines_add_their_loss_terms(name, options, term, in_first_domain, tiny_config):
     import dataclasses
 
+    from benchmark.api import continual_run
     from benchmark.data.inputs import prepare_data
-    from benchmark.engine.runner import ContinualRun
 
     config = dataclasses.replace(tiny_config, method_options={name: options})
-    record = ContinualRun(config, prepare_data(config), name, 3, show_progress=False).execute()
+    record = continual_run(config, prepare_data(config), name, 3, show_progress=False).execute()
     first, second = (d["loss_log"] for d in record["domains"])
     assert all(term in entry for entry in second)
     assert all((term in entry) == in_first_domain for entry in first)
@@ -117,11 +117,11 @@ def test_replay_collation_offsets_positions_per_row():
 def test_derpp_buffer_respects_the_token_budget(tiny_config):
     import dataclasses
 
+    from benchmark.api import continual_run
     from benchmark.data.inputs import prepare_data
-    from benchmark.engine.runner import ContinualRun
 
     config = dataclasses.replace(tiny_config, method_options={"derpp": {"tokens_per_domain": 96}})
-    run = ContinualRun(config, prepare_data(config), "derpp", 3, show_progress=False)
+    run = continual_run(config, prepare_data(config), "derpp", 3, show_progress=False)
     record = run.execute()
     assert [len(r.items) for r in run.method.reservoirs] == [3, 3]  # 96 tokens // 32-token chunks
     assert all(r.seen == 4 * 8 for r in run.method.reservoirs)  # 4 steps x batch 8 offered

@@ -6,8 +6,8 @@ import pytest
 import torch
 from model_helpers import tiny_mlm, toy_batch
 
+from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
-from benchmark.engine.runner import ContinualRun
 from benchmark.errors import DapbenchError, NonFiniteError
 from benchmark.modeling import layer_modules, mean_pool, mlm_loss
 from methods._shared.contrast import info_nce, reference_pairing
@@ -276,7 +276,7 @@ def test_das_options_have_one_spelling_per_behaviour():
 )
 def test_das_presets_run_end_to_end(options, tiny_config):
     config = dataclasses.replace(tiny_config, method_options={"das": options})
-    record = ContinualRun(config, prepare_data(config), "das", 3, show_progress=False).execute()
+    record = continual_run(config, prepare_data(config), "das", 3, show_progress=False).execute()
     assert record["method_label"] == "das[" + ",".join(f"{k}={v}" for k, v in options.items()) + "]"
     first, second = ([entry for entry in d["loss_log"]] for d in record["domains"])
     if options.get("ablation") == "no_contrast":
@@ -289,7 +289,7 @@ def test_das_presets_run_end_to_end(options, tiny_config):
 
 
 def test_das_state_holds_only_accumulated_importance(tiny_config):
-    run = ContinualRun(tiny_config, prepare_data(tiny_config), "das", 3, show_progress=False)
+    run = continual_run(tiny_config, prepare_data(tiny_config), "das", 3, show_progress=False)
     run.execute()
     state = run.method.state_dict()
     assert set(state["importance"]) == {"head", "intermediate", "output"}
@@ -377,7 +377,7 @@ def test_das_records_its_mask_damping_and_update_masking_damps_by_one_minus_impo
     reports = {}
     for target in ("gradient", "update"):
         config = dataclasses.replace(tiny_config, method_options={"das": {"mask_target": target}})
-        record = ContinualRun(config, prepare_data(config), "das", 3, show_progress=False).execute()
+        record = continual_run(config, prepare_data(config), "das", 3, show_progress=False).execute()
         reports[target] = [d["method_report"]["mask"] for d in record["domains"]]
     for target, per_domain in reports.items():
         for mask in per_domain:
@@ -392,7 +392,7 @@ def test_das_records_its_mask_damping_and_update_masking_damps_by_one_minus_impo
 
 def test_no_softmask_ablation_uses_no_importance_and_contrasts_views_only(tiny_config):
     config = dataclasses.replace(tiny_config, method_options={"das": {"ablation": "no_softmask"}})
-    run = ContinualRun(config, prepare_data(config), "das", 3, show_progress=False)
+    run = continual_run(config, prepare_data(config), "das", 3, show_progress=False)
     record = run.execute()
     assert run.method.importance is None
     assert all("contrast" in e for d in record["domains"] for e in d["loss_log"])
@@ -401,7 +401,7 @@ def test_no_softmask_ablation_uses_no_importance_and_contrasts_views_only(tiny_c
 
 def test_other_params_freeze_keeps_embeddings_and_head(tiny_config):
     config = dataclasses.replace(tiny_config, method_options={"das": {"other_params": "freeze"}})
-    run = ContinualRun(config, prepare_data(config), "das", 3, show_progress=False)
+    run = continual_run(config, prepare_data(config), "das", 3, show_progress=False)
     model = run.models.for_stage(0)
     names = {n for n, _ in run.method.trainable_parameters(model)}
     assert not any("embeddings" in n or "LayerNorm" in n or n.startswith("cls.") for n in names)

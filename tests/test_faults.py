@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
-from benchmark.engine.runner import ContinualRun
 from benchmark.errors import CorruptStateError, DapbenchError, WriteError
 from benchmark.io import atomic_write_bytes, atomic_write_json
 
@@ -154,7 +154,7 @@ def test_a_disk_full_checkpoint_write_stops_the_run_and_a_rerun_resumes_to_the_s
     tiny_config, tmp_path, monkeypatch
 ):
     data = prepare_data(tiny_config)
-    reference = ContinualRun(tiny_config, data, "das", 3, show_progress=False).execute()
+    reference = continual_run(tiny_config, data, "das", 3, show_progress=False).execute()
     config = dataclasses.replace(tiny_config, work_dir=str(tmp_path / "full-disk"))
     real_save, calls = torch.save, []
 
@@ -166,11 +166,11 @@ def test_a_disk_full_checkpoint_write_stops_the_run_and_a_rerun_resumes_to_the_s
 
     monkeypatch.setattr(torch, "save", disk_full_on_the_second_checkpoint)
     with pytest.raises(WriteError, match="checkpoint-1: No space left on device"):
-        ContinualRun(config, data, "das", 3, show_progress=False).execute()
+        continual_run(config, data, "das", 3, show_progress=False).execute()
     run_dir = next((tmp_path / "full-disk" / "runs").iterdir())
     assert (run_dir / "checkpoint-0").is_dir() and not list(run_dir.glob("checkpoint-1*"))
     monkeypatch.setattr(torch, "save", real_save)
-    resumed = ContinualRun(config, data, "das", 3, show_progress=False).execute()
+    resumed = continual_run(config, data, "das", 3, show_progress=False).execute()
     assert _numbers(resumed) == _numbers(reference)
 
 
@@ -190,8 +190,8 @@ def _flip_a_byte(path: Path) -> None:
 @pytest.mark.parametrize("damage", [_truncate, _flip_a_byte], ids=["truncated", "one-bit-flipped"])
 def test_a_corrupt_checkpoint_is_a_named_error_and_its_advice_recovers_the_record(damage, tiny_config):
     data = prepare_data(tiny_config)
-    first = ContinualRun(tiny_config, data, "das", 3, show_progress=False).execute()
-    run = ContinualRun(tiny_config, data, "das", 3, show_progress=False)
+    first = continual_run(tiny_config, data, "das", 3, show_progress=False).execute()
+    run = continual_run(tiny_config, data, "das", 3, show_progress=False)
     checkpoint = run.layout.checkpoint(1)
     damage(checkpoint / "model.safetensors")
     (run.layout.root / "finetune" / "row1-task0.json").unlink()  # a resume that must read the checkpoint
@@ -199,14 +199,14 @@ def test_a_corrupt_checkpoint_is_a_named_error_and_its_advice_recovers_the_recor
         run.execute()
     assert f"delete the run directory {run.layout.root}" in caught.value.fix  # checkpoint-0 is gone: start over
     shutil.rmtree(run.layout.root)
-    again = ContinualRun(tiny_config, data, "das", 3, show_progress=False).execute()
+    again = continual_run(tiny_config, data, "das", 3, show_progress=False).execute()
     assert _numbers(again) == _numbers(first)
 
 
 @pytest.mark.parametrize("damage", [_truncate, _flip_a_byte], ids=["truncated", "one-bit-flipped"])
 def test_a_corrupt_data_cache_entry_is_rebuilt_to_the_same_record(damage, tiny_config, tmp_path):
     data = prepare_data(tiny_config)
-    first = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).execute()
+    first = continual_run(tiny_config, data, "ncl", 3, show_progress=False).execute()
     cache = Path(tiny_config.work_dir) / "cache"
     damaged = sorted(cache.glob("alpha-train-*/*.arrow"))
     assert damaged, "no cache entry to damage"
@@ -216,7 +216,7 @@ def test_a_corrupt_data_cache_entry_is_rebuilt_to_the_same_record(damage, tiny_c
     os.symlink(cache, tmp_path / "second" / "cache")  # a second run over the same cache
     with pytest.warns(UserWarning, match="cache entry .*alpha-train.* rebuilding it"):
         rebuilt = prepare_data(fresh)
-    second = ContinualRun(fresh, rebuilt, "ncl", 3, show_progress=False).execute()
+    second = continual_run(fresh, rebuilt, "ncl", 3, show_progress=False).execute()
     assert _numbers(second) == _numbers(first)
 
 
@@ -256,11 +256,11 @@ WORK_FILE_DAMAGE = [
 @pytest.mark.parametrize(("name", "damage"), WORK_FILE_DAMAGE, ids=[f"{n}-{d.__name__}" for n, d in WORK_FILE_DAMAGE])
 def test_a_damaged_work_file_is_named_moved_aside_and_rebuilt_to_the_same_record(name, damage, tiny_config, capsys):
     data = prepare_data(tiny_config)
-    first = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).execute()
-    root = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).layout.root
+    first = continual_run(tiny_config, data, "ncl", 3, show_progress=False).execute()
+    root = continual_run(tiny_config, data, "ncl", 3, show_progress=False).layout.root
     damage(root / name)
     damaged = (root / name).read_bytes()
-    again = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).execute()
+    again = continual_run(tiny_config, data, "ncl", 3, show_progress=False).execute()
     assert _numbers(again) == _numbers(first)
     assert f"{name.split('/')[-1]}.corrupt and rebuilt" in capsys.readouterr().err
     assert (root / f"{name}.corrupt").read_bytes() == damaged  # kept for whoever wants to look, not deleted
@@ -272,28 +272,28 @@ def test_a_damaged_work_file_is_named_moved_aside_and_rebuilt_to_the_same_record
 )
 def test_a_corrupt_work_file_is_a_named_error_and_deleting_it_recovers_the_record(name, message, tiny_config):
     data = prepare_data(tiny_config)
-    first = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).execute()
-    run = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False)
+    first = continual_run(tiny_config, data, "ncl", 3, show_progress=False).execute()
+    run = continual_run(tiny_config, data, "ncl", 3, show_progress=False)
     _truncate(run.layout.root / name)
     (run.layout.root / "finetune" / "row1-task1.json").unlink()  # leave work to do, so the run resumes
     with pytest.raises(DapbenchError, match=message) as caught:
-        ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).execute()
+        continual_run(tiny_config, data, "ncl", 3, show_progress=False).execute()
     assert caught.value.fix
     (run.layout.root / name).unlink()
-    again = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).execute()
+    again = continual_run(tiny_config, data, "ncl", 3, show_progress=False).execute()
     assert _numbers(again) == _numbers(first)
 
 
 def test_a_lost_cell_whose_checkpoint_was_deleted_names_how_to_redo_it(tiny_config):
     data = prepare_data(tiny_config)
-    first = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).execute()
-    run = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False)
+    first = continual_run(tiny_config, data, "ncl", 3, show_progress=False).execute()
+    run = continual_run(tiny_config, data, "ncl", 3, show_progress=False)
     (run.layout.root / "finetune" / "row0-task0.json").unlink()  # checkpoint-0 went when domain 1 finished
     with pytest.raises(CorruptStateError, match="checkpoint after domain 0 .* is missing") as caught:
         run.execute()
     assert str(run.layout.domain_done(0)) in caught.value.fix
     run.layout.domain_done(0).unlink()  # what the advice says: domain 0 is retrained, domain 1 kept
-    again = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).execute()
+    again = continual_run(tiny_config, data, "ncl", 3, show_progress=False).execute()
     assert _numbers(again) == _numbers(first)
 
 

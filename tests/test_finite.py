@@ -6,9 +6,9 @@ import pytest
 import torch
 from model_helpers import tiny_mlm, toy_batch
 
+from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
 from benchmark.engine.evaluation import heldout_features, heldout_losses
-from benchmark.engine.runner import ContinualRun
 from benchmark.errors import NonFiniteError
 from methods._shared.importance import gate_importance, mlm_importance_loss
 
@@ -24,7 +24,7 @@ def _past_the_range_check(section, **values):
 def test_a_diverging_fine_tune_is_an_error_not_a_majority_class_score(tiny_config):
     finetune = _past_the_range_check(dataclasses.replace(tiny_config.finetune), lr=1e30)
     config = dataclasses.replace(tiny_config, finetune=finetune, sequence="alpha")
-    run = ContinualRun(config, prepare_data(config), "none", 3, show_progress=False)
+    run = continual_run(config, prepare_data(config), "none", 3, show_progress=False)
     with pytest.raises(NonFiniteError, match=r"none seed 3, checkpoint after domain 0, end task alpha_sup: .* step \d"):
         run.execute()
     assert not list(run.layout.root.glob("finetune/*.json"))  # no score was recorded
@@ -34,7 +34,7 @@ def test_a_diverging_dap_domain_names_method_domain_and_step(tiny_config):
     dap = _past_the_range_check(dataclasses.replace(tiny_config.dap), lr=1e30)
     config = dataclasses.replace(tiny_config, sequence="alpha")
     object.__setattr__(config, "dap", dap)
-    run = ContinualRun(config, prepare_data(config), "ncl", 3, show_progress=False)
+    run = continual_run(config, prepare_data(config), "ncl", 3, show_progress=False)
     with pytest.raises(NonFiniteError, match=r"ncl seed 3, domain 0 \(alpha\): .*non-finite by step"):
         run.execute()
     assert not (run.layout.root / "domain-0.json").exists()
@@ -97,7 +97,7 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_and_runs_nothing(tiny_
     from benchmark.io import write_manifest
 
     data = prepare_data(tiny_config)
-    run = ContinualRun(tiny_config, data, "das", 3, show_progress=False)
+    run = continual_run(tiny_config, data, "das", 3, show_progress=False)
     run.execute()
     checkpoint = run.layout.root / "checkpoint-1"
     marker = tmp_path / "executed"
@@ -105,7 +105,7 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_and_runs_nothing(tiny_
     write_manifest(checkpoint)  # a crafted checkpoint: its manifest matches, so the loader itself must refuse
     (run.layout.root / "finetune" / "row1-task1.json").unlink()  # force a resume that loads the checkpoint
     with pytest.raises(DapbenchError, match="holds objects other than tensors and plain values"):
-        ContinualRun(tiny_config, data, "das", 3, show_progress=False).execute()
+        continual_run(tiny_config, data, "das", 3, show_progress=False).execute()
     assert not marker.exists()
 
 

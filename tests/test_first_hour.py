@@ -79,7 +79,7 @@ def test_a_decoder_run_says_next_token_loss_and_never_mlm(tiny_config, tiny_gpt2
     tables = "".join(p.read_text() for p in (tmp_path / "out" / "results" / "report" / "runs").glob("*.md"))
     assert "next-token=" in printed.err and "next-token loss" in board and "next-token loss" in tables
     for name, text in (("console", printed.out + printed.err), ("leaderboard", board), ("run tables", tables)):
-        assert "mlm" not in text.lower(), f"{name} says mlm: {text[text.lower().index('mlm') - 80:][:160]}"
+        assert "mlm" not in text.lower(), f"{name} says mlm: {text[text.lower().index('mlm') - 80 :][:160]}"
 
 
 class MyPlugin(ContinualMethod):

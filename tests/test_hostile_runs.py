@@ -22,10 +22,10 @@ from cli_helpers import TrainingStarted, no_record, quick_run_args
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmark.api import continual_run
 from benchmark.cli import main
 from benchmark.data.inputs import prepare_data
 from benchmark.engine.hooks import PluginError, checked_loss_terms, checked_report
-from benchmark.engine.runner import ContinualRun
 from benchmark.engine.workfiles import read_work_file, write_work_file
 from benchmark.errors import DapbenchError
 from benchmark.method import ContinualMethod
@@ -202,7 +202,7 @@ def test_a_plugins_failure_names_the_method_the_hook_and_where_and_nothing_is_wr
     classes["unsafe_state"] = UnsafeState
     registry.register(name, f"test_hostile_runs:{classes[name].__name__}")
     try:
-        run = ContinualRun(tiny_config, prepare_data(tiny_config), name, 3, show_progress=False)
+        run = continual_run(tiny_config, prepare_data(tiny_config), name, 3, show_progress=False)
         with pytest.raises(PluginError) as caught:
             run.execute()
     finally:

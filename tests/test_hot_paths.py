@@ -13,9 +13,9 @@ import pytest
 import torch
 from model_helpers import tiny_mlm, toy_batch
 
+from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
 from benchmark.data.sampling import SeededMasking
-from benchmark.engine.runner import ContinualRun
 from benchmark.engine.training import DapStep
 from benchmark.method import StepContext
 from benchmark.modeling import layer_modules
@@ -25,7 +25,7 @@ def _stage_one(config, method: str):
     """A run of ``method`` after its first domain: the second domain's model and a training micro-batch."""
     config = dataclasses.replace(config, dap=dataclasses.replace(config.dap, steps=2))
     data = prepare_data(config)
-    run = ContinualRun(config, data, method, 3, show_progress=False)
+    run = continual_run(config, data, method, 3, show_progress=False)
     run.stages.run(0)
     model = run.models.for_stage(1)
     train = data.corpora[data.domains[1]].train

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import requires_shared_data
 
+from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
-from benchmark.engine.runner import ContinualRun
 from benchmark.io import read_json
 from benchmark.records.reproduce import CI_TOLERANCE, check_data, compare_records, reproduction_config
 
@@ -34,6 +34,6 @@ def test_ci_profile_reproduces_every_committed_number(tmp_path):
     failures = []
     for record in records:
         check_data(record, data.checksums)
-        actual = ContinualRun(config, data, record["method"], record["seed"], show_progress=False).execute()
+        actual = continual_run(config, data, record["method"], record["seed"], show_progress=False).execute()
         failures += [f"{record['method']}: {m}" for m in compare_records(record, actual, CI_TOLERANCE)]
     assert not failures, "\n".join(failures)

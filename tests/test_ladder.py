@@ -8,9 +8,9 @@ import dataclasses
 import numpy as np
 import pytest
 
+from benchmark.api import continual_run
 from benchmark.config import profile_config
 from benchmark.data.inputs import prepare_data
-from benchmark.engine.runner import ContinualRun
 from benchmark.io import atomic_write_json
 from benchmark.report.ladder import kendall_tau
 
@@ -47,7 +47,7 @@ def rungs(world_root, tiny_model, tmp_path_factory):
         data = prepare_data(rung)
         for method in methods:
             for seed in (1, 2):
-                record = ContinualRun(rung, data, method, seed, show_progress=False).execute()
+                record = continual_run(rung, data, method, seed, show_progress=False).execute()
                 atomic_write_json(out / "results" / profile / f"{record['run_id']}.json", record)
     return out
 

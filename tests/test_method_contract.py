@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import DataCollatorWithPadding
 
+from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
 from benchmark.engine.finetune import encoder_features
-from benchmark.engine.runner import ContinualRun
 from benchmark.method import ContinualMethod, FinetuneContext
 from benchmark.modeling import load_masked_lm
 from benchmark.registry import default_registry
@@ -37,7 +37,7 @@ def check_method_contract(name: str, tiny_config) -> None:
     """Run method ``name`` through two domains and check the interface contract (also used for plugins)."""
     config = dataclasses.replace(tiny_config, keep_checkpoints=True, method_options={name: OPTIONS.get(name, {})})
     data = prepare_data(config)
-    run = ContinualRun(config, data, name, 3, show_progress=False)
+    run = continual_run(config, data, name, 3, show_progress=False)
     record = run.execute()
     cls = default_registry().get(name)
     assert issubclass(cls, ContinualMethod) and cls.__doc__

@@ -6,9 +6,9 @@ import dataclasses
 import pytest
 import torch
 
+from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
 from benchmark.engine.optimizers import build_optimizers
-from benchmark.engine.runner import ContinualRun
 from benchmark.method import ParameterGroup
 from benchmark.metrics import GATE_DECISIONS, UNTRAINED_BELOW, untrained_groups
 from methods._shared.hat import attention_regularizer
@@ -23,7 +23,7 @@ def test_hats_gate_decisions_change_during_a_domain_and_its_first_domain_is_lear
     """Paper fidelity: the task embeddings train by SGD at the HAT paper's rate, so the masks are learned, not the
     sign of their random start; the first domain's held-out loss falls below the base model's."""
     config = _hat_config(tiny_config)
-    record = ContinualRun(config, prepare_data(config), "hat", 3, show_progress=False).execute()
+    record = continual_run(config, prepare_data(config), "hat", 3, show_progress=False).execute()
     first = record["domains"][0]
     assert first["method_report"]["gate_decisions_changed"] > 0.02
     assert first["update_sizes"]["task_embeddings"]["relative"] > UNTRAINED_BELOW
@@ -40,7 +40,7 @@ def test_hats_reference_fidelity_leaves_the_masks_where_they_started(tiny_config
     reference = _hat_config(tiny_config, fidelity="reference")
     data = prepare_data(paper)
     moved = [
-        ContinualRun(config, data, "hat", 3, show_progress=False).execute()["domains"][0]
+        continual_run(config, data, "hat", 3, show_progress=False).execute()["domains"][0]
         for config in (paper, reference)
     ]
     assert set(moved[1]["update_sizes"]) == {"weights"}
@@ -93,7 +93,7 @@ def test_a_group_with_an_unknown_optimizer_or_no_rate_is_refused():
 
 
 def test_every_record_carries_update_sizes_and_a_group_that_did_not_move_is_named(tiny_config):
-    record = ContinualRun(tiny_config, prepare_data(tiny_config), "ncl", 3, show_progress=False).execute()
+    record = continual_run(tiny_config, prepare_data(tiny_config), "ncl", 3, show_progress=False).execute()
     sizes = [stage["update_sizes"]["weights"] for stage in record["domains"]]
     assert all(s["relative"] > UNTRAINED_BELOW and s["parameters"] == record["trainable_parameters"] for s in sizes)
     stalled = [{"update_sizes": {"prompts": {"relative": 2e-4}, "weights": {"relative": 0.02}}}]
@@ -114,7 +114,7 @@ def test_the_leaderboard_flags_and_explains_a_row_whose_masks_did_not_learn(tiny
     from benchmark.report.statistics import GroupStatistics
     from benchmark.report.training_reading import training_reading
 
-    record = ContinualRun(tiny_config, prepare_data(tiny_config), "ncl", 3, show_progress=False).execute()
+    record = continual_run(tiny_config, prepare_data(tiny_config), "ncl", 3, show_progress=False).execute()
     gated = copy.deepcopy(record)
     for stage in gated["domains"]:
         stage["method_report"] = {"gate_decisions_changed": 0.012, "gates_open": 0.51}

@@ -7,8 +7,8 @@ import pytest
 import torch
 from model_helpers import tiny_mlm, toy_batch
 
+from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
-from benchmark.engine.runner import ContinualRun
 from benchmark.errors import DapbenchError
 from benchmark.method import Capabilities, FinetuneContext
 from benchmark.modeling import encoder_of, layer_modules, load_masked_lm, mlm_loss
@@ -68,7 +68,7 @@ def test_hat_gradient_mask_with_a_known_cumulative_mask():
 
 def test_hat_leaves_units_of_earlier_domains_unchanged(tiny_config):
     config = dataclasses.replace(tiny_config, keep_checkpoints=True)
-    run = ContinualRun(config, prepare_data(config), "hat", 3, show_progress=False)
+    run = continual_run(config, prepare_data(config), "hat", 3, show_progress=False)
     run.execute()
     first, second = (load_masked_lm(str(run.layout.checkpoint(t)), require_complete=False)[0] for t in (0, 1))
     run.method.load_state_dict(torch.load(run.layout.checkpoint(0) / "method_state.pt", weights_only=False))
@@ -87,7 +87,7 @@ def test_hat_measures_each_trained_domain_with_its_own_mask_and_the_rest_with_th
     from benchmark.engine.evaluation import heldout_losses
 
     data = prepare_data(tiny_config)
-    run = ContinualRun(tiny_config, data, "hat", 3, show_progress=False)
+    run = continual_run(tiny_config, data, "hat", 3, show_progress=False)
     record = run.execute()
     model, method = run.models.load(1), run.method
     alpha = {"alpha": data.heldout_batches["alpha"]}
@@ -110,7 +110,7 @@ def test_hat_measures_each_trained_domain_with_its_own_mask_and_the_rest_with_th
 
 
 def test_an_undeclared_domain_id_fails_at_fine_tuning(tiny_config):
-    run = ContinualRun(tiny_config, prepare_data(tiny_config), "hat", 3, show_progress=False)
+    run = continual_run(tiny_config, prepare_data(tiny_config), "hat", 3, show_progress=False)
     run.method.capabilities = Capabilities()  # as if the method had not declared needs_domain_id_at_finetune
     with pytest.raises(DapbenchError, match="domain id"):
         run.execute()
@@ -139,7 +139,7 @@ def test_demix_picks_the_lowest_perplexity_expert():
 
 def test_demix_keeps_earlier_experts_and_fine_tunes_with_the_task_expert(tiny_config):
     config = dataclasses.replace(tiny_config, keep_checkpoints=True)
-    run = ContinualRun(config, prepare_data(config), "demix", 3, show_progress=False)
+    run = continual_run(config, prepare_data(config), "demix", 3, show_progress=False)
     run.execute()
     first, second = run.models.load(0), run.models.load(1)
     state = run.method.state_dict()
@@ -161,7 +161,7 @@ def test_demix_keeps_earlier_experts_and_fine_tunes_with_the_task_expert(tiny_co
 
 
 def test_adapter_methods_train_only_adapter_and_head_and_hand_them_to_the_classifier(tiny_config):
-    run = ContinualRun(tiny_config, prepare_data(tiny_config), "adapter_ncl", 3, show_progress=False)
+    run = continual_run(tiny_config, prepare_data(tiny_config), "adapter_ncl", 3, show_progress=False)
     run.execute()
     model = run.models.load(1)
     names = [n for n, _ in run.method.trainable_parameters(model)]
@@ -202,7 +202,7 @@ def test_prompt_that_does_not_fit_the_positions_is_a_clear_error():
 
 # -- pool ----------------------------------------------------------------------------------------
 def test_pool_trains_once_on_the_union_with_the_whole_budget(tiny_config):
-    record = ContinualRun(tiny_config, prepare_data(tiny_config), "pool", 3, show_progress=False).execute()
+    record = continual_run(tiny_config, prepare_data(tiny_config), "pool", 3, show_progress=False).execute()
     assert len(record["domains"]) == 1 and record["domains"][0]["steps"] == 2 * tiny_config.dap.steps
     acc = record["matrices"]["acc"]
     assert acc[0] == [None, None] and None not in acc[1]

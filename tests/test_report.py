@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from sklearn.metrics import accuracy_score, f1_score
 
+from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
-from benchmark.engine.runner import ContinualRun
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_json
 from benchmark.metrics import record_loss_metrics
@@ -47,7 +47,7 @@ def records(world_root, tiny_model, tmp_path_factory):
     )  # fmt: skip
     data = prepare_data(config)
     return [
-        ContinualRun(config, data, method, seed, show_progress=False).execute()
+        continual_run(config, data, method, seed, show_progress=False).execute()
         for method in ("none", "ncl", "das")
         for seed in (1, 2, 3)
     ]

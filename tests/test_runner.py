@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
-from benchmark.engine.runner import ContinualRun
 from benchmark.engine.workfiles import read_work_file
 from benchmark.errors import DapbenchError
 from methods.ncl import NCL
@@ -14,7 +14,7 @@ from methods.ncl import NCL
 
 def test_runner_over_two_domains_writes_a_complete_record(tiny_config):
     data = prepare_data(tiny_config)
-    record = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).execute()
+    record = continual_run(tiny_config, data, "ncl", 3, show_progress=False).execute()
     acc = record["matrices"]["acc"]
     assert acc[0][1] is None and all(v is not None for v in (acc[0][0], acc[1][0], acc[1][1]))
     assert record["summary"]["acc"]["forgetting"] == pytest.approx(acc[0][0] - acc[1][0])
@@ -39,20 +39,20 @@ def test_runner_over_two_domains_writes_a_complete_record(tiny_config):
 
 def test_matrix_final_computes_only_the_diagonal_and_last_row(tiny_config):
     config = dataclasses.replace(tiny_config, matrix="final", sequence="alpha,beta,gamma")
-    record = ContinualRun(config, prepare_data(config), "ncl", 3, show_progress=False).execute()
+    record = continual_run(config, prepare_data(config), "ncl", 3, show_progress=False).execute()
     acc = record["matrices"]["acc"]
     assert acc[1][0] is None and acc[1][1] is not None and all(v is not None for v in acc[2])
 
 
 def test_independent_and_no_dap_methods(tiny_config):
     data = prepare_data(tiny_config)
-    one = ContinualRun(tiny_config, data, "one", 3, show_progress=False).execute()
+    one = continual_run(tiny_config, data, "one", 3, show_progress=False).execute()
     assert one["summary"]["acc"]["forgetting"] is None  # per-domain models: forgetting undefined
     # Only the diagonal is read by any summary of a per-domain method, so only it is fine-tuned.
     acc = one["matrices"]["acc"]
     assert acc[1][0] is None and acc[0][0] is not None and acc[1][1] is not None
     assert one["summary"]["acc"]["final"] == pytest.approx((acc[0][0] + acc[1][1]) / 2, abs=1e-3)
-    none = ContinualRun(tiny_config, data, "none", 3, show_progress=False).execute()
+    none = continual_run(tiny_config, data, "none", 3, show_progress=False).execute()
     acc = none["matrices"]["acc"]
     assert acc[0][0] == acc[1][0]  # the same base model fine-tuned once per task
     assert none["trainable_parameters"] == 0
@@ -64,7 +64,7 @@ def test_linear_probe_protocol_fills_the_matrix(tiny_config):
     config = dataclasses.replace(
         tiny_config, finetune=dataclasses.replace(tiny_config.finetune, protocol="linear_probe")
     )
-    run = ContinualRun(config, prepare_data(config), "ncl", 3, show_progress=False)
+    run = continual_run(config, prepare_data(config), "ncl", 3, show_progress=False)
     record = run.execute()
     acc = record["matrices"]["acc"]
     assert all(0 <= v <= 1 for v in (acc[0][0], acc[1][0], acc[1][1]))
@@ -75,7 +75,7 @@ def test_linear_probe_protocol_fills_the_matrix(tiny_config):
 
 def test_interrupted_run_resumes_and_matches_an_uninterrupted_one(tiny_config, tmp_path, monkeypatch):
     data = prepare_data(tiny_config)
-    full = ContinualRun(tiny_config, data, "ncl", 3, show_progress=False).execute()
+    full = continual_run(tiny_config, data, "ncl", 3, show_progress=False).execute()
 
     resumed_cfg = dataclasses.replace(tiny_config, work_dir=str(tmp_path / "resume-work"))
     original = NCL.after_domain
@@ -87,7 +87,7 @@ def test_interrupted_run_resumes_and_matches_an_uninterrupted_one(tiny_config, t
 
     monkeypatch.setattr(NCL, "after_domain", crash_on_second_domain)
     with pytest.raises(KeyboardInterrupt):
-        ContinualRun(resumed_cfg, data, "ncl", 3, show_progress=False).execute()
+        continual_run(resumed_cfg, data, "ncl", 3, show_progress=False).execute()
     run_dir = next((tmp_path / "resume-work" / "runs").iterdir())
     assert (run_dir / "domain-0.json").exists() and not (run_dir / "domain-1.json").exists()
     assert not (run_dir / "checkpoint-1").exists()  # no half-written checkpoint
@@ -97,7 +97,7 @@ def test_interrupted_run_resumes_and_matches_an_uninterrupted_one(tiny_config, t
     assert kept_seconds > 0
 
     monkeypatch.setattr(NCL, "after_domain", original)
-    resumed = ContinualRun(resumed_cfg, data, "ncl", 3, show_progress=False).execute()
+    resumed = continual_run(resumed_cfg, data, "ncl", 3, show_progress=False).execute()
     assert (run_dir / "domain-0.json").stat().st_mtime_ns == first_mtime  # domain 0 skipped
     assert (run_dir / "finetune" / "row0-task0.json").stat().st_mtime_ns == pair_mtime  # fine-tune skipped
     assert resumed["matrices"] == full["matrices"]
@@ -110,13 +110,13 @@ def test_interrupted_run_resumes_and_matches_an_uninterrupted_one(tiny_config, t
 
 def test_unknown_method_gets_did_you_mean(tiny_config):
     with pytest.raises(DapbenchError, match="unknown method 'nlc'.*did you mean 'ncl'"):
-        ContinualRun(tiny_config, prepare_data(tiny_config), "nlc", 3)
+        continual_run(tiny_config, prepare_data(tiny_config), "nlc", 3)
 
 
 def test_unknown_method_option_is_rejected(tiny_config):
     config = dataclasses.replace(tiny_config, method_options={"ncl": {"lambda": 1}})
     with pytest.raises(DapbenchError, match="unknown option"):
-        ContinualRun(config, prepare_data(config), "ncl", 3)
+        continual_run(config, prepare_data(config), "ncl", 3)
 
 
 def test_mlm_loss_matches_the_full_vocabulary_loss(tiny_model):
@@ -188,7 +188,7 @@ def test_base_losses_and_heldout_batches_are_identical_across_methods_of_a_group
     records = []
     for method in ("ncl", "das", "hat"):
         torch.manual_seed(len(records))  # each method finds the global RNG in another state
-        records.append(ContinualRun(tiny_config, data, method, 3, show_progress=False).execute())
+        records.append(continual_run(tiny_config, data, method, 3, show_progress=False).execute())
     for record in records[1:]:
         assert record["mlm_loss"]["base"] == records[0]["mlm_loss"]["base"]
         assert record["mlm_loss"]["batch_checksums"] == records[0]["mlm_loss"]["batch_checksums"]
@@ -196,7 +196,7 @@ def test_base_losses_and_heldout_batches_are_identical_across_methods_of_a_group
 
 
 def test_record_carries_loss_metrics_and_representation_drift(tiny_config):
-    record = ContinualRun(tiny_config, prepare_data(tiny_config), "ncl", 3, show_progress=False).execute()
+    record = continual_run(tiny_config, prepare_data(tiny_config), "ncl", 3, show_progress=False).execute()
     metrics = record["mlm_loss"]["metrics"]
     base, after = record["mlm_loss"]["base"], record["mlm_loss"]["after_domain"]
     assert metrics["plasticity"] == pytest.approx(
@@ -219,7 +219,7 @@ def test_loader_workers_change_no_number_and_not_the_run_id(tiny_config, tmp_pat
             work_dir=str(tmp_path / f"work{workers}"),
             dap=dataclasses.replace(tiny_config.dap, loader_workers=workers),
         )
-        records.append(ContinualRun(config, prepare_data(config), "das", 3, show_progress=False).execute())
+        records.append(continual_run(config, prepare_data(config), "das", 3, show_progress=False).execute())
     serial, parallel = records
     assert serial["run_id"] == parallel["run_id"]
     assert serial["mlm_loss"] == parallel["mlm_loss"] and serial["matrices"] == parallel["matrices"]

@@ -13,26 +13,30 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def test_no_class_or_function_in_the_core_is_over_60_lines():
+TREE = sorted(p for folder in ("benchmark", "methods", "tasks") for p in (ROOT / folder).rglob("*.py"))
+LONGEST_FUNCTION = 60
+"""A ratchet, not a target (issue #48): the longest function of the whole tree when the rule was set. A function may
+grow to it, none beyond; when the longest shrinks, lower this with it. Classes are not counted (a class is its
+functions: capping it pushed code out of the classes it belongs to), and the rule is the same in every package."""
+LONGEST_MODULE = 582
+"""The same ratchet for modules (``benchmark/cli.py`` when it was set), over the whole tree: the earlier 300-line cap
+held only in three subpackages, and bent the code there to fit."""
+
+
+def test_no_function_of_the_tree_is_longer_than_the_ratchet():
     long = [
         f"{path.relative_to(ROOT)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for path in CORE
+        for path in TREE
         for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-        and node.end_lineno - node.lineno + 1 > 60
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
     ]
-    assert not long, long
+    assert not long, f"longer than the ratchet LONGEST_FUNCTION = {LONGEST_FUNCTION}: {long}"
 
 
-def test_no_module_of_the_engine_or_the_report_is_over_300_lines():
-    folders = ("engine", "report", "records")
-    long = {
-        str(p.relative_to(ROOT)): n
-        for folder in folders
-        for p in (ROOT / "benchmark" / folder).glob("*.py")
-        if (n := len(p.read_text().splitlines())) > 300
-    }
-    assert not long, long
+def test_no_module_of_the_tree_is_longer_than_the_ratchet():
+    long = {str(p.relative_to(ROOT)): n for p in TREE if (n := len(p.read_text().splitlines())) > LONGEST_MODULE}
+    assert not long, f"longer than the ratchet LONGEST_MODULE = {LONGEST_MODULE}: {long}"
 
 
 def test_the_import_graph_has_no_cycle():

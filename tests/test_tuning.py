@@ -8,10 +8,10 @@ import json
 
 import pytest
 
+from benchmark.api import continual_run
 from benchmark.config import apply_overrides
 from benchmark.data.corpora import validation_split
 from benchmark.data.inputs import prepare_data
-from benchmark.engine.runner import ContinualRun
 from benchmark.errors import DapbenchError
 from benchmark.registry import default_registry
 
@@ -45,11 +45,11 @@ def test_a_declared_group_at_its_default_rate_trains_exactly_as_before_and_is_me
     method, group, tiny_config, monkeypatch
 ):
     data = prepare_data(tiny_config)
-    grouped = ContinualRun(tiny_config, data, method, 3, show_progress=False).execute()
+    grouped = continual_run(tiny_config, data, method, 3, show_progress=False).execute()
     cls = default_registry().get(method)
     monkeypatch.setattr(cls, "parameter_groups", lambda self, model: [])
     before = dataclasses.replace(tiny_config, work_dir=tiny_config.work_dir + "-before")
-    plain = ContinualRun(before, data, method, 3, show_progress=False).execute()
+    plain = continual_run(before, data, method, 3, show_progress=False).execute()
     assert {k: grouped[k] for k in NUMBERS} == {k: plain[k] for k in NUMBERS}
     assert grouped["run_id"] == plain["run_id"] and grouped["method_label"] == plain["method_label"]
     assert "lr" not in grouped["method_label"]
@@ -59,9 +59,9 @@ def test_a_declared_group_at_its_default_rate_trains_exactly_as_before_and_is_me
 
 def test_the_prompt_papers_rate_and_optimizer_move_the_prompt_further_and_name_the_row(tiny_config):
     data = prepare_data(tiny_config)
-    default = ContinualRun(tiny_config, data, "prompt_one", 3, show_progress=False).execute()
+    default = continual_run(tiny_config, data, "prompt_one", 3, show_progress=False).execute()
     paper = apply_overrides(tiny_config, ["prompt_one.prompt_lr=0.3", "prompt_one.prompt_optimizer=adafactor"])
-    record = ContinualRun(paper, prepare_data(paper), "prompt_one", 3, show_progress=False).execute()
+    record = continual_run(paper, prepare_data(paper), "prompt_one", 3, show_progress=False).execute()
     assert record["method_label"] == "prompt_one[num_tokens=16,prompt_lr=0.3,prompt_optimizer=adafactor]"
     assert record["run_id"] != default["run_id"]
     moved = [d["update_sizes"]["prompts"]["relative"] for d in (record["domains"][0], default["domains"][0])]

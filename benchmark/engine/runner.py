@@ -30,25 +30,26 @@ from benchmark.engine.stages import StageModels, StageRunner
 from benchmark.engine.tracking import RunTracker
 from benchmark.engine.workfiles import finished, read_work_file
 from benchmark.errors import error_context
-from benchmark.method import RunEnv, build_method
+from benchmark.method import ContinualMethod, RunEnv, build_method
 from benchmark.metrics import anisotropy
 from benchmark.records.build import build_record, run_timing
 from benchmark.records.identity import run_identity
 from benchmark.records.schema import RunRecord
-from benchmark.registry import default_registry
 
 
 class ContinualRun:
     """Runs one method with one seed through the sequence, resumably, and builds its record."""
 
-    def __init__(self, config: RunConfig, data: RunData, method_name: str, seed: int, show_progress: bool = True,
-                 position: RunPosition | None = None):  # fmt: skip
-        cls, accelerator = default_registry().get(method_name), make_accelerator(config)
+    def __init__(self, config: RunConfig, data: RunData, cls: type[ContinualMethod], seed: int,
+                 show_progress: bool = True, position: RunPosition | None = None):  # fmt: skip
+        """``cls``: the method's class (the API resolves a registered name: :func:`benchmark.api.continual_run`; the
+        engine never imports the registry, which imports the methods, which use the engine)."""
+        accelerator = make_accelerator(config)
         self.identity = run_identity(config, cls, data.domains, data.checksums, accelerator.num_processes)
         self.run_id = self.identity.run_id(seed, config.sequence)
         env = RunEnv(len(data.domains), data.domains, seed, base_model=config.model)
         self.parts = RunParts(
-            config, data, build_method(cls, config.method_options.get(method_name, {}), env), seed,
+            config, data, build_method(cls, config.method_options.get(cls.name, {}), env), seed,
             RunLayout(Path(config.work_dir) / "runs" / self.run_id),
             StageSchedule(cls.capabilities, len(data.domains), config.dap.steps, config.matrix),
             accelerator, RunTracker(accelerator, config.report_to, self.run_id, config.to_dict()), show_progress,

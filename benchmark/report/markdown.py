@@ -59,7 +59,7 @@ def leaderboard_markdown(
     sections: list[tuple[Group, GroupStatistics, dict[str, str]]], left_out: list[LeftOut] = (), ladders: list = ()
 ) -> str:
     """The whole leaderboard: ``sections`` are each group with its statistics and its plots (kind -> link);
-    ``ladders`` each budget ladder's reading with its plot's link (:mod:`benchmark.report.ladder`)."""
+    ``ladders`` the lines of each budget ladder's section (:func:`benchmark.report.ladder.ladder_markdown`)."""
     lines = list(HEADER)
     if not sections:
         lines.append("No complete run records yet.")
@@ -74,11 +74,9 @@ def leaderboard_markdown(
         lines += [*loss_reading(stats), *training_reading(stats), *variant_reading(stats), *sibling_reading(stats)]
         lines += [*end_task_reading(stats), ""]
     if ladders:
-        from benchmark.report.ladder import ladder_markdown
-
         lines += ["## Ranking stability across budgets", ""]
-        for reading, plot in ladders:
-            lines += ladder_markdown(reading, plot)
+        for section in ladders:
+            lines += section
     if left_out:
         lines += ["## Left out", ""]
         for kind, meaning in LEFT_OUT_KINDS.items():

@@ -103,17 +103,17 @@ def _write_group_plots(group: Group, report: Path, previous: dict, manifest: dic
     return len(entry["files"])
 
 
-def _write_ladders(sections: list, report: Path, manifest: dict) -> list[tuple]:
-    """Every budget ladder among the groups (:mod:`benchmark.report.ladder`), read and plotted; its plot is listed in
-    the manifest like a group's, so it is removed once the ladder is gone."""
-    from benchmark.report.ladder import find_ladders, plot_ladder, read_ladder
+def _write_ladders(sections: list, report: Path, manifest: dict) -> list[list[str]]:
+    """Every budget ladder among the groups (:mod:`benchmark.report.ladder`), read, plotted and written as leaderboard
+    lines; its plot is listed in the manifest like a group's, so it is removed once the ladder is gone."""
+    from benchmark.report.ladder import find_ladders, ladder_markdown, plot_ladder, read_ladder
 
     out = []
     for ladder in find_ladders(sections):
         reading, relative = read_ladder(ladder), f"plots/ladder-{ladder.key}.png"
         plot_ladder(reading, report / relative)
         manifest["groups"][f"ladder-{ladder.key}"] = {"digest": ladder.key, "files": {"ladder": relative}}
-        out.append((reading, _links({"ladder": relative})["ladder"]))
+        out.append(ladder_markdown(reading, _links({"ladder": relative})["ladder"]))
     return out
 
 

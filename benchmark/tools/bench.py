@@ -205,7 +205,9 @@ def _second_stage(cfg: RunConfig, data: RunData, name: str, seed: int, updates: 
     ``make(run)`` returns: the run, the stage's statistics and that context, after the stage (three Nones for a
     method that does not train)."""
     short = dataclasses.replace(cfg, dap=dataclasses.replace(cfg.dap, steps=updates, log_every=updates))
-    run = ContinualRun(short, data, name, seed, show_progress=False)
+    from benchmark.registry import default_registry
+
+    run = ContinualRun(short, data, default_registry().get(name), seed, show_progress=False)
     if not run.schedule.trains():
         return None, None, None
     run.stages.run(0)

@@ -33,8 +33,7 @@ def tune(
 ) -> dict:
     """Run ``method`` once per value of its ``option`` (``method.key``) on validation slices, choose by
     :data:`CRITERION`, write and return the result."""
-    from benchmark.api import materialise, quiet_libraries
-    from benchmark.engine.runner import ContinualRun
+    from benchmark.api import continual_run, materialise, quiet_libraries
     from benchmark.io import atomic_write_json, path_inside
     from benchmark.preflight import check_inputs
 
@@ -47,7 +46,7 @@ def tune(
         candidate.update(data=check_inputs([candidate["config"]])[0])
     rows = []
     for candidate in candidates:
-        run = ContinualRun(candidate["config"], candidate["data"], method, seed, show_progress=show_progress)
+        run = continual_run(candidate["config"], candidate["data"], method, seed, show_progress=show_progress)
         losses = run.pretrain_only()
         rows.append({"value": candidate["value"], "run_id": run.run_id, "losses": losses, "mean": _mean(losses)})
     result = {
