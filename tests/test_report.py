@@ -479,3 +479,44 @@ def test_the_references_are_the_two_baselines_and_the_papers_method_at_their_def
     assert list(stats.references.values()) == ["ncl", "das", "none"]
     against_das = {c.label for c in stats.comparisons("das", LOSS_COLUMNS[0])}
     assert against_das == {"ncl", "none"}
+
+
+def test_the_short_answer_states_its_budget_and_claims_only_resolved_verdicts(records):
+    from benchmark.report.answer import short_answer
+    from benchmark.report.reading import column_of
+    from benchmark.report.writer import _statistics
+
+    def sections(profile):
+        groups, _ = group_records([{**r, "profile": profile} for r in records])
+        return [(g, _statistics(g), {}) for g in groups]
+
+    assert short_answer(sections("synthetic")) == []  # a generated world never answers
+    answered = sections("mini")
+    lines = short_answer(answered)
+    dap = records[0]["config"]["dap"]
+    assert lines[0] == "## The short answer"
+    assert lines[2].startswith(f"- At {dap['steps']} DAP updates of {dap['batch_size']} x {dap['seq_len']} tokens")
+    assert "3 seeds" in lines[2] and "against naive continual DAP (`ncl`)" in lines[2]
+    stats = answered[0][1]
+    for line in lines[3:]:
+        for title in ("forgetting", "general rise"):
+            for c in stats.comparisons("ncl", column_of(title)):
+                if line.startswith(f"- `{c.label}` ") and title.split()[0] in line.replace("forgets", "forgetting"):
+                    assert c.resolved() and c.mean < 0, (line, c)
+    assert any("end tasks" in line for line in lines)
+
+
+def test_the_report_fills_a_readmes_marked_answer_block_and_touches_no_other_readme(records, tmp_path):
+    from benchmark.report.writer import ANSWER_MARKERS, write_report
+
+    marked, plain = tmp_path / "marked", tmp_path / "plain"
+    for out in (marked, plain):
+        _write(out, records[:6])
+    (marked / "README.md").write_text(f"# mine\n\n{ANSWER_MARKERS[0]}\nold text\n{ANSWER_MARKERS[1]}\n\nthe rest\n")
+    (plain / "README.md").write_text("# a user's own readme\n")
+    write_report(marked)
+    write_report(plain)
+    filled = (marked / "README.md").read_text()
+    assert "old text" not in filled and filled.startswith("# mine\n") and filled.endswith("\nthe rest\n")
+    assert "- no group answers yet" in filled  # these are synthetic-world records: they never answer
+    assert (plain / "README.md").read_text() == "# a user's own readme\n"

@@ -60,7 +60,9 @@ def leaderboard_markdown(
 ) -> str:
     """The whole leaderboard: ``sections`` are each group with its statistics and its plots (kind -> link);
     ``ladders`` the lines of each budget ladder's section (:func:`benchmark.report.ladder.ladder_markdown`)."""
-    lines = list(HEADER)
+    from benchmark.report.answer import short_answer
+
+    lines = [*HEADER, *short_answer(sections)]
     if not sections:
         lines.append("No complete run records yet.")
     for group, stats, plots in sections:

@@ -1,0 +1,109 @@
+"""The leaderboard's short answer (issue #46): "which method should I use to continually pre-train my model, and
+what does it cost?", in a few sentences generated from one group's resolved verdicts, never written by hand.
+
+The group is the real-data masked-model group with the most method rows (its budget is stated first, since an
+answer holds only at the budget it was measured at); the synthetic world and the CI key numbers never answer. Every
+claim is a verdict the seeds and the evaluation sample both resolve against naive continual DAP (``ncl``'s role) or
+no DAP (``none``'s role), as in the group's own reading; rows flagged as untrained are left out of it.
+"""
+
+from __future__ import annotations
+
+from benchmark.report.escape import code
+from benchmark.report.frame import untrained_flag
+from benchmark.report.reading import column_of
+from benchmark.report.statistics import GroupStatistics
+
+NOT_AN_ANSWER = ("synthetic", "ci")
+"""Profiles whose groups never answer: a generated world, and the CI key numbers."""
+
+
+def short_answer(sections: list[tuple]) -> list[str]:
+    """The answer's lines (empty where no group can give one), from the ``(group, statistics, plots)`` sections."""
+    candidates = [(g, s) for g, s, _ in sections if _answers(g)]
+    if not candidates:
+        return []
+    group, stats = max(candidates, key=lambda gs: (len(set(gs[1].part["method"])), len(gs[1].records)))
+    naive, none = stats.references.get("naive_continual"), stats.references.get("no_dap")
+    if naive is None:
+        return []
+    first = group.records[0]
+    dap = first["config"]["dap"]
+    tokens = int(dap["steps"]) * int(dap["batch_size"]) * int(dap["seq_len"])
+    seeds = len({r["seed"] for r in group.records})
+    lines = [
+        f"At {dap['steps']} DAP updates of {dap['batch_size']} x {dap['seq_len']} tokens per domain ({tokens:,} tokens;"
+        f" group {code(group.key)}, {first['profile']} profile, {seeds} seeds), against naive continual DAP"
+        f" ({code(naive)}), resolved by seeds and held-out sample alike:"
+    ]
+    lines += _best(stats, naive, "forgetting", "forgets least", "less")
+    lines += _best(stats, naive, "general rise", "keeps general knowledge best", "less general-loss rise")
+    lines += _end_tasks(stats, none)
+    return ["## The short answer", "", *[f"- {line}" for line in lines], ""]
+
+
+def _answers(group) -> bool:
+    first = group.records[0]
+    return first["profile"] not in NOT_AN_ANSWER and first.get("model_kind", "masked") == "masked" and not group.orders
+
+
+def _trained(stats: GroupStatistics, label: str) -> bool:
+    records = [r for r in stats.records if r["method_label"] == label]
+    return bool(records) and records[0]["capabilities"].get("pretrains", True) and not untrained_flag(records)
+
+
+def _best(stats: GroupStatistics, naive: str, title: str, says: str, unit: str) -> list[str]:
+    """Among the trained rows that learn each domain as well as ``naive`` (plasticity not resolved below it: a row
+    that learns less forgets less for that reason alone), the one that lowers ``title`` most against ``naive``
+    (resolved), with its plasticity and speed; and the row that lowers it most at any plasticity, where another."""
+    plasticity = {c.label: c for c in stats.comparisons(naive, column_of("plasticity"))}
+    lower = [c for c in stats.comparisons(naive, column_of(title)) if c.resolved() and c.mean < 0]
+    lower = [c for c in lower if _trained(stats, c.label)]
+    learning = [c for c in lower if _learns_as_well(plasticity.get(c.label))]
+    lines = []
+    if learning:
+        best = min(learning, key=lambda c: c.mean)
+        cost = _learning(plasticity.get(best.label), naive) + _speed(stats, best.label, naive)
+        lines.append(f"{code(best.label)} {says} of the rows that learn each domain as well as {code(naive)}:"
+                     f" {abs(best.mean):.3f} nats {unit} than {code(naive)}{cost}")  # fmt: skip
+    else:
+        lines.append(f"no row that learns as well as {code(naive)} is resolved better on {title}")
+    overall = min(lower, key=lambda c: c.mean) if lower else None
+    if overall is not None and overall not in learning:
+        lines.append(f"at any plasticity, {code(overall.label)}: {abs(overall.mean):.3f} nats {unit}"
+                     f"{_learning(plasticity.get(overall.label), naive)}")  # fmt: skip
+    return lines
+
+
+def _learns_as_well(c) -> bool:
+    """Whether a plasticity comparison exists and is not resolved below the reference (joint training, measured
+    only after its one stage, has none: how well it learns each domain in turn is not known)."""
+    return c is not None and not (c.resolved() and c.mean < 0)
+
+
+def _learning(c, naive: str) -> str:
+    """What the row pays (or gains) in plasticity against ``naive``."""
+    if c is None:
+        return ""
+    if not c.resolved():
+        return f", its plasticity not separated from {code(naive)}'s"
+    return f", learning {abs(c.mean):.3f} nats {'more' if c.mean > 0 else 'less'} of each domain"
+
+
+def _speed(stats: GroupStatistics, label: str, naive: str) -> str:
+    speed = stats.part.groupby("method")["tokens/s"].mean()
+    if label not in speed or naive not in speed or not speed[naive]:
+        return ""
+    return f", at {speed[label] / speed[naive]:.2f}x its DAP tokens per second"
+
+
+def _end_tasks(stats: GroupStatistics, none: str | None) -> list[str]:
+    if none is None:
+        return []
+    column = column_of("final macro-F1")
+    better = [c for c in stats.comparisons(none, column) if c.resolved() and c.mean > 0]
+    if not better:
+        return [f"on the end tasks ({stats.records[0]['config']['finetune'].get('protocol', 'finetune')}) no method's"
+                f" final macro-F1 is separated from no DAP ({code(none)}) at this budget"]  # fmt: skip
+    named = ", ".join(f"{code(c.label)} (+{100 * c.mean:.2f} points)" for c in better)
+    return [f"on the end tasks, final macro-F1 above no DAP ({code(none)}): {named}"]
