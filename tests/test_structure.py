@@ -82,3 +82,60 @@ def test_tests_and_benchmarks_use_no_private_member_of_the_runner():
         f"{p.name}:{i}" for p in files for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)
     ]
     assert not hits, hits
+
+
+LAYERS = [
+    ("benchmark.errors",),
+    ("benchmark.settings", "benchmark.io", "benchmark.modeling"),
+    ("benchmark.config", "benchmark.method", "benchmark.metrics"),
+    ("benchmark.records",),
+    ("benchmark.data",),
+    ("benchmark.engine",),
+    ("methods._shared",),
+    ("methods",),
+    ("benchmark.registry",),
+    ("benchmark.report",),
+    ("benchmark.preflight",),
+    ("benchmark.api", "benchmark.tools"),
+    ("benchmark.cli", "benchmark", "tasks"),
+]
+"""The declared layering (issue #48), lowest first: a unit imports only from its own layer or a lower one, at module
+level or inside a function alike. The engine sits below the methods (they use its helpers) and the registry above
+them (it loads them): the engine is handed a method's class and never looks one up."""
+UPWARD = {
+    ("benchmark.records", "benchmark.registry"): "migrating a record made before roles were stored asks the installed"
+    " plugin for its role and note (records.store.installed_method)",
+}
+"""Imports that still run up the layers, each with its reason; remove an entry when its import goes."""
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "methods":
+        return "methods._shared" if parts[1:2] == ["_shared"] else "methods"
+    return ".".join(parts[:2])
+
+
+def _unit_imports() -> set[tuple[str, str]]:
+    edges = set()
+    for path in TREE:
+        source = _unit(_module(path))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            edges |= {(source, _unit(n)) for n in names if n.split(".")[0] in ("benchmark", "methods", "tasks")}
+    return {(a, b) for a, b in edges if a != b}
+
+
+def test_no_import_runs_up_the_declared_layers():
+    layer = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+    edges = _unit_imports()
+    undeclared = sorted({unit for edge in edges for unit in edge} - set(layer))
+    assert not undeclared, f"units without a layer in LAYERS: {undeclared}"
+    upward = {(a, b) for a, b in edges if layer[b] > layer[a]}
+    assert upward <= set(UPWARD), f"imports up the layers: {sorted(upward - set(UPWARD))}"
+    assert set(UPWARD) <= upward, f"listed in UPWARD but gone (remove them): {sorted(set(UPWARD) - upward)}"
