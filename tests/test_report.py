@@ -520,3 +520,11 @@ def test_the_report_fills_a_readmes_marked_answer_block_and_touches_no_other_rea
     assert "old text" not in filled and filled.startswith("# mine\n") and filled.endswith("\nthe rest\n")
     assert "- no group answers yet" in filled  # these are synthetic-world records: they never answer
     assert (plain / "README.md").read_text() == "# a user's own readme\n"
+
+
+def test_a_record_made_before_a_metric_existed_shows_it_computed_from_its_losses(records):
+    older = copy.deepcopy(records[4])
+    del older["mlm_loss"]["metrics"]["max_forgetting"]  # as if the metric had been added after the run
+    frame = leaderboard_frame([older, records[4]], group_of=lambda record: "g")
+    values = frame["max forgetting"].tolist()
+    assert values[0] == pytest.approx(values[1]) and values[1] == records[4]["mlm_loss"]["metrics"]["max_forgetting"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from benchmark.metrics import GATE_DECISIONS, untrained_groups
+from benchmark.metrics import GATE_DECISIONS, record_loss_metrics, untrained_groups
 from benchmark.report.groups import order_of, pairing_unit
 
 
@@ -30,7 +30,14 @@ class Column:
 
 
 def _loss_metric(name: str) -> Callable[[dict], float | None]:
-    return lambda record: record["mlm_loss"]["metrics"][name]
+    """A stored loss metric; one a record predates (a metric added since) is computed from its stored held-out losses
+    (``benchmark.metrics.record_loss_metrics``), never a KeyError."""
+
+    def value(record: dict) -> float | None:
+        stored = record["mlm_loss"]["metrics"]
+        return stored[name] if name in stored else record_loss_metrics(record).get(name)
+
+    return value
 
 
 def _summary(score: str, key: str) -> Callable[[dict], float | None]:
