@@ -179,13 +179,10 @@ def check_output_folders(config: RunConfig) -> None:
     """The folders a run writes into below its output folder are its own: no symbolic link to somewhere else (the
     report's pages and plots, the trackers' files, the work folder's caches and runs), a tracker that can track."""
     from benchmark.engine.tracking import check_tracking
-    from benchmark.records.store import REPORT_FOLDER
-    from benchmark.report.writer import REPORT_SUBFOLDERS
+    from benchmark.report.writer import report_folder
 
     out = Path(config.output_dir)
-    report = unlinked_path(out, "results", REPORT_FOLDER)
-    for folder in REPORT_SUBFOLDERS:
-        unlinked_path(report, folder)
+    report_folder(out)
     check_tracking(config.report_to, config.output_dir)
     work = Path(config.work_dir).absolute()
     if out.absolute() in work.parents:  # the default <output-dir>/.dapbench, or another folder inside the output

@@ -10,7 +10,7 @@ no DAP (``none``'s role), as in the group's own reading; rows flagged as untrain
 from __future__ import annotations
 
 from benchmark.report.escape import code
-from benchmark.report.frame import untrained_flag
+from benchmark.report.frame import tokens_per_domain, untrained_flag
 from benchmark.report.reading import column_of
 from benchmark.report.statistics import GroupStatistics
 
@@ -29,7 +29,7 @@ def short_answer(sections: list[tuple]) -> list[str]:
         return []
     first = group.records[0]
     dap = first["config"]["dap"]
-    tokens = int(dap["steps"]) * int(dap["batch_size"]) * int(dap["seq_len"])
+    tokens = tokens_per_domain(first)
     seeds = len({r["seed"] for r in group.records})
     lines = [
         f"At {dap['steps']} DAP updates of {dap['batch_size']} x {dap['seq_len']} tokens per domain ({tokens:,} tokens;"

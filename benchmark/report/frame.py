@@ -29,6 +29,12 @@ class Column:
     """The name of the replicated metric behind it (held-out loss metric or end-task summary), if any."""
 
 
+def tokens_per_domain(record: dict) -> int:
+    """The DAP tokens a record's method trained on per domain (updates x sequences x tokens)."""
+    dap = record["config"]["dap"]
+    return int(dap["steps"]) * int(dap["batch_size"]) * int(dap["seq_len"])
+
+
 def _loss_metric(name: str) -> Callable[[dict], float | None]:
     """A stored loss metric; one a record predates (a metric added since) is computed from its stored held-out losses
     (``benchmark.metrics.record_loss_metrics``), never a KeyError."""

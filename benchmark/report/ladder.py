@@ -19,7 +19,7 @@ from itertools import combinations
 
 import numpy as np
 
-from benchmark.report.frame import END_TASK_COLUMNS, LOSS_COLUMNS, Column
+from benchmark.report.frame import END_TASK_COLUMNS, LOSS_COLUMNS, Column, tokens_per_domain
 from benchmark.report.statistics import REPLICATES, GroupStatistics
 
 LADDER_COLUMNS = [c for c in LOSS_COLUMNS + END_TASK_COLUMNS if c.metric and c.higher_is_better is not None]
@@ -64,9 +64,7 @@ def find_ladders(sections: list[tuple]) -> list[Ladder]:
         steps = int(group.records[0]["config"]["dap"]["steps"])
         dap.pop("steps", None)
         key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
-        dap_config = group.records[0]["config"]["dap"]
-        tokens = steps * int(dap_config["batch_size"]) * int(dap_config["seq_len"])
-        by_key.setdefault(key, []).append(Rung(stats, group.key, steps, tokens))
+        by_key.setdefault(key, []).append(Rung(stats, group.key, steps, tokens_per_domain(group.records[0])))
     ladders = []
     for key, rungs in sorted(by_key.items()):
         if len({r.steps for r in rungs}) >= 2:

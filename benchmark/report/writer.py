@@ -31,9 +31,7 @@ def write_report(output_dir: str | Path, show_progress: bool = False) -> dict[st
     """Regenerate what changed of the tables, plots and ``leaderboard.md`` under ``output_dir`` from the records
     under ``output_dir/results``; return how many records and groups it read and how many files it wrote."""
     out = Path(output_dir)
-    report = unlinked_path(out, "results", REPORT_FOLDER)
-    for folder in REPORT_SUBFOLDERS:  # where run pages and plots go: refused if linked elsewhere, before any write
-        unlinked_path(report, folder)
+    report = report_folder(out)
     records = leaderboard_records(out / "results")  # all but the key-number folder's
     groups, left_out = group_records(records)  # every check runs before anything is written
     previous = _read_manifest(report)
@@ -125,6 +123,15 @@ def _fill_readme_answer(readme: Path, sections: list) -> None:
     new = head + block + end + rest.split(end, 1)[1]
     if new != text:
         atomic_write_text(readme, new)
+
+
+def report_folder(out: Path) -> Path:
+    """``out/results/report`` after checking that it and its page and plot folders are no symbolic links: the report
+    writes and deletes only inside its own folders (checked before any write, and by a run before any work)."""
+    report = unlinked_path(out, "results", REPORT_FOLDER)
+    for folder in REPORT_SUBFOLDERS:
+        unlinked_path(report, folder)
+    return report
 
 
 def _write_ladders(sections: list, report: Path, manifest: dict) -> list[list[str]]:
