@@ -460,11 +460,12 @@ def require_current_numerics(record: RunRecord, record_path: str | Path) -> None
 # ----------------------------------------------------------------------------------------------
 # Report
 # ----------------------------------------------------------------------------------------------
-def report(output_dir: str | Path = DEFAULT_OUTPUT, show_progress: bool = False) -> dict[str, int]:
-    """Regenerate what changed of the tables, plots and ``leaderboard.md`` under ``output_dir`` from its records."""
+def report(output_dir: str | Path = DEFAULT_OUTPUT, show_progress: bool = False, check: bool = False) -> dict:
+    """Regenerate what changed of the tables, plots, site and ``leaderboard.md`` under ``output_dir`` from its
+    records; with ``check``, write nothing and name under ``stale`` what a report would change."""
     from benchmark.report import write_report
 
-    return write_report(output_dir, show_progress)
+    return write_report(output_dir, show_progress, check=check)
 
 
 def run_summary(records: Sequence[RunRecord], output_dir: str | Path) -> list[str]:

@@ -38,7 +38,7 @@ examples:
     "report": """\
 examples:
   dapbench report                                # regenerate ./dapbench-out/leaderboard.md from its records
-  dapbench report --output-dir .                 # the committed leaderboard (maintainers)""",
+  dapbench report --output-dir . [--check]       # the committed leaderboard and site; --check: exit 1 if stale""",
     "reproduce": """\
 examples:
   dapbench reproduce results/ci/ncl-custom-restaurant-acl-phone-seed2021-<hash>.json
@@ -83,8 +83,10 @@ def main(argv: list[str] | None = None, *, console: bool = False) -> int:
 
 def _run_command(args: argparse.Namespace) -> int:
     """The parsed command's exit code: its own, 2 for bad input (one line), 130/143 when a signal stopped it."""
+    from benchmark.api import quiet_libraries
+
     try:
-        _quiet_libraries()
+        quiet_libraries()
         return args.func(args)
     except DapbenchError as exc:
         print(f"dapbench: error: {_printable(exc)}", file=sys.stderr)
@@ -176,12 +178,6 @@ def _say(line: str) -> None:
     print(_printable(line))
 
 
-def _quiet_libraries() -> None:
-    from benchmark.api import quiet_libraries
-
-    quiet_libraries()
-
-
 # ----------------------------------------------------------------------------------------------
 # Parser
 # ----------------------------------------------------------------------------------------------
@@ -253,9 +249,10 @@ def _add_record_commands(command) -> None:
     reproduce.add_argument("--threads", type=int, help="CPU threads (default: the record's own; results depend on it)")
     reproduce.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    report = command("report", "regenerate the leaderboard, tables and plots from the records of a folder", cmd_report)
+    report = command("report", "regenerate the leaderboard, tables, plots and site from a folder's records", cmd_report)
     report.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"the folder (default: {DEFAULT_OUTPUT})")
     report.add_argument("--quiet", action="store_true", help="no progress bars")
+    report.add_argument("--check", action="store_true", help="write nothing; exit 1 naming files a report would change")
 
     curve = command("lr-curve", "plot the DAP learning rate of every update of recorded runs", cmd_lr_curve)
     curve.add_argument("records", nargs="+", help="run record JSON files (each drawn as one line)")
@@ -506,12 +503,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     """``dapbench report``."""
     from benchmark.api import report
 
-    counts = report(args.output_dir, show_progress=not args.quiet)
-    print(
-        f"report: {counts['records']} records in {counts['groups']} group(s), {counts['files']} file(s) written;"
-        f" leaderboard: {Path(args.output_dir) / 'leaderboard.md'}"
-    )
-    return 0
+    counts = report(args.output_dir, show_progress=not args.quiet, check=args.check)
+    stale = "".join(f"report: stale: {path}\n" for path in counts["stale"])
+    done = f"{len(counts['stale'])} file(s) stale" if args.check else f"{counts['files']} file(s) written"
+    board = Path(args.output_dir) / "leaderboard.md"
+    _say(f"{stale}report: {counts['records']} records in {counts['groups']} group(s), {done}; leaderboard: {board}")
+    return 1 if counts["stale"] else 0
 
 
 def cmd_lr_curve(args: argparse.Namespace) -> int:

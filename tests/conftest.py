@@ -121,3 +121,27 @@ def started(monkeypatch):
         raise TrainingStarted
 
     monkeypatch.setattr(DapTrainer, "train", refuse)
+
+
+@pytest.fixture(scope="session")
+def report_records(world_root, tiny_model, tmp_path_factory) -> list[dict]:
+    """none, ncl and das over two domains, seeds 1-3, on the synthetic test world (one shared evaluation)."""
+    from benchmark.api import continual_run
+    from benchmark.data.inputs import prepare_data
+
+    base = profile_config("synthetic")
+    work = tmp_path_factory.mktemp("report-runs")
+    config = dataclasses.replace(
+        base, model=str(tiny_model), data_root=str(world_root), general_heldout=str(world_root / "general_heldout.txt"),
+        sequence="alpha,beta", output_dir=str(work), work_dir=str(work / "work"),
+        dap=dataclasses.replace(base.dap, steps=3, batch_size=8, per_device_batch_size=4, heldout_chunks=12,
+                                probe_chunks=8, probe_batch_size=4, log_every=3),
+        finetune=dataclasses.replace(base.finetune, default_epochs=1, max_train_examples=16, max_test_examples=24,
+                                     batch_size=8),
+    )  # fmt: skip
+    data = prepare_data(config)
+    return [
+        continual_run(config, data, method, seed, show_progress=False).execute()
+        for method in ("none", "ncl", "das")
+        for seed in (1, 2, 3)
+    ]

@@ -85,3 +85,68 @@ def test_damping_plot_needs_a_mask_report(tmp_path):
     path = plot_mask_damping([_loss_record("das", 1, 0.0, mask=mask)], tmp_path / "damping.png")
     assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
     assert plot_mask_damping([_loss_record("ncl", 1, 0.0)], tmp_path / "no.png") is None
+
+
+def _drawn(monkeypatch):
+    """Keep the figure a plot function draws instead of only its PNG."""
+    from benchmark.report import plots
+
+    figures = []
+    save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    return figures
+
+
+def _roles(records: list[dict]) -> list[dict]:
+    for record in records:
+        record["comparison_role"] = {"ncl": "naive_continual", "none": "no_dap"}.get(record["method"])
+    return records
+
+
+def test_an_outlier_is_drawn_at_the_edge_and_does_not_collapse_the_axes(tmp_path, monkeypatch):
+    from matplotlib.collections import PathCollection
+    from matplotlib.colors import to_hex
+
+    from benchmark.report.frame import method_colours
+    from benchmark.report.plots import plot_stability_plasticity
+
+    figures = _drawn(monkeypatch)
+    records = _roles([_loss_record(m, 1, shift) for m, shift in (("ncl", 0.0), ("none", 0.6), ("ewc", 0.2))])
+    outlier = _loss_record("broken", 1, 0.0)
+    outlier["mlm_loss"]["metrics"]["plasticity"] = -5.0
+    plot_stability_plasticity([*records, outlier], tmp_path / "sp.png")
+    (ax,) = figures[0].axes
+    assert ax.get_xlim()[0] > -1.0  # the bulk keeps its scale
+    assert any("broken (x=-5.00" in t.get_text() for t in ax.texts)  # named, with its value, at the edge
+    assert ax.get_legend() is None and {"★ ncl", "★ none", "ewc"} <= {t.get_text() for t in ax.texts}
+    colours = method_colours(["ncl", "none", "ewc", "broken"])
+    drawn = [to_hex(c.get_facecolor()[0]) for c in ax.collections if isinstance(c, PathCollection)]
+    assert sorted(drawn) == sorted(colours.values())  # one colour per method, none repeated
+
+
+def test_loss_curves_are_small_multiples_with_the_naive_reference_behind_each(tmp_path, monkeypatch):
+    from benchmark.report.plots import plot_heldout_losses
+
+    figures = _drawn(monkeypatch)
+    records = _roles([_loss_record(m, 1, 0.1 * i) for i, m in enumerate(("ncl", "none", "ewc", "kd"))])
+    for record in records:
+        record["mlm_loss"]["columns"] = ["a", "b", "general"]
+    plot_heldout_losses(records, tmp_path / "curves.png")
+    panels = [ax for ax in figures[0].axes if ax.get_visible() and ax.lines]
+    assert [ax.get_title() for ax in panels] == ["ncl ★", "none ★", "ewc", "kd"]  # references first, one per panel
+    assert all(len(ax.lines) == 4 for ax in panels[1:]) and len(panels[0].lines) == 2  # own two, ncl's two behind
+    assert all(ax.get_legend() is None for ax in figures[0].axes)
+
+
+def test_the_forgetting_plot_leads_with_the_held_out_loss_as_the_tables_do(tmp_path, monkeypatch):
+    from benchmark.report.plots import plot_forgetting
+
+    figures = _drawn(monkeypatch)
+    records = _roles([_loss_record(m, s, 0.0) for m in ("ncl", "ewc") for s in (1, 2)])
+    for record in records:
+        record["summary"] = {"macro_f1": {"forgetting": 0.01}}
+        record["mlm_loss"]["metrics"]["forgetting"] = 0.2 if record["method"] == "ncl" else 0.1
+    plot_forgetting(records, tmp_path / "forgetting.png")
+    left, right = figures[0].axes
+    assert "held-out loss" in left.get_title() and "end-task" in right.get_title()
+    assert [t.get_text() for t in left.get_yticklabels()] == ["ewc", "★ ncl"]  # least forgetting first

@@ -12,8 +12,6 @@ import pandas as pd
 import pytest
 from sklearn.metrics import accuracy_score, f1_score
 
-from benchmark.api import continual_run
-from benchmark.data.inputs import prepare_data
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_json
 from benchmark.metrics import record_loss_metrics
@@ -31,26 +29,9 @@ from benchmark.report.writer import write_report
 
 
 @pytest.fixture(scope="module")
-def records(world_root, tiny_model, tmp_path_factory):
-    """none, ncl and das over two domains, seeds 1-3, on the synthetic test world (one shared evaluation)."""
-    from benchmark.config import profile_config
-
-    base = profile_config("synthetic")
-    work = tmp_path_factory.mktemp("report-runs")
-    config = dataclasses.replace(
-        base, model=str(tiny_model), data_root=str(world_root), general_heldout=str(world_root / "general_heldout.txt"),
-        sequence="alpha,beta", output_dir=str(work), work_dir=str(work / "work"),
-        dap=dataclasses.replace(base.dap, steps=3, batch_size=8, per_device_batch_size=4, heldout_chunks=12,
-                                probe_chunks=8, probe_batch_size=4, log_every=3),
-        finetune=dataclasses.replace(base.finetune, default_epochs=1, max_train_examples=16, max_test_examples=24,
-                                     batch_size=8),
-    )  # fmt: skip
-    data = prepare_data(config)
-    return [
-        continual_run(config, data, method, seed, show_progress=False).execute()
-        for method in ("none", "ncl", "das")
-        for seed in (1, 2, 3)
-    ]
+def records(report_records):
+    """none, ncl and das over two domains, seeds 1-3 (conftest's ``report_records``)."""
+    return report_records
 
 
 def _statistics(group):
@@ -276,7 +257,7 @@ def test_the_report_rewrites_only_what_changed_and_deletes_only_its_own_files(re
     assert first["groups"] == 1 and len(list((report / "runs").iterdir())) == 9 and list((report / "plots").iterdir())
     mine = out / "results" / "report" / "plots" / "notes.txt"  # a file the report did not write
     mine.write_text("keep me")
-    assert write_report(out)["files"] == 1  # nothing changed: only the leaderboard is written
+    assert write_report(out)["files"] == 0  # nothing changed: nothing is written
     removed = out / "results" / records[0]["profile"] / f"{records[0]['run_id']}.json"
     removed.unlink()
     write_report(out)
@@ -293,11 +274,11 @@ def test_a_change_of_the_rendering_code_redraws_pages_and_plots_of_unchanged_rec
     write_report(out)
     page = out / "results" / "report" / "runs" / f"{records[3]['run_id']}.md"
     monkeypatch.setattr(writer, "run_tables", lambda record: f"new layout of {record['run_id']}\n")
-    assert write_report(out)["files"] == 1 + 6  # every page, no plot: the plotting code did not change
+    assert write_report(out)["files"] == 6  # every page, no plot: the plotting code did not change
     assert page.read_text() == f"new layout of {records[3]['run_id']}\n"
     monkeypatch.setattr(writer, "_plots_code", lambda: "other plotting code")
     plots = sorted((out / "results" / "report" / "plots").iterdir())
-    assert write_report(out)["files"] == 1 + len(plots)  # every plot redrawn, no page
+    assert write_report(out)["files"] == len(plots) + 1  # every plot redrawn, and the manifest of their digests
 
 
 def test_symbolic_links_in_the_results_folder_are_refused(records, tmp_path):

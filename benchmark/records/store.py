@@ -155,7 +155,12 @@ def load_records(results_dir: str | Path) -> list[RunRecord]:
 def leaderboard_records(results_dir: str | Path) -> list[RunRecord]:
     """The records a leaderboard of ``results_dir`` reports: every record but those of key-number folders
     (:data:`KEY_NUMBERS_MARKER`), which are still read and checked, so a corrupt one is named."""
-    return [record for path, record in _loaded(results_dir) if not in_key_number_folder(path, results_dir)]
+    return [record for _, record in leaderboard_entries(results_dir)]
+
+
+def leaderboard_entries(results_dir: str | Path) -> list[tuple[Path, RunRecord]]:
+    """:func:`leaderboard_records` with each record's file."""
+    return [(path, record) for path, record in _loaded(results_dir) if not in_key_number_folder(path, results_dir)]
 
 
 KEY_NUMBERS_MARKER = "KEY-NUMBERS.md"

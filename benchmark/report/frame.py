@@ -6,6 +6,7 @@ installed where the report runs, so the same records always give the same leader
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -165,3 +166,39 @@ def _installed_role(record: dict) -> str | None:
 
     cls = installed_method(record["method"]) if record["method_label"] == record["method"] else None
     return cls.comparison_role if cls else None
+
+
+def method_colours(labels: list[str]) -> dict[str, str]:
+    """One colour per method label, the same on every page and plot of a report: :func:`palette`'s colours in sorted
+    label order, then evenly spaced hues for any label beyond them."""
+    import colorsys
+
+    colours = list(palette())
+    ordered = sorted(set(labels))
+    for i in range(max(0, len(ordered) - len(colours))):
+        red, green, blue = colorsys.hls_to_rgb((i * 0.618034) % 1.0, 0.45, 0.65)
+        colours.append("#" + "".join(f"{round(255 * c):02x}" for c in (red, green, blue)))
+    return dict(zip(ordered, colours, strict=False))
+
+
+@functools.cache
+def palette() -> tuple[str, ...]:
+    """Distinct colours that read on white: Plotly's D3 palette first, then, from its other qualitative palettes
+    (pale colours left out), always the colour farthest from every one chosen so far, so that the first colours of a
+    long list stay as far apart as a list that long allows."""
+    from plotly.colors import hex_to_rgb, qualitative
+
+    def luminance(rgb) -> float:
+        return (0.2126 * rgb[0] + 0.7152 * rgb[1] + 0.0722 * rgb[2]) / 255
+
+    names = ("D3", "T10", "Dark24", "Alphabet", "Light24", "Bold", "Vivid", "Safe", "Prism")
+    pool = [c.lower() for name in names for c in getattr(qualitative, name) if c.startswith("#")]
+    pool = [c for c in dict.fromkeys(pool) if luminance(hex_to_rgb(c)) <= 0.62]
+    chosen = [c.lower() for c in qualitative.D3]
+    rgb = {c: np.array(hex_to_rgb(c), dtype=float) for c in pool + chosen}
+    rest = [c for c in pool if c not in chosen]
+    while rest:
+        far = max(rest, key=lambda c: min(np.linalg.norm(rgb[c] - rgb[d]) for d in chosen))
+        chosen.append(far)
+        rest.remove(far)
+    return tuple(chosen)

@@ -219,7 +219,7 @@ def ladder_markdown(reading: LadderReading, plot: str | None) -> list[str]:
     return [*lines, ""]
 
 
-def plot_ladder(reading: LadderReading, path) -> object:
+def plot_ladder(reading: LadderReading, path, colours: dict[str, str] | None = None) -> object:
     """Each metric against the budget (tokens per domain, log scale), one small panel per metric, a line per row;
     the reference rows (no DAP, naive continual, the proposed method) drawn in colour, the others in grey."""
     from benchmark.report.plots import _pyplot, _save
@@ -234,7 +234,8 @@ def plot_ladder(reading: LadderReading, path) -> object:
         scale = 100.0 if column.kind == "pct" else 1.0
         for label, means in sorted(reading.means[column.title].items(), key=lambda item: item[0] in references):
             ys = [np.nan if m is None else m * scale for m in means]
-            style = {"lw": 2.2, "marker": "o", "label": label} if label in references else {"lw": 0.8, "color": "0.65"}
+            style = {"lw": 2.2, "marker": "o", "label": label, "color": (colours or {}).get(label)}
+            style = style if label in references else {"lw": 0.8, "color": "0.65"}
             ax.plot(tokens, ys, **style)
         ax.set_xscale("log")
         ax.set_title(f"{column.title} ({'higher' if column.higher_is_better else 'lower'} is better)", fontsize=9)

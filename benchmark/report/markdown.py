@@ -72,9 +72,7 @@ def leaderboard_markdown(
         lines += ["", "### End tasks", "", *table(stats, END_TASK_COLUMNS, "final macro-F1"), ""]
         lines += order_tables(stats)
         lines += plot_links(plots)
-        lines += ["", "**Reading** (generated from the numbers above):", ""]
-        lines += [*loss_reading(stats), *training_reading(stats), *variant_reading(stats), *sibling_reading(stats)]
-        lines += [*end_task_reading(stats), ""]
+        lines += ["", "**Reading** (generated from the numbers above):", "", *group_reading(stats), ""]
     if ladders:
         lines += ["## Ranking stability across budgets", ""]
         for section in ladders:
@@ -88,6 +86,13 @@ def leaderboard_markdown(
                 lines += [f"- {code(s.run_id)}: {text(s.reason)}" for s in named]
                 lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def group_reading(stats: GroupStatistics) -> list[str]:
+    """A group's reading: the sentences generated from its numbers (loss metrics, training, variants, siblings, end
+    tasks), as Markdown list lines."""
+    readings = (loss_reading, training_reading, variant_reading, sibling_reading, end_task_reading)
+    return [line for reading in readings for line in reading(stats)]
 
 
 def group_header(group: Group) -> list[str]:
@@ -261,9 +266,9 @@ def _cell(stats: GroupStatistics, label: str, column: Column) -> str:
 PLOT_TITLES = {
     "stability-plasticity": "stability vs plasticity (held-out loss)",
     "damping": "soft-mask damping and importance histogram",
-    "matrices": "A[t][k] per method (mean over seeds)",
-    "forgetting": "forgetting per method",
-    "heldout-loss": "held-out loss after each domain",
+    "matrices": "end-task scores: final per method, A[t][k] of the reference rows",
+    "forgetting": "forgetting per method (held-out loss and end tasks)",
+    "heldout-loss": "held-out loss per method after each domain",
     "importance": "DAS importance per layer",
 }
 

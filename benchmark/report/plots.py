@@ -4,6 +4,7 @@ layer and unit."""
 
 from __future__ import annotations
 
+import textwrap
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.io import atomic_write_bytes
+from benchmark.report.frame import method_colours, reference_labels
 from benchmark.report.markdown import loss_unit
 
 
@@ -30,6 +32,11 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _references(records: list[dict]) -> dict[str, str]:
+    """Reference label -> its role (naive continual, proposed, no DAP), in the leaderboard's order of roles."""
+    return {label: role for role, label in reference_labels(records).items()}
+
+
 def _by_label(records: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for record in records:
@@ -37,30 +44,58 @@ def _by_label(records: list[dict]) -> dict[str, list[dict]]:
     return dict(sorted(out.items()))
 
 
-def plot_matrices(records: list[dict], path: Path, metric: str = "macro_f1") -> Path | None:
-    """A[t][k] of every method in one figure (a panel each), the mean over seeds; blank = not computed."""
+def plot_matrices(records: list[dict], path: Path, colours: dict[str, str] | None = None) -> Path | None:
+    """End-task scores at a glance: the final macro-F1 of every method on every end task (one row per method, the
+    reference rows first), and the full A[t][k] of each reference row (mean over seeds; blank = not computed)."""
     groups = _by_label(records)
     if not groups:
         return None
     first = next(iter(groups.values()))[0]
     tasks, domains = first["end_tasks"], first["sequence"]
+    references = _references(records)
+    order = [label for label in references if label in groups] + [g for g in groups if g not in references]
     plt = _pyplot()
-    ncols = min(4, len(groups))
-    nrows = -(-len(groups) // ncols)
-    size = 0.55 * len(tasks) + 1.5
-    fig, axes = plt.subplots(nrows, ncols, figsize=(size * ncols, size * nrows), squeeze=False)
-    for ax, (label, runs) in zip(axes.flat, groups.items(), strict=False):
-        mean = _mean_matrix(runs, metric)
-        ax.imshow(mean, cmap="viridis", vmin=0, vmax=100)
-        for (t, k), value in np.ndenumerate(mean):
-            if not np.isnan(value):
-                ax.text(k, t, f"{value:.0f}", ha="center", va="center", color="w", fontsize=7)
-        ax.set_title(f"{label}: {metric} %, mean of {len(runs)} seed(s)", fontsize=9)
-        ax.set_xticks(range(len(tasks)), tasks, rotation=60, ha="right", fontsize=7)
-        ax.set_yticks(range(len(domains)), [f"after {d}" for d in domains], fontsize=7)
-    for ax in list(axes.flat)[len(groups) :]:
-        ax.axis("off")
+    height = max(0.32 * len(order) + 1.8, 2.6 * max(1, len(references)))
+    fig = plt.figure(figsize=(6.5 + 0.6 * len(tasks), height))
+    grid = fig.add_gridspec(max(1, len(references)), 2, width_ratios=[1, 1])
+    final = np.array([_final_scores(groups[label]) for label in order])
+    title = "final macro-F1 (%) per end task\n(per-domain methods: each domain's own model)"
+    _heatmap(fig.add_subplot(grid[:, 0]), final, tasks, order, title)
+    _mark_references(fig.axes[0], order, references, colours or method_colours(order))
+    for i, label in enumerate(label for label in references if label in groups):
+        ax = fig.add_subplot(grid[i, 1])
+        _heatmap(ax, _mean_matrix(groups[label], "macro_f1"), tasks, [f"after {d}" for d in domains], "")
+        ax.set_title(f"{label} ★ ({references[label]}): A[t][k], macro-F1 %", fontsize=9)
+    fig.suptitle(f"end tasks, mean of each method's seeds ({len(first['end_tasks'])} tasks)", fontsize=10)
     return _save(fig, path)
+
+
+def _final_scores(runs: list[dict]) -> np.ndarray:
+    """Each end task's final macro-F1 as the end-task table counts it: after the last domain, or for a method with
+    one model per domain, that domain's own model (the diagonal)."""
+    matrix = _mean_matrix(runs, "macro_f1")
+    return np.diag(matrix) if runs[0].get("capabilities", {}).get("independent_per_domain") else matrix[-1]
+
+
+def _heatmap(ax, values: np.ndarray, columns: list[str], rows: list[str], title: str) -> None:
+    """A matrix with its numbers written in (white on dark cells, black on light ones) and readable tick labels."""
+    image = ax.imshow(values, cmap="viridis", vmin=0, vmax=100, aspect="auto")
+    for (t, k), value in np.ndenumerate(values):
+        if not np.isnan(value):
+            light = image.norm(value) > 0.6
+            ax.text(k, t, f"{value:.0f}", ha="center", va="center", color="k" if light else "w", fontsize=8)
+    ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
+
+
+def _mark_references(ax, labels: list[str], references: dict[str, str], colours: dict[str, str]) -> None:
+    """One y tick per label (row ``i`` is ``labels[i]``), each in its method's colour; reference rows bold, starred."""
+    ax.set_yticks(range(len(labels)), [f"★ {label}" if label in references else label for label in labels], fontsize=8)
+    for tick, label in zip(ax.get_yticklabels(), labels, strict=True):
+        tick.set_color(colours.get(label, "k"))
+        tick.set_fontweight("bold" if label in references else "normal")
 
 
 def _mean_matrix(runs: list[dict], metric: str) -> np.ndarray:
@@ -76,56 +111,99 @@ def _mean_over_seeds(per_seed: list) -> np.ndarray:
         return np.nanmean(np.asarray(per_seed, dtype=float), axis=0)
 
 
-def plot_forgetting(records: list[dict], path: Path) -> Path | None:
-    """Forgetting rate (acc and macro-F1, points) per method: one dot per seed, a bar at the mean."""
-    groups = {
-        label: runs
-        for label, runs in _by_label(records).items()
-        if all((r["summary"].get("acc") or {}).get("forgetting") is not None for r in runs)
-    }
-    if not groups:
+def plot_forgetting(records: list[dict], path: Path, colours: dict[str, str] | None = None) -> Path | None:
+    """Forgetting per method, the held-out loss's (nats, as the tables lead with) beside the end tasks' (macro-F1
+    points): a bar at the mean over seeds, a dot per seed, methods sorted by the first; methods that forget by
+    construction nothing (one model per domain, joint training) are left out and named."""
+    groups = _by_label(records)
+    kept = {label: runs for label, runs in groups.items() if all(_forgetting(r) is not None for r in runs)}
+    if not kept:
         return None
+    colours = colours or method_colours(list(groups))
+    references = _references(records)
+    order = sorted(kept, key=lambda label: np.mean([_forgetting(r) for r in kept[label]]))
     plt = _pyplot()
-    # Two stacked panels: side by side they grow too wide to read once there are a dozen methods.
-    fig, axes = plt.subplots(2, 1, figsize=(max(6, 0.7 * len(groups) + 2), 7.5), sharex=True)
-    for ax, metric in zip(axes, ("acc", "macro_f1"), strict=True):
-        for i, runs in enumerate(groups.values()):
-            values = [100 * r["summary"][metric]["forgetting"] for r in runs]
-            ax.bar(i, np.mean(values), color="#9ecae1")
-            ax.scatter([i] * len(values), values, color="#08519c", zorder=3, s=18)
-        ax.axhline(0, color="grey", lw=0.8)
-        ax.set_xticks(range(len(groups)), list(groups), rotation=45, ha="right")
-        ax.set_title(f"forgetting ({metric}); bar = mean, dots = seeds")
-        ax.set_ylabel("points (positive = forgotten)")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.3 * len(order) + 2.0), sharey=True)
+    panels = (
+        (_forgetting, "held-out loss forgetting (nats, lower is better)"),
+        (_end_task_forgetting, "end-task forgetting (macro-F1 points, lower is better)"),
+    )
+    for ax, (value, title) in zip(axes, panels, strict=True):
+        for i, label in enumerate(order):
+            values = [v for v in (value(r) for r in kept[label]) if v is not None]
+            if values:
+                edge = "k" if label in references else "none"
+                ax.barh(i, np.mean(values), color=colours[label], alpha=0.55, edgecolor=edge, lw=1.5)
+                ax.scatter(values, [i] * len(values), color=colours[label], s=14, zorder=3)
+        ax.axvline(0, color="grey", lw=0.8)
+        ax.set_title(title, fontsize=9)
+    _mark_references(axes[0], order, references, colours)
+    axes[0].invert_yaxis()  # least forgetting on top
+    left_out = sorted(set(groups) - set(kept))
+    note = f"; left out (nothing to forget by construction): {', '.join(left_out)}" if left_out else ""
+    fig.suptitle(f"forgetting: bar = mean over seeds, dots = seeds, ★ reference rows{note}", fontsize=9)
     return _save(fig, path)
 
 
-def plot_heldout_losses(records: list[dict], path: Path) -> Path | None:
-    """Held-out loss of every corpus (one panel each; masked-token or next-token, as the model is) before DAP and
-    after each domain, per method."""
+def _forgetting(record: dict) -> float | None:
+    return record["mlm_loss"]["metrics"].get("forgetting")
+
+
+def _end_task_forgetting(record: dict) -> float | None:
+    value = (record["summary"].get("macro_f1") or {}).get("forgetting")
+    return None if value is None else 100 * value
+
+
+def plot_heldout_losses(records: list[dict], path: Path, colours: dict[str, str] | None = None) -> Path | None:
+    """Small multiples, one panel per method (shared axes): its held-out loss averaged over the domains' sets
+    (solid) and on general text (dashed) before DAP and after each domain, with the naive continual reference's
+    two lines in grey behind for comparison (the full matrices are on the site and in each run's table)."""
     groups = {label: runs for label, runs in _by_label(records).items() if runs[0]["mlm_loss"]["after_domain"]}
     if not groups:
         return None
     first = next(iter(groups.values()))[0]
-    columns, domains = first["mlm_loss"]["columns"], first["sequence"]
+    domains = first["sequence"]
+    colours = colours or method_colours(list(groups))
+    references = _references(records)
+    naive = next((label for label, role in references.items() if role == "naive_continual"), None)
+    order = [label for label in references if label in groups] + [g for g in groups if g not in references]
     plt = _pyplot()
-    ncols = min(4, len(columns))
-    nrows = -(-len(columns) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 3.2 * nrows), squeeze=False)
-    x_labels = ["base", *domains]
-    for ax, column in zip(axes.flat, columns, strict=False):
-        ax.set_prop_cycle(color=plt.cm.tab20.colors)  # up to 20 methods stay distinguishable
-        for label, runs in groups.items():
-            ax.plot(range(len(x_labels)), _mean_loss_curve(runs, column), marker="o", ms=3, label=label)
-        ax.set_title(f"held-out {column}")
-        ax.set_xticks(range(len(x_labels)), x_labels, rotation=45, ha="right", fontsize=7)
-    spare = list(axes.flat)[len(columns) :]
-    for ax in spare:
+    ncols = min(6, len(order))
+    nrows = -(-len(order) // ncols)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(2.6 * ncols, 2.3 * nrows + 0.8), sharex=True, sharey=True, squeeze=False
+    )
+    x = range(len(domains) + 1)
+    for ax, label in zip(axes.flat, order, strict=False):
+        if naive in groups and label != naive:
+            for curve, style in zip(_summary_curves(groups[naive], domains), ("-", "--"), strict=False):
+                ax.plot(x, curve, color="0.75", ls=style, lw=1.2)
+        for curve, style in zip(_summary_curves(groups[label], domains), ("-", "--"), strict=False):
+            ax.plot(
+                x, curve, color=colours[label], ls=style, lw=2.2 if label in references else 1.6, marker="o", ms=2.5
+            )
+        star = " ★" if label in references else ""
+        title = textwrap.fill(f"{label}{star}", 30)  # an option row's label can be long
+        ax.set_title(title, fontsize=8, fontweight="bold" if star else "normal")
+        ax.set_xticks(list(x), ["base", *domains], rotation=60, ha="right", fontsize=7)
+        ax.tick_params(axis="y", labelsize=7)
+    for ax in list(axes.flat)[len(order) :]:
         ax.axis("off")
-    axes.flat[0].set_ylabel("{} ({})".format(*loss_unit(first)))
-    # The legend goes into a spare panel when there is one, else into the first panel.
-    (spare[0] if spare else axes.flat[0]).legend(*axes.flat[0].get_legend_handles_labels(), loc="center", fontsize=7)
+    unit = "{} ({})".format(*loss_unit(first))
+    behind = f"; grey: {naive}'s, for comparison" if naive else ""
+    fig.suptitle(
+        f"{unit} per method: solid = mean over the domains' held-out sets, dashed = general text{behind}", fontsize=9
+    )
     return _save(fig, path)
+
+
+def _summary_curves(runs: list[dict], domains: list[str]) -> list[np.ndarray]:
+    """Mean over seeds of the loss averaged over the domains' held-out sets per stage, then (where measured) of the
+    general loss."""
+    curves = [np.mean([_mean_loss_curve(runs, column) for column in domains], axis=0)]
+    if "general" in runs[0]["mlm_loss"]["columns"]:
+        curves.append(np.asarray(_mean_loss_curve(runs, "general")))
+    return curves
 
 
 def _mean_loss_curve(runs: list[dict], column: str) -> list[float]:
@@ -137,7 +215,7 @@ def _mean_loss_curve(runs: list[dict], column: str) -> list[float]:
     return list(_mean_over_seeds(curves))
 
 
-def plot_importance(records: list[dict], path: Path) -> Path | None:
+def plot_importance(records: list[dict], path: Path, colours: dict[str, str] | None = None) -> Path | None:
     """DAS-family methods: mean accumulated importance per layer and unit type after the last domain."""
     reports = {
         label: [r["domains"][-1]["method_report"]["importance"] for r in runs]
@@ -156,7 +234,8 @@ def plot_importance(records: list[dict], path: Path) -> Path | None:
             per_seed = [s[unit]["mean_per_layer"] for s in seeds if unit in s]
             if per_seed:
                 means = np.mean(per_seed, axis=0)
-                ax.bar(np.arange(len(means)) + i * width, means, width, label=label)
+                colour = (colours or method_colours(list(reports)))[label]
+                ax.bar(np.arange(len(means)) + i * width, means, width, label=label, color=colour)
         ax.set_title(f"{unit}: mean importance after the last domain")
         ax.set_xlabel("layer")
         ax.set_ylim(0, 1)
@@ -164,42 +243,88 @@ def plot_importance(records: list[dict], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def plot_stability_plasticity(records: list[dict], path: Path) -> Path | None:
-    """Held-out loss: plasticity (x) against forgetting (y) per method, mean with seed-std error bars; the
-    marker's area grows with the general-loss rise. Methods without forgetting (per-domain, joint) are left out."""
+def plot_stability_plasticity(records: list[dict], path: Path, colours: dict[str, str] | None = None) -> Path | None:
+    """Held-out loss: plasticity (x) against forgetting (y) per method, the mean over seeds with seed-std bars,
+    every point named beside it and the reference rows as outlined stars. Axes cover the bulk of the points; a point
+    beyond them (an outlier: far outside the reference rows' range) is drawn at the edge as an arrow with its value.
+    Methods without forgetting are left out."""
     points = {}
     for label, runs in _by_label(records).items():
         metrics = [r["mlm_loss"]["metrics"] for r in runs]
         if any(m["plasticity"] is None or m["forgetting"] is None for m in metrics):
             continue
-        values = {key: np.array([m[key] for m in metrics], dtype=float) for key in metrics[0]}
-        points[label] = values
+        points[label] = {key: np.array([m[key] for m in metrics], dtype=float) for key in ("plasticity", "forgetting")}
     if not points:
         return None
+    colours = colours or method_colours(list(points))
+    references = _references(records)
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 5.5))
-    ax.set_prop_cycle(color=plt.cm.tab20.colors)
-    rises = [np.nanmean(v["general_rise"]) for v in points.values() if not np.all(np.isnan(v["general_rise"]))]
-    largest = max([abs(r) for r in rises] + [1e-9])
+    fig, ax = plt.subplots(figsize=(9, 6.5))
+    xs = {label: v["plasticity"].mean() for label, v in points.items()}
+    ys = {label: v["forgetting"].mean() for label, v in points.items()}
+    anchors = [label for label in references if label in points]
+    xlim = _bulk_limits(list(xs.values()), [xs[label] for label in anchors])
+    ylim = _bulk_limits(list(ys.values()), [ys[label] for label in anchors])
     for label, v in points.items():
-        rise = np.nanmean(v["general_rise"]) if not np.all(np.isnan(v["general_rise"])) else 0.0
-        x, y = v["plasticity"], v["forgetting"]
-        ax.errorbar(x.mean(), y.mean(), xerr=_seed_std(x), yerr=_seed_std(y), fmt="none", ecolor="grey", lw=0.8)
-        ax.scatter(
-            x.mean(), y.mean(), s=30 + 600 * max(rise, 0.0) / largest, alpha=0.75, label=f"{label} ({rise:+.3f})"
-        )
-    ax.set_xlabel("plasticity: mean_k base[k] − L[k][k] (nats, → better)")
-    ax.set_ylabel("forgetting: mean_k L[T−1][k] − L[k][k] (nats, ↓ better)")
-    ax.set_title("stability vs plasticity (marker area ∝ general-loss rise, in the legend)", fontsize=9)
-    ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        _draw_point(ax, label, v, (xlim, ylim), colours[label], label in references)
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.axhline(0, color="grey", lw=0.6)
+    ax.axvline(0, color="grey", lw=0.6)
+    ax.set_xlabel("plasticity: mean_k base[k] − L[k][k] (nats, higher is better →)")
+    ax.set_ylabel("forgetting: mean_k L[T−1][k] − L[k][k] (nats, lower is better ↓)")
+    ax.set_title(
+        "stability vs plasticity of the held-out loss (mean over seeds, bars: seed std; ★ reference rows)", fontsize=9
+    )
     return _save(fig, path)
+
+
+def _draw_point(ax, label: str, seeds: dict, limits: tuple, colour: str, reference: bool) -> None:
+    """One method's mean point with seed-std bars and its name; beyond ``limits`` (an outlier) an arrow at the edge
+    pointing its way, named with its value; a reference row as a large outlined star, named in bold."""
+    x, y = seeds["plasticity"].mean(), seeds["forgetting"].mean()
+    (xlim, ylim) = limits
+    cx, cy = np.clip(x, *xlim), np.clip(y, *ylim)
+    clipped = (cx, cy) != (x, y)
+    if not clipped:
+        std = {"xerr": _seed_std(seeds["plasticity"]), "yerr": _seed_std(seeds["forgetting"])}
+        ax.errorbar(x, y, **std, fmt="none", ecolor=colour, lw=0.8, alpha=0.7)
+    marker = _edge_marker(x, y, xlim, ylim) if clipped else ("*" if reference else "o")
+    edge = {"edgecolors": "k" if reference else "none", "linewidths": 1.2}
+    ax.scatter(cx, cy, s=220 if reference else 45, marker=marker, color=colour, zorder=3, **edge)
+    name = (f"★ {label}" if reference else label) + (f" (x={x:.2f}, y={y:.2f})" if clipped else "")
+    text = {"fontsize": 9 if reference else 7, "fontweight": "bold" if reference else "normal"}
+    ax.annotate(name, (cx, cy), xytext=(5, 4), textcoords="offset points", color="k" if reference else colour, **text)
+
+
+def _bulk_limits(values: list[float], anchors: list[float]) -> tuple[float, float]:
+    """Axis limits that hold every value within the range of ``anchors`` (the reference rows') widened by that range
+    on each side, with a small margin: a value beyond it is an outlier, drawn at the edge, so it cannot collapse the
+    rest. Without anchors every value is held."""
+    values = np.asarray(values, dtype=float)
+    if anchors:
+        low, high = min(anchors), max(anchors)
+        width = max(high - low, 1e-3)
+        values = values[(values >= low - width) & (values <= high + width)]
+    low, high = float(values.min()), float(values.max())
+    margin = 0.06 * max(high - low, 1e-3)
+    return low - margin, high + margin
+
+
+def _edge_marker(x: float, y: float, xlim: tuple, ylim: tuple) -> str:
+    """The arrow marker pointing towards a point beyond the axes."""
+    if x < xlim[0]:
+        return "<"
+    if x > xlim[1]:
+        return ">"
+    return "v" if y < ylim[0] else "^"
 
 
 def _seed_std(values: np.ndarray) -> float:
     return float(values.std(ddof=1)) if len(values) > 1 else 0.0
 
 
-def plot_mask_damping(records: list[dict], path: Path) -> Path | None:
+def plot_mask_damping(records: list[dict], path: Path, colours: dict[str, str] | None = None) -> Path | None:
     """Soft-masking methods: the measured damping per importance bin (|update| relative to the unmasked
     update of the same units, mean over domains and seeds) and the importance histogram of the mask in force
     during the last domain, per unit type."""
@@ -217,7 +342,8 @@ def plot_mask_damping(records: list[dict], path: Path) -> Path | None:
     left.plot([0, 1], [1, 0], color="grey", ls="--", lw=0.8, label="1 − I (an exactly scaled update)")
     for label, reports in masks.items():
         per_bin = [[np.nan if v is None else v for v in m["damping_per_bin"]] for m in reports]
-        left.plot(centres, _mean_over_seeds(per_bin), marker="o", ms=3, label=label)
+        colour = (colours or method_colours(list(masks)))[label]
+        left.plot(centres, _mean_over_seeds(per_bin), marker="o", ms=3, label=label, color=colour)
         last = reports[-1]["importance_histogram"]
         for unit, counts in last.items():
             share = np.asarray(counts, dtype=float) / max(sum(counts), 1)
@@ -234,7 +360,7 @@ def plot_mask_damping(records: list[dict], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-GROUP_PLOTS: dict[str, Callable[[list[dict], Path], Path | None]] = {
+GROUP_PLOTS: dict[str, Callable[[list[dict], Path, dict[str, str] | None], Path | None]] = {
     "stability-plasticity": plot_stability_plasticity,
     "damping": plot_mask_damping,
     "matrices": plot_matrices,

@@ -22,19 +22,25 @@ def column_of(title: str):
     return next(c for c in LOSS_COLUMNS + END_TASK_COLUMNS if c.title == title)
 
 
-def verdicts(stats: GroupStatistics) -> dict[str, str]:
-    """Per method: which loss metrics differ from each reference, resolved by seeds and evaluation sample alike,
-    e.g. ``F↓ ncl · G↓ ncl, none``."""
+def verdict_cells(stats: GroupStatistics) -> dict[str, dict[tuple[str, str], list[str]]]:
+    """Per method: (metric letter, arrow) -> the references it differs from on that loss metric, resolved by seeds and
+    evaluation sample alike (letters from :data:`~benchmark.report.frame.VERDICT_METRICS`; ``↓`` lower)."""
     found: dict[str, dict[tuple[str, str], list[str]]] = {}
     for title, letter in VERDICT_METRICS:
         for reference in stats.references.values():
             for c in stats.comparisons(reference, column_of(title)):
                 if c.resolved():
                     arrow = "↓" if c.mean < 0 else "↑"
-                    found.setdefault(c.label, {}).setdefault((letter, arrow), []).append(code(reference))
+                    found.setdefault(c.label, {}).setdefault((letter, arrow), []).append(reference)
+    return found
+
+
+def verdicts(stats: GroupStatistics) -> dict[str, str]:
+    """Per method: which loss metrics differ from each reference, resolved by seeds and evaluation sample alike,
+    e.g. ``F↓ ncl · G↓ ncl, none``."""
     return {
-        label: " · ".join(f"{letter}{arrow} {', '.join(refs)}" for (letter, arrow), refs in cells.items())
-        for label, cells in found.items()
+        label: " · ".join(f"{letter}{arrow} {', '.join(map(code, refs))}" for (letter, arrow), refs in cells.items())
+        for label, cells in verdict_cells(stats).items()
     }
 
 

@@ -11,43 +11,95 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmark.errors import DapbenchError
-from benchmark.io import atomic_write_json, atomic_write_text, read_json, unlinked_path
-from benchmark.records.store import REPORT_FOLDER, leaderboard_records
+from benchmark.io import atomic_write_text, read_json, unlinked_path
+from benchmark.records.store import REPORT_FOLDER, leaderboard_entries
 from benchmark.report.escape import code, text
-from benchmark.report.frame import leaderboard_frame, reference_labels
+from benchmark.report.frame import leaderboard_frame, method_colours, reference_labels
 from benchmark.report.groups import Group, group_records
 from benchmark.report.markdown import is_decoder, leaderboard_markdown, loss_unit
+from benchmark.report.site import PLOTLY_ASSET, SITE_FOLDER, plotly_bundle, site_files
 from benchmark.report.statistics import GroupStatistics
 
 MANIFEST = "manifest.json"
-REPORT_SUBFOLDERS = ("runs", "plots")
-"""The report's folders under ``results/report/``: one page per record, the group plots."""
+REPORT_SUBFOLDERS = ("runs", "plots", SITE_FOLDER)
+"""The report's folders under ``results/report/``: one page per record, the group plots, the static site."""
 
 
-def write_report(output_dir: str | Path, show_progress: bool = False) -> dict[str, int]:
-    """Regenerate what changed of the tables, plots and ``leaderboard.md`` under ``output_dir`` from the records
-    under ``output_dir/results``; return how many records and groups it read and how many files it wrote."""
+class _Sink:
+    """Where the report's files go: written when their content changed, or with ``check`` (``dapbench report
+    --check``) compared only, the ones that would change named in :attr:`stale` and nothing written."""
+
+    def __init__(self, out: Path, check: bool):
+        self.out, self.check, self.stale, self.written = out, check, [], 0
+
+    def text(self, path: Path, content: str) -> None:
+        """Write ``content`` to ``path`` unless it already holds it."""
+        if path.is_file() and path.read_text(encoding="utf-8") == content:
+            return
+        self._changed(path, lambda: atomic_write_text(path, content))
+
+    def draw(self, path: Path, draw: Callable[[], object]) -> None:
+        """Draw a plot (its inputs changed, or it is missing)."""
+        self._changed(path, draw)
+
+    def _changed(self, path: Path, write: Callable[[], object]) -> None:
+        if self.check:
+            self.stale.append(str(path.relative_to(self.out)))
+        else:
+            write()
+            self.written += 1
+
+
+def write_report(output_dir: str | Path, show_progress: bool = False, check: bool = False) -> dict:
+    """Regenerate what changed of the tables, plots, site and ``leaderboard.md`` under ``output_dir`` from the records
+    under ``output_dir/results``; return how many records and groups it read and how many files it wrote. With
+    ``check``, write nothing and return under ``stale`` the files a report would change (empty: up to date)."""
     out = Path(output_dir)
     report = report_folder(out)
-    records = leaderboard_records(out / "results")  # all but the key-number folder's
+    entries = leaderboard_entries(out / "results")  # all but the key-number folder's
+    records = [record for _, record in entries]
     groups, left_out = group_records(records)  # every check runs before anything is written
-    previous = _read_manifest(report)
-    manifest: dict = {"runs": {}, "groups": {}}
-    written, plots_code = 0, _plots_code()
+    previous, sink = _read_manifest(report), _Sink(out, check)
+    manifest: dict = {"runs": {}, "groups": {}, "site": []}
+    plots_code = _plots_code()
+    colours = method_colours([r["method_label"] for r in records])  # one colour per method on every plot and page
     for group in _progress(groups, show_progress, "report: groups"):
-        written += _write_runs(group, report, previous, manifest)
-        written += _write_group_plots(group, report, previous, manifest, plots_code)
+        _write_runs(group, report, manifest, sink)
+        _write_group_plots(group, report, previous, manifest, (plots_code, colours), sink)
     sections = [(g, _statistics(g), _links(manifest["groups"][g.key]["files"])) for g in groups]
-    ladders = _write_ladders(sections, report, manifest)
-    written += len(ladders)
-    atomic_write_text(out / "leaderboard.md", leaderboard_markdown(sections, left_out, ladders))
-    _fill_readme_answer(out / "README.md", sections)
-    _remove_unproduced(report, previous, manifest)
-    atomic_write_json(report / MANIFEST, manifest)
-    return {"records": len(records), "groups": len(groups), "files": written + 1}
+    readings, ladders = _write_ladders(sections, report, manifest, sink, colours)
+    sink.text(out / "leaderboard.md", leaderboard_markdown(sections, left_out, ladders))
+    _fill_readme_answer(out / "README.md", sections, sink)
+    _write_site(
+        report, site_files(sections, readings, _record_files(entries, out / "results"), colours), manifest, sink
+    )
+    _remove_unproduced(report, previous, manifest, sink)
+    sink.text(report / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    return {"records": len(records), "groups": len(groups), "files": sink.written, "stale": sink.stale}
+
+
+def _record_files(entries: list[tuple[Path, dict]], results: Path) -> dict[str, str]:
+    """Run id -> its record file, relative to ``results`` (the site links each run page to its record)."""
+    return {record["run_id"]: path.relative_to(results).as_posix() for path, record in entries}
+
+
+def _write_site(report: Path, files: dict[str, str], manifest: dict, sink: _Sink) -> None:
+    """The static site (:mod:`benchmark.report.site`) under ``report/site``: every page rewritten when its text
+    changed, Plotly's bundle written once (again only when the installed plotly's differs), all listed in the
+    manifest, so the report removes only site files it wrote."""
+    site = unlinked_path(report, SITE_FOLDER)
+    for relative, content in sorted(files.items()):
+        sink.text(site / relative, content)
+    bundle = site / PLOTLY_ASSET
+    if not bundle.is_file():  # 4.8 MB, and the same for every report of an installed plotly: compared by size first
+        sink.text(bundle, plotly_bundle())
+    elif not sink.check and bundle.stat().st_size != len(plotly_bundle().encode()):
+        sink.text(bundle, plotly_bundle())
+    manifest["site"] = sorted(f"{SITE_FOLDER}/{relative}" for relative in [*files, PLOTLY_ASSET])
 
 
 def _statistics(group: Group) -> GroupStatistics:
@@ -59,18 +111,13 @@ def _digest(record: dict) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _write_runs(group: Group, report: Path, previous: dict, manifest: dict) -> int:
+def _write_runs(group: Group, report: Path, manifest: dict, sink: _Sink) -> None:
     """One Markdown file per record with its A[t][k] and held-out loss matrices, rewritten when its text changed: the
     page is rendered every time (cheap), so a change of the record or of the code that renders it shows."""
-    written = 0
     for record in group.records:
         relative = f"runs/{record['run_id']}.md"
         manifest["runs"][record["run_id"]] = {"digest": _digest(record), "file": relative}
-        page, path = run_tables(record), report / relative
-        if not path.is_file() or path.read_text(encoding="utf-8") != page:
-            atomic_write_text(path, page)
-            written += 1
-    return written
+        sink.text(report / relative, run_tables(record))
 
 
 def _plots_code() -> str:
@@ -82,24 +129,28 @@ def _plots_code() -> str:
     return hashlib.sha256(inspect.getsource(plots).encode()).hexdigest()
 
 
-def _write_group_plots(group: Group, report: Path, previous: dict, manifest: dict, plots_code: str) -> int:
-    """The group's plots (every one whose data the group has), redrawn when one of its records or the plotting code
-    (``plots_code``, its digest: read once per report) changed."""
+def _write_group_plots(group: Group, report: Path, previous: dict, manifest: dict, style: tuple, sink: _Sink) -> None:
+    """The group's plots (every one whose data the group has), redrawn when one of its records, the plotting code or
+    its methods' colours changed (``style``: the plotting code's digest, read once per report, and the colours)."""
     from benchmark.report.plots import GROUP_PLOTS
 
+    plots_code, colours = style
+    mine = {r["method_label"]: colours[r["method_label"]] for r in group.records}
     records = "".join(sorted(manifest["runs"][r["run_id"]]["digest"] for r in group.records))
-    digest = hashlib.sha256((records + plots_code).encode())
+    digest = hashlib.sha256((records + plots_code + json.dumps(mine, sort_keys=True)).encode())
     entry = {"digest": digest.hexdigest()[:16], "files": {}}
     before = previous["groups"].get(group.key, {})
     if before.get("digest") == entry["digest"] and all((report / f).is_file() for f in before["files"].values()):
         manifest["groups"][group.key] = before
-        return 0
+        return
     for kind, plot in GROUP_PLOTS.items():
         relative = f"plots/{group.key}-{kind}.png"
-        if plot(group.records, report / relative) is not None:
+        if sink.check:
+            sink.stale.append(f"results/{REPORT_FOLDER}/{relative}")  # which of them a group has shows once drawn
+        elif plot(group.records, report / relative, colours) is not None:
             entry["files"][kind] = relative
+            sink.written += 1
     manifest["groups"][group.key] = entry
-    return len(entry["files"])
 
 
 ANSWER_MARKERS = ("<!-- short answer: generated by dapbench report -->", "<!-- end of short answer -->")
@@ -107,7 +158,7 @@ ANSWER_MARKERS = ("<!-- short answer: generated by dapbench report -->", "<!-- e
 (the repository's own README has it; a user's output folder has no README, so a user's report never writes one)."""
 
 
-def _fill_readme_answer(readme: Path, sections: list) -> None:
+def _fill_readme_answer(readme: Path, sections: list, sink: _Sink) -> None:
     """Rewrite the block between :data:`ANSWER_MARKERS` of ``readme`` (if it has one) with the short answer."""
     from benchmark.report.answer import short_answer
 
@@ -120,9 +171,7 @@ def _fill_readme_answer(readme: Path, sections: list) -> None:
     answer = short_answer(sections)[2:-1] or ["- no group answers yet"]
     head, rest = text.split(start, 1)
     block = "\n".join([start, *answer, "", "[The evidence](leaderboard.md#the-short-answer).", ""])
-    new = head + block + end + rest.split(end, 1)[1]
-    if new != text:
-        atomic_write_text(readme, new)
+    sink.text(readme, head + block + end + rest.split(end, 1)[1])
 
 
 def report_folder(out: Path) -> Path:
@@ -134,18 +183,24 @@ def report_folder(out: Path) -> Path:
     return report
 
 
-def _write_ladders(sections: list, report: Path, manifest: dict) -> list[list[str]]:
-    """Every budget ladder among the groups (:mod:`benchmark.report.ladder`), read, plotted and written as leaderboard
-    lines; its plot is listed in the manifest like a group's, so it is removed once the ladder is gone."""
+def _write_ladders(
+    sections: list, report: Path, manifest: dict, sink: _Sink, colours: dict[str, str]
+) -> tuple[list, list[list[str]]]:
+    """Every budget ladder among the groups (:mod:`benchmark.report.ladder`): its reading, plot and leaderboard lines;
+    the plot is listed in the manifest like a group's, so it is removed once the ladder is gone."""
     from benchmark.report.ladder import find_ladders, ladder_markdown, plot_ladder, read_ladder
 
-    out = []
+    readings, lines = [], []
     for ladder in find_ladders(sections):
         reading, relative = read_ladder(ladder), f"plots/ladder-{ladder.key}.png"
-        plot_ladder(reading, report / relative)
+        if not sink.check:  # cheap, and drawn from the reading alone: redrawn every report
+            plot_ladder(reading, report / relative, colours)
+        elif not (report / relative).is_file():
+            sink.stale.append(f"results/{REPORT_FOLDER}/{relative}")
         manifest["groups"][f"ladder-{ladder.key}"] = {"digest": ladder.key, "files": {"ladder": relative}}
-        out.append(ladder_markdown(reading, _links({"ladder": relative})["ladder"]))
-    return out
+        readings.append(reading)
+        lines.append(ladder_markdown(reading, _links({"ladder": relative})["ladder"]))
+    return readings, lines
 
 
 def _links(files: dict[str, str]) -> dict[str, str]:
@@ -162,16 +217,19 @@ def _read_manifest(report: Path) -> dict:
     return manifest
 
 
-def _remove_unproduced(report: Path, previous: dict, manifest: dict) -> None:
+def _remove_unproduced(report: Path, previous: dict, manifest: dict, sink: _Sink) -> None:
     """Delete the files an earlier report wrote that no current record or group produces (and nothing else)."""
-    produced = {entry["file"] for entry in manifest["runs"].values()}
-    produced |= {f for entry in manifest["groups"].values() for f in entry["files"].values()}
-    earlier = {entry["file"] for entry in previous["runs"].values()}
-    earlier |= {f for entry in previous["groups"].values() for f in entry.get("files", {}).values()}
-    for relative in sorted(earlier - produced):
+    for relative in sorted(_files(previous) - _files(manifest)):
         path = (report / relative).resolve()
         if report.resolve() in path.parents and path.is_file() and not (report / relative).is_symlink():
-            path.unlink()
+            sink.draw(report / relative, path.unlink)
+
+
+def _files(manifest: dict) -> set[str]:
+    """Every file a manifest lists, relative to the report folder."""
+    files = {entry["file"] for entry in manifest["runs"].values()}
+    files |= {f for entry in manifest["groups"].values() for f in entry.get("files", {}).values()}
+    return files | set(manifest.get("site", []))
 
 
 def _progress(items: list, show: bool, desc: str):

@@ -1,0 +1,376 @@
+"""The leaderboard as a static web site (issue #49), generated from the same sections as ``leaderboard.md``.
+
+The site opens from the file system and asks no other host for anything: pages are rendered by Jinja2 from the
+templates in ``site_templates/``, each page's numbers travel inside it as JSON (a browser refuses to fetch a file
+next to a page opened from disk), and the charts are drawn by Plotly's own script, shipped in ``assets/``. Pages: an
+index with the short answer, one page per leaderboard group (sortable, filterable tables with verdicts spelled out,
+interactive charts, CSV downloads), one per method, one per run (its configuration, commit, record and the command
+that reproduces it) and a page on submitting a method.
+
+:func:`site_files` returns every page as text keyed by its path inside the site; the report writes the ones that
+changed and removes only the files an earlier report wrote (:mod:`benchmark.report.writer`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from benchmark.report.answer import short_answer
+from benchmark.report.frame import (
+    COST_COLUMNS,
+    END_TASK_COLUMNS,
+    FLAGS,
+    LOSS_COLUMNS,
+    method_colours,
+    tokens_per_domain,
+    untrained_flag,
+)
+from benchmark.report.groups import Group
+from benchmark.report.markdown import end_task_protocol, group_reading, loss_unit
+from benchmark.report.reading import verdict_cells
+from benchmark.report.statistics import GroupStatistics
+
+SITE_FOLDER = "site"
+"""The site's folder under ``results/report/``."""
+TEMPLATES = Path(__file__).with_name("site_templates")
+PLOTLY_ASSET = "assets/plotly.min.js"
+"""Plotly's browser bundle, copied from the installed ``plotly`` package: the one file the site does not render."""
+ROLE_NAMES = {"naive_continual": "naive continual DAP", "proposed": "the paper's method", "no_dap": "no DAP"}
+VERDICT_WORDS = {"F": "forgetting", "G": "general-loss rise", "P": "plasticity"}
+COLUMNS = LOSS_COLUMNS + COST_COLUMNS + END_TASK_COLUMNS
+
+
+@dataclass
+class GroupView:
+    """What a group's page shows: its header facts, one row per method label, and the chart data."""
+
+    group: Group
+    stats: GroupStatistics
+    facts: list[tuple[str, str]]
+    rows: list[dict]
+    charts: dict
+    reading: list[str]
+
+    @property
+    def key(self) -> str:
+        """The group's key (its page is ``group-KEY.html``)."""
+        return self.group.key
+
+
+def site_files(
+    sections: list[tuple], ladders: list, record_files: dict[str, str], colours: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Every file of the site but Plotly's bundle, as text keyed by its path in the site: ``sections`` are the
+    leaderboard's ``(group, statistics, plots)``, ``ladders`` its ladder readings, ``record_files`` each run id's record
+    file relative to the output folder's ``results/``, ``colours`` each method label's (the plots' own; by default
+    :func:`~benchmark.report.frame.method_colours` of the sections' labels)."""
+    colours = colours or method_colours([label for _, stats, _ in sections for label in stats.part["method"]])
+    views = [_group_view(group, stats, colours) for group, stats, _ in sections]
+    env = _environment()
+    files = {"index.html": _page(env, "index.html.j2", answer=_markdown(short_answer(sections)[2:]), views=views)}
+    for view in views:
+        charts = {**view.charts, "ladders": _ladder_charts(ladders, view.key, colours)}
+        files[f"group-{view.key}.html"] = _page(
+            env,
+            "group.html.j2",
+            view=view,
+            charts=charts,
+            columns=COLUMNS,
+            verdict_after=len(LOSS_COLUMNS),
+            reading=_markdown(view.reading),
+        )
+        files[f"data/{view.key}.csv"] = _table_csv(view)
+    for name, appearances in _methods(views).items():
+        files[f"method-{name}.html"] = _page(env, "method.html.j2", **_method_facts(name), appearances=appearances)
+    for view in views:
+        for record in view.group.records:
+            files[f"run-{record['run_id']}.html"] = _page(env, "run.html.j2", **_run_facts(record, view, record_files))
+    files["submit.html"] = _page(env, "submit.html.j2")
+    for asset in ("site.css", "site.js"):
+        files[f"assets/{asset}"] = (TEMPLATES / asset).read_text(encoding="utf-8")
+    return files
+
+
+def plotly_bundle() -> str:
+    """Plotly's browser bundle (``plotly.min.js``) of the installed ``plotly`` package."""
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+def _environment():
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["tojson_script"] = _json_for_script
+    env.filters["number"] = _number
+    return env
+
+
+def _page(env, template: str, **values) -> str:
+    return env.get_template(template).render(**values)
+
+
+def _json_for_script(value) -> str:
+    """JSON safe inside a ``<script type="application/json">`` element (no ``</`` can end it early)."""
+    import markupsafe
+
+    text = json.dumps(value, sort_keys=True, allow_nan=False, ensure_ascii=False)
+    return markupsafe.Markup(text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
+
+
+def _number(value: float | None, kind: str) -> str:
+    if value is None:
+        return "n/a"
+    if kind == "int":
+        return f"{value:,.0f}"
+    return f"{value:.{2 if kind == 'pct' else 3}f}"
+
+
+def _markdown(lines: list[str]):
+    """Generated Markdown lines (the answer, a reading) as HTML; every string from a record in them is already
+    escaped for Markdown (:mod:`benchmark.report.escape`), and raw HTML in them is escaped again here."""
+    import markdown
+    import markupsafe
+
+    source = "\n".join(lines).replace("<", "&lt;")
+    return markupsafe.Markup(markdown.markdown(source, output_format="html"))
+
+
+# -- a group's page ------------------------------------------------------------------------------------------------
+
+
+def _group_view(group: Group, stats: GroupStatistics, colours: dict[str, str]) -> GroupView:
+    first = group.records[0]
+    dap = first["config"]["dap"]
+    unit, measure = loss_unit(first)
+    facts = [
+        ("profile", first["profile"]),
+        ("model", first["config"]["model"]),
+        ("domain order", " → ".join(first["sequence"])),
+        (
+            "DAP per domain",
+            f"{dap['steps']} updates of {dap['batch_size']} x {dap['seq_len']} tokens"
+            f" ({tokens_per_domain(first):,} tokens), lr {dap['lr']}",
+        ),
+        ("held-out loss", f"{unit} ({measure})"),
+        ("end tasks", end_task_protocol(first["config"]["finetune"])),
+        ("seeds", ", ".join(map(str, sorted({r["seed"] for r in group.records})))),
+    ]
+    roles = {label: role for role, label in stats.references.items()}
+    cells = verdict_cells(stats)
+    rows = [_row(stats, label, roles.get(label), cells.get(label, {}), colours[label]) for label in _labels(stats)]
+    charts = {
+        "colours": {r["method"]: r["colour"] for r in rows},
+        "references": stats.references,
+        "unit": unit,
+        "points": _points(rows),
+        **_matrices(group.records),
+    }
+    return GroupView(group, stats, facts, rows, charts, group_reading(stats))
+
+
+def _labels(stats: GroupStatistics) -> list[str]:
+    """The group's method labels, best final gain first (the order the leaderboard's continual table uses)."""
+    means = stats.part.groupby("method")["final gain"].mean()
+    return sorted(means.index, key=lambda label: -np.nan_to_num(means[label], nan=-np.inf))
+
+
+def _row(stats: GroupStatistics, label: str, role: str | None, cells: dict, colour: str) -> dict:
+    runs = stats.part[stats.part["method"] == label]
+    records = [r for r in stats.records if r["method_label"] == label]
+    values = {}
+    for column in COLUMNS:
+        found = stats.interval(label, column)
+        values[column.title] = None if found is None else {"mean": found[0], "se": found[1], "n": found[2]}
+    capabilities = records[0]["capabilities"]
+    return {
+        "method": label,
+        "base": records[0]["method"],
+        "option_row": label != records[0]["method"],
+        "role": role,
+        "role_name": ROLE_NAMES.get(role or "", ""),
+        "colour": colour,
+        "n": len(runs),
+        "values": values,
+        "verdict": _verdict_text(cells),
+        "verdict_long": _verdict_sentences(cells),
+        "flags": [name for key, name in FLAGS.items() if capabilities.get(key)],
+        "untrained": untrained_flag(records),
+        "params": int(runs["trainable params"].iloc[0]),
+        "runs": [{"run_id": r["run_id"], "seed": r["seed"]} for r in sorted(records, key=lambda r: r["seed"])],
+    }
+
+
+def _verdict_text(cells: dict) -> str:
+    return " · ".join(f"{letter}{arrow} {', '.join(refs)}" for (letter, arrow), refs in cells.items()) or "–"
+
+
+def _verdict_sentences(cells: dict) -> list[str]:
+    """Each verdict in words, e.g. "forgetting lower than ncl"; resolved by the seeds' paired t-test and the held-out
+    sample's bootstrap alike."""
+    out = []
+    for (letter, arrow), refs in cells.items():
+        direction = "lower" if arrow == "↓" else "higher"
+        out.append(f"{VERDICT_WORDS[letter]} {direction} than {', '.join(refs)}")
+    return out
+
+
+def _points(rows: list[dict]) -> list[dict]:
+    """Per row, the stability-plasticity chart's point: plasticity against forgetting, with their standard errors."""
+    out = []
+    for row in rows:
+        plasticity, forgetting = row["values"]["plasticity"], row["values"]["forgetting"]
+        if plasticity is None or forgetting is None:
+            continue
+        out.append(
+            {
+                "method": row["method"],
+                "x": plasticity["mean"],
+                "y": forgetting["mean"],
+                "x_se": plasticity["se"],
+                "y_se": forgetting["se"],
+            }
+        )
+    return out
+
+
+def _matrices(records: list[dict]) -> dict:
+    """Per method label, the mean over seeds of its held-out loss matrix (base row first) and of its macro-F1
+    matrix A[t][k] (percent); NaN cells (not computed) become None."""
+    by_label: dict[str, list[dict]] = {}
+    for record in records:
+        by_label.setdefault(record["method_label"], []).append(record)
+    first = records[0]
+    columns = first["mlm_loss"]["columns"]
+    losses, scores = {}, {}
+    for label, runs in sorted(by_label.items()):
+        losses[label] = _mean(
+            [
+                [_loss_row(r["mlm_loss"]["base"], columns)]
+                + [_loss_row(row, columns) for row in r["mlm_loss"]["after_domain"]]
+                for r in runs
+            ]
+        )
+        scores[label] = _mean(
+            [[[None if v is None else 100 * v for v in row] for row in r["matrices"]["macro_f1"]] for r in runs]
+        )
+    stages = ["base", *(f"after {d}" for d in first["sequence"])]
+    return {"loss_columns": columns, "stages": stages, "tasks": first["end_tasks"], "losses": losses, "scores": scores}
+
+
+def _loss_row(row: dict | None, columns: list[str]) -> list[float | None]:
+    return [None if not row or row.get(c) is None else row[c] for c in columns]
+
+
+def _mean(per_seed: list) -> list:
+    import warnings
+
+    values = np.asarray([[[np.nan if v is None else v for v in row] for row in seed] for seed in per_seed], float)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a cell no seed computed stays empty
+        mean = np.nanmean(values, axis=0)
+    return [[None if np.isnan(v) else round(float(v), 5) for v in row] for row in mean]
+
+
+def _ladder_charts(ladders: list, key: str, colours: dict[str, str]) -> list[dict]:
+    """The budget ladders a group is a rung of: per metric and row, its mean at each rung's tokens per domain."""
+    out = []
+    for reading in ladders:
+        rungs = reading.ladder.rungs
+        if key not in {r.key for r in rungs}:
+            continue
+        tokens = [r.tokens_per_domain for r in rungs]
+        metrics = {
+            title: {label: values for label, values in rows.items() if label in colours}
+            for title, rows in reading.means.items()
+        }
+        out.append({"key": reading.ladder.key, "tokens": tokens, "metrics": metrics})
+    return out
+
+
+def _table_csv(view: GroupView) -> str:
+    """The group's table as CSV: per row its label, seeds, each column's mean and standard error, verdicts, flags."""
+    import pandas as pd
+
+    rows = []
+    for row in view.rows:
+        out = {"method": row["method"], "role": row["role"] or "", "n": row["n"]}
+        for column in COLUMNS:
+            value = row["values"][column.title] or {}
+            out[column.title] = value.get("mean")
+            out[f"{column.title} se"] = value.get("se")
+        out |= {"verdicts": row["verdict"], "trainable params": row["params"], "flags": ", ".join(row["flags"])}
+        out["untrained"] = row["untrained"]
+        rows.append(out)
+    return pd.DataFrame(rows).to_csv(index=False, lineterminator="\n")
+
+
+# -- method and run pages ------------------------------------------------------------------------------------------
+
+
+def _methods(views: list[GroupView]) -> dict[str, list[dict]]:
+    """Per base method, every group it appears in with its rows there (option rows included)."""
+    out: dict[str, list[dict]] = {}
+    for view in views:
+        for row in view.rows:
+            entries = out.setdefault(row["base"], [])
+            if not entries or entries[-1]["view"] is not view:
+                entries.append({"view": view, "rows": []})
+            entries[-1]["rows"].append(row)
+    return dict(sorted(out.items()))
+
+
+def _method_facts(name: str) -> dict:
+    """The method's description (its module's docstring, split into a summary and the rest) and its options with
+    their defaults, from the plugin installed where the site is generated (None where it is not installed)."""
+    import dataclasses
+
+    from benchmark.errors import DapbenchError
+    from benchmark.registry import default_registry
+
+    try:
+        cls = default_registry().get(name)
+    except DapbenchError:
+        return {"name": name, "summary": None, "details": "", "options": []}
+    doc = inspect.getdoc(inspect.getmodule(cls)) or inspect.getdoc(cls) or ""
+    summary, _, details = doc.partition("\n\n")
+    options = [(f.name, _default(f)) for f in dataclasses.fields(cls.config_cls)]
+    return {"name": name, "summary": summary.replace("\n", " "), "details": details, "options": options}
+
+
+def _default(field) -> str:
+    import dataclasses
+
+    if field.default is not dataclasses.MISSING:
+        return repr(field.default)
+    if field.default_factory is not dataclasses.MISSING:
+        return repr(field.default_factory())
+    return "required"
+
+
+def _run_facts(record: dict, view: GroupView, record_files: dict[str, str]) -> dict:
+    relative = record_files.get(record["run_id"])
+    command = f"dapbench reproduce results/{relative}" if relative else None
+    return {
+        "record": record,
+        "view": view,
+        "record_link": f"../../{relative}" if relative else None,
+        "command": command,
+        "commit": record["environment"].get("git_commit") or "unknown",
+        "config": json.dumps(record["config"], indent=1, sort_keys=True),
+        "method_config": json.dumps(record["method_config"], indent=1, sort_keys=True),
+        "summary": json.dumps(record["mlm_loss"]["metrics"], indent=1, sort_keys=True),
+    }

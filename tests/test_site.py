@@ -1,0 +1,106 @@
+"""The static site (issue #49): a page per group, method and run from the same records as the leaderboard, nothing
+that asks another host, downloads beside it, and ``dapbench report --check`` naming what is stale."""
+
+import csv
+import io
+import json
+import re
+
+import pytest
+
+from benchmark.cli import main
+from benchmark.io import atomic_write_json
+from benchmark.report.frame import method_colours
+from benchmark.report.site import PLOTLY_ASSET, _json_for_script
+from benchmark.report.writer import write_report
+
+
+def _write(out, records):
+    for record in records:
+        atomic_write_json(out / "results" / record["profile"] / f"{record['run_id']}.json", record)
+
+
+@pytest.fixture
+def site(report_records, tmp_path):
+    out = tmp_path / "out"
+    _write(out, report_records)
+    write_report(out)
+    return out, out / "results" / "report" / "site"
+
+
+def _chart_data(page: str) -> dict:
+    found = re.search(r'<script type="application/json" id="chart-data">(.*?)</script>', page, re.S)
+    return json.loads(found.group(1))
+
+
+def test_the_report_writes_a_page_per_group_method_and_run(site, report_records):
+    out, folder = site
+    (group_page,) = folder.glob("group-*.html")
+    key = group_page.stem.removeprefix("group-")
+    page = group_page.read_text()
+    data = _chart_data(page)
+    assert set(data["losses"]) == set(data["colours"]) == {"none", "ncl", "das"}
+    assert data["references"] == {"naive_continual": "ncl", "proposed": "das", "no_dap": "none"}
+    assert len(data["losses"]["ncl"]) == 1 + len(report_records[0]["sequence"])  # base row, then each stage
+    for method in ("none", "ncl", "das"):
+        assert f"method-{method}.html" in page and (folder / f"method-{method}.html").is_file()
+    rows = list(csv.DictReader(io.StringIO((folder / "data" / f"{key}.csv").read_text())))
+    assert sorted(r["method"] for r in rows) == ["das", "ncl", "none"] and all(r["n"] == "3" for r in rows)
+    assert "Which method" in (folder / "index.html").read_text() and (folder / "submit.html").is_file()
+    assert (folder / PLOTLY_ASSET).stat().st_size > 1_000_000
+
+
+def test_a_run_page_links_its_record_and_the_command_that_reproduces_it(site, report_records):
+    out, folder = site
+    for record in report_records:
+        page = (folder / f"run-{record['run_id']}.html").read_text()
+        relative = f"{record['profile']}/{record['run_id']}.json"
+        assert f"dapbench reproduce results/{relative}" in page
+        link = re.search(r'href="(\.\./\.\./[^"]+\.json)"', page).group(1)
+        assert (folder / link).resolve() == (out / "results" / relative).resolve()
+
+
+def test_no_page_refers_to_another_host(site):
+    _, folder = site
+    for page in folder.rglob("*.html"):
+        text = page.read_text()
+        assert not re.search(r'(src|href)="(https?:)?//', text), page.name  # only files beside the page
+        for target in re.findall(r'(?:src|href)="([^"#]+)"', text):
+            assert (page.parent / target).exists(), f"{page.name} links {target}, which is not there"
+
+
+def test_check_names_what_is_stale_and_writes_nothing(site, capsys):
+    out, folder = site
+    assert write_report(out, check=True)["stale"] == []
+    index = folder / "index.html"
+    index.write_text("edited by hand")
+    (out / "leaderboard.md").unlink()
+    assert main(["report", "--output-dir", str(out), "--check", "--quiet"]) == 1
+    said = capsys.readouterr().out
+    assert "stale: results/report/site/index.html" in said and "stale: leaderboard.md" in said
+    assert index.read_text() == "edited by hand" and not (out / "leaderboard.md").exists()
+    write_report(out)
+    assert main(["report", "--output-dir", str(out), "--check", "--quiet"]) == 0
+
+
+def test_a_removed_record_takes_its_run_page_and_nothing_else(site, report_records):
+    out, folder = site
+    mine = folder / "notes.html"  # a file the report did not write
+    mine.write_text("keep me")
+    gone = report_records[0]
+    (out / "results" / gone["profile"] / f"{gone['run_id']}.json").unlink()
+    write_report(out)
+    assert not (folder / f"run-{gone['run_id']}.html").exists() and mine.read_text() == "keep me"
+    assert (folder / f"run-{report_records[1]['run_id']}.html").is_file()
+
+
+def test_page_json_cannot_end_its_script_element():
+    text = str(_json_for_script({"label": "</script><script>alert(1)</script>"}))
+    assert "</" not in text and json.loads(text) == {"label": "</script><script>alert(1)</script>"}
+
+
+def test_every_method_keeps_one_colour_and_no_two_methods_share_one():
+    labels = [f"method{i}" for i in range(60)]
+    colours = method_colours(labels)
+    assert len(set(colours.values())) == 60
+    assert method_colours(list(reversed(labels)) + labels[:5]) == colours  # one mapping, whatever order labels come in

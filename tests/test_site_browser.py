@@ -1,0 +1,110 @@
+"""The committed site in a real headless browser (issue #49): Debian's Chromium driven by Playwright, as CI runs it
+(``pytest -m browser``; ``.ci/run`` installs the ``chromium`` package). Every page loads without a console error or
+a request to another host; a table sorts; picking methods changes a chart; the index answers as the leaderboard does.
+Set ``DAPBENCH_SCREENSHOTS`` to a folder to keep screenshots of the index and a group page."""
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[1]
+SITE = ROOT / "results" / "report" / "site"
+CHROMIUM = os.environ.get("DAPBENCH_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).is_file():
+        hint = "install Debian's package (apt-get install -y chromium) or set DAPBENCH_CHROMIUM to a Chromium binary"
+        pytest.fail(f"no Chromium at {CHROMIUM}: {hint}")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.problems = []
+    page.on("console", lambda m: page.problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: page.problems.append(f"page error: {e}"))
+    page.on("request", lambda r: None if r.url.startswith("file://") else page.problems.append(f"request {r.url}"))
+    yield page
+    page.close()
+
+
+def _open(page, name: str):
+    page.goto((SITE / name).as_uri())
+    page.wait_for_load_state("load")
+    return page
+
+
+def _group_pages() -> list[str]:
+    return sorted(p.name for p in SITE.glob("group-*.html"))
+
+
+def test_every_page_loads_without_a_console_error_or_a_request_elsewhere(page):
+    pages = sorted(p.relative_to(SITE).as_posix() for p in SITE.glob("*.html"))
+    assert "index.html" in pages and _group_pages()
+    for name in pages:
+        _open(page, name)
+        if name.startswith("group-"):
+            page.wait_for_function("document.getElementById('chart-sp').data !== undefined")
+    assert page.problems == []
+
+
+def test_sorting_a_column_reorders_the_table(page):
+    _open(page, _group_pages()[0])
+    methods = "Array.from(document.querySelectorAll('#board tbody tr')).map(r => r.dataset.method)"
+    values = "Array.from(document.querySelectorAll('#board tbody tr')).map(r => r.cells[COL].dataset.value)"
+    headers = page.eval_on_selector_all("#board thead th", "hs => hs.map(h => h.textContent.trim())")
+    column = next(i for i, h in enumerate(headers) if h.startswith("forgetting"))
+    before = page.evaluate(methods)
+    page.click(f"#board thead th:nth-child({column + 1})")
+    ascending = [float(v) for v in page.evaluate(values.replace("COL", str(column))) if v != ""]
+    assert ascending == sorted(ascending) and page.evaluate(methods) != before
+    page.click(f"#board thead th:nth-child({column + 1})")
+    descending = [float(v) for v in page.evaluate(values.replace("COL", str(column))) if v != ""]
+    assert descending == sorted(descending, reverse=True)
+    page.fill("#filter-text", "ncl")
+    shown = page.evaluate("Array.from(document.querySelectorAll('#board tbody tr:not([hidden])')).length")
+    assert 0 < shown < len(before)
+    assert page.problems == []
+
+
+def test_picking_methods_changes_what_the_charts_draw(page):
+    _open(page, _group_pages()[0])
+    drawn = "document.getElementById('chart-sp').data.map(t => t.name)"
+    page.wait_for_function("document.getElementById('chart-sp').data !== undefined")
+    everything = page.evaluate(drawn)
+    page.click("[data-pick=references]")
+    references = page.evaluate(drawn)
+    assert 0 < len(references) < len(everything) and set(references) <= set(everything)
+    first = page.eval_on_selector("input.pick:not(:checked)", "box => box.value")
+    page.check(f"input.pick[value='{first}']")
+    assert page.evaluate(drawn) == [m for m in everything if m in {*references, first}]
+    curves = set(page.evaluate("document.getElementById('chart-curves').data.map(t => t.name)"))
+    assert curves and curves <= {*references, first}
+    assert page.problems == []
+
+
+def test_the_index_answers_with_the_leaderboards_best_rows(page):
+    board = (ROOT / "leaderboard.md").read_text(encoding="utf-8")
+    answer = board.split("## The short answer", 1)[1].split("\n## ", 1)[0]
+    named = re.findall(r"`([^`]+)`", answer)
+    shown = _open(page, "index.html").inner_text("#answer")
+    assert named and all(name in shown for name in named)
+    best = re.findall(r"- `([^`]+)` (?:forgets least|keeps general knowledge best)", answer)
+    assert best and all(f"{name} forgets least" in shown or f"{name} keeps general" in shown for name in best)
+    folder = os.environ.get("DAPBENCH_SCREENSHOTS")
+    if folder:
+        page.screenshot(path=str(Path(folder) / "site-index.png"), full_page=True)
+        _open(page, _group_pages()[0]).screenshot(path=str(Path(folder) / "site-group.png"), full_page=True)
+    assert page.problems == []
