@@ -65,6 +65,22 @@ def test_two_groups_that_differ_only_in_budget_are_one_ladder_and_its_reading_is
     plots = list((rungs / "results" / "report" / "plots").glob("ladder-*.png"))
     assert len(plots) == 1 and plots[0].stat().st_size > 10_000
     assert f"(results/report/plots/{plots[0].name})" in section
+    _the_site_draws_the_ladder_on_each_rungs_page(rungs)
+
+
+def _the_site_draws_the_ladder_on_each_rungs_page(out):
+    import json
+    import re
+
+    pages = sorted((out / "results" / "report" / "site").glob("group-*.html"))
+    drawn = []
+    for page in pages:
+        data = re.search(r'id="chart-data">(.*?)</script>', page.read_text(), re.S).group(1)
+        drawn += [ladder["tokens"] for ladder in json.loads(data)["ladders"]]
+    assert drawn == [[512, 1536], [512, 1536]]  # both rungs' pages, the other-lr group's none
+    ladder = json.loads(re.search(r'id="chart-data">(.*?)</script>', pages[0].read_text(), re.S).group(1))["ladders"]
+    plasticity = ladder[0]["metrics"]["plasticity"] if ladder else {}
+    assert plasticity and all(len(values) == 2 for values in plasticity.values())  # each row's mean at each rung
 
 
 def test_the_ladder_reading_gives_taus_within_their_intervals_and_verdicts_between_consecutive_rungs(rungs):

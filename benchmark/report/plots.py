@@ -27,7 +27,7 @@ def _pyplot():
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    atomic_write_bytes(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    atomic_write_bytes(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight"))
     _pyplot().close(fig)
     return path
 
@@ -236,11 +236,18 @@ def plot_importance(records: list[dict], path: Path, colours: dict[str, str] | N
                 means = np.mean(per_seed, axis=0)
                 colour = (colours or method_colours(list(reports)))[label]
                 ax.bar(np.arange(len(means)) + i * width, means, width, label=label, color=colour)
-        ax.set_title(f"{unit}: mean importance after the last domain")
+        ax.set_title(f"{unit}: mean importance after the last domain", fontsize=9)
         ax.set_xlabel("layer")
         ax.set_ylim(0, 1)
-        ax.legend(fontsize=7)
+    _legend_outside(fig, axes.flat[0])
     return _save(fig, path)
+
+
+def _legend_outside(fig, ax) -> None:
+    """One legend for the figure, right of its panels, so that it covers no data (each method's colour once)."""
+    handles, names = ax.get_legend_handles_labels()
+    unique = dict(zip(names, handles, strict=True))
+    fig.legend(unique.values(), unique.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False)
 
 
 def plot_stability_plasticity(records: list[dict], path: Path, colours: dict[str, str] | None = None) -> Path | None:
@@ -325,9 +332,9 @@ def _seed_std(values: np.ndarray) -> float:
 
 
 def plot_mask_damping(records: list[dict], path: Path, colours: dict[str, str] | None = None) -> Path | None:
-    """Soft-masking methods: the measured damping per importance bin (|update| relative to the unmasked
-    update of the same units, mean over domains and seeds) and the importance histogram of the mask in force
-    during the last domain, per unit type."""
+    """Soft-masking methods: the measured damping per importance bin (|update| relative to the unmasked update of
+    the same units, mean over domains and seeds), then one panel per unit type with the importance histogram of the
+    mask in force during the last domain; a line per method in its colour, one legend outside the panels."""
     masks = {
         label: [d["method_report"]["mask"] for r in runs for d in r["domains"] if "mask" in d.get("method_report", {})]
         for label, runs in _by_label(records).items()
@@ -335,28 +342,29 @@ def plot_mask_damping(records: list[dict], path: Path, colours: dict[str, str] |
     masks = {label: m for label, m in masks.items() if m}
     if not masks:
         return None
+    colours = colours or method_colours(list(masks))
+    units = list(dict.fromkeys(unit for reports in masks.values() for unit in reports[-1]["importance_histogram"]))
     plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, axes = plt.subplots(1, 1 + len(units), figsize=(4.2 * (1 + len(units)), 3.8), squeeze=False)
+    left, panels = axes.flat[0], list(axes.flat[1:])
     bins = len(next(iter(masks.values()))[0]["damping_per_bin"])
     centres = (np.arange(bins) + 0.5) / bins
     left.plot([0, 1], [1, 0], color="grey", ls="--", lw=0.8, label="1 − I (an exactly scaled update)")
     for label, reports in masks.items():
         per_bin = [[np.nan if v is None else v for v in m["damping_per_bin"]] for m in reports]
-        colour = (colours or method_colours(list(masks)))[label]
-        left.plot(centres, _mean_over_seeds(per_bin), marker="o", ms=3, label=label, color=colour)
-        last = reports[-1]["importance_histogram"]
-        for unit, counts in last.items():
-            share = np.asarray(counts, dtype=float) / max(sum(counts), 1)
-            right.plot(centres, share, marker=".", label=f"{label}: {unit}")
-    left.set_xlabel("accumulated importance I of the unit (bin centre)")
-    left.set_ylabel("|update| / |unmasked update|")
+        left.plot(centres, _mean_over_seeds(per_bin), marker="o", ms=3, label=label, color=colours[label])
+        for ax, unit in zip(panels, units, strict=True):
+            counts = reports[-1]["importance_histogram"].get(unit)
+            if counts:
+                share = np.asarray(counts, dtype=float) / max(sum(counts), 1)
+                ax.plot(centres, share, marker=".", color=colours[label])
+    left.set(xlabel="accumulated importance I of the unit (bin centre)", ylabel="|update| / |unmasked update|")
     left.set_ylim(-0.05, 1.1)
     left.set_title("measured damping of soft-masked units", fontsize=9)
-    left.legend(fontsize=7)
-    right.set_xlabel("importance I (bin centre)")
-    right.set_ylabel("share of units")
-    right.set_title("importance histogram of the mask (one seed's last domain)", fontsize=9)
-    right.legend(fontsize=6)
+    for ax, unit in zip(panels, units, strict=True):
+        ax.set(xlabel="importance I (bin centre)", ylabel="share of units")
+        ax.set_title(f"{unit}: importance histogram (one seed's last domain)", fontsize=9)
+    _legend_outside(fig, left)
     return _save(fig, path)
 
 
