@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmark.errors import DapbenchError
+from benchmark.schedules import SCHEDULES
 from benchmark.settings import check_settings, setting
 
 #: The paper's fine-tuning epochs per end task (reference ``utils/model.py:345-352``).
@@ -121,24 +122,24 @@ class ReplayConfig:
         return self.general > 0 or self.past > 0
 
 
-SCHEDULES = ("per_domain_linear", "rewarm_cosine", "global", "wsd")
-
-
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """The DAP learning-rate schedule (:mod:`benchmark.engine.recipe`), a recipe option of every method: its
-    non-default values label the leaderboard row (``ncl[schedule.name=wsd]``) and enter the run id."""
+    """The DAP learning-rate schedule, a recipe option of every method: its non-default values label the leaderboard
+    row (``ncl[schedule.name=wsd]``) and enter the run id."""
 
     name: str = setting("per_domain_linear", choices=SCHEDULES)
-    """``per_domain_linear``: per domain, linear warmup over ``dap.warmup_ratio`` of its updates and linear decay
-    to 0 (the paper). ``rewarm_cosine``: per domain, linear warmup, then cosine decay to ``min_lr_ratio`` x lr.
-    ``global``: one linear warmup (``dap.warmup_ratio`` of the whole sequence) and one cosine decay to the floor
-    over the whole sequence. ``wsd``: per domain, linear warmup, constant, then a linear cooldown to the floor over
-    the last ``decay_fraction`` of the domain's updates (warmup-stable-decay)."""
+    """A registered schedule (:mod:`benchmark.schedules`, each one's formula in its docstring):
+    ``per_domain_linear`` (the paper: per domain, linear warmup over ``dap.warmup_ratio`` of its updates and linear
+    decay to 0), ``rewarm_cosine`` (per domain, warmup and cosine decay to ``min_lr_ratio`` x lr), ``global`` (one
+    warmup and cosine decay over the whole sequence), ``wsd`` (per domain, warmup, constant, linear cooldown over the
+    last ``decay_fraction``), ``cyclic_cosine`` (``rewarm_cosine`` re-warming to ``rewarm_ratio`` x lr after the first
+    domain) or ``rsqrt`` (infinite: one warmup, inverse-square-root decay, a cooldown before each evaluation)."""
     min_lr_ratio: float = setting(0.1, low=0, high=1)
     """The floor of the cosine and cooldown schedules, as a share of ``dap.lr``."""
     decay_fraction: float = setting(0.2, low=0, low_open=True, high=1)
-    """``wsd``: the share of each domain's updates spent cooling down."""
+    """``wsd`` and ``rsqrt``: the share of each domain's updates spent cooling down."""
+    rewarm_ratio: float = setting(0.5, low=0, low_open=True, high=1)
+    """``cyclic_cosine``: the peak every domain after the first re-warms to, as a share of ``dap.lr``."""
 
     def __post_init__(self):
         check_settings("schedule", self)

@@ -35,7 +35,8 @@ class Declared:
     high: float | None = None
     low_open: bool = False
     high_open: bool = False
-    choices: tuple | None = None
+    choices: Collection | None = None
+    """The accepted names; a registry (a dict) is read at every check, so a name registered later is accepted."""
     keys: str | None = None
     """For a map: what its keys name (``end task``, ``domain``); the owner checks them against the run's."""
     checked_by: str | None = None

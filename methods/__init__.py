@@ -20,4 +20,5 @@ BUILTIN_METHODS: dict[str, str] = {
     "hat": "methods.hat:HAT",
     "hat_all": "methods.hat_all:HATAll",
     "domix": "methods.domix:DoMIX",
+    "freeze_bottom": "methods.freeze_bottom:FreezeBottom",
 }

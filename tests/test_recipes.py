@@ -148,7 +148,9 @@ def test_replay_of_the_heldout_text_and_replay_without_a_past_are_refused(tiny_c
 
 
 def _formula(name: str, s: int, t: int, n: int, domains: int, warmup_ratio: float, floor: float, decay: float):
-    """Each schedule's factor of lr at update ``s`` of domain ``t`` (``benchmark.engine.recipe``'s docstring)."""
+    """Each schedule's factor of lr at update ``s`` of domain ``t`` (the docstrings of ``benchmark.schedules``)."""
+    if name in ("cyclic_cosine", "rsqrt"):
+        return _new_formula(name, s, t, n, warmup_ratio, floor, decay)
     if name == "global":
         s, n = t * n + s, domains * n
     w = int(warmup_ratio * n)
@@ -164,7 +166,18 @@ def _formula(name: str, s: int, t: int, n: int, domains: int, warmup_ratio: floa
     return floor + (1 - floor) * (1 - (s - (n - d)) / max(1, d))
 
 
-@pytest.mark.parametrize("name", ["per_domain_linear", "rewarm_cosine", "global", "wsd"])
+def _new_formula(name: str, s: int, t: int, n: int, warmup_ratio: float, floor: float, decay: float) -> float:
+    """``cyclic_cosine`` (re-warming peak 0.5 after the first domain) and ``rsqrt`` (issue #50), written out."""
+    w = int(warmup_ratio * n)
+    if name == "cyclic_cosine":
+        peak = 1.0 if t == 0 else 0.5
+        return peak * s / w if s < w else floor + (peak - floor) * (1 + math.cos(math.pi * (s - w) / (n - w))) / 2
+    g, d = t * n + s, int(decay * n)
+    value = g / w if g < w else (w / g) ** 0.5
+    return value * (floor + (1 - floor) * (1 - (s - (n - d)) / d)) if s >= n - d else value
+
+
+@pytest.mark.parametrize("name", ["per_domain_linear", "rewarm_cosine", "global", "wsd", "cyclic_cosine", "rsqrt"])
 def test_each_schedule_follows_its_formula_at_every_update(name):
     dap = DapConfig(lr=3e-4, warmup_ratio=0.1)
     schedule = ScheduleConfig(name=name, min_lr_ratio=0.1, decay_fraction=0.25)
@@ -175,6 +188,10 @@ def test_each_schedule_follows_its_formula_at_every_update(name):
     assert curve == pytest.approx(expected, rel=1e-9, abs=1e-15)
     if name == "global":
         assert curve[40] < curve[39] and curve[0] == 0  # no re-warming at a domain's start
+    elif name == "rsqrt":
+        assert curve[39] < curve[40] < curve[29]  # after the cooldown the curve resumes where it was, no re-warming
+    elif name == "cyclic_cosine":
+        assert max(curve[40:80]) == pytest.approx(0.5 * max(curve[:40]))  # a lower peak for every later domain
     else:
         assert curve[40] == curve[0]  # every domain starts its schedule again
 
@@ -262,3 +279,33 @@ def test_replay_and_a_schedule_run_on_a_decoder(world_root, tiny_llama, tmp_path
     """The recipe options work for causal LMs too: the general pool is packed as the decoder's text is."""
     record = _replayed_ncl_record(world_root, tiny_llama, tmp_path, "rewarm_cosine")
     assert record["model_kind"] == "causal" and record["method_label"].startswith("ncl[replay.general=0.25")
+
+
+def test_a_schedule_is_added_by_registering_one_function():
+    """A new schedule is one registered function: ``schedule.name`` accepts it and the runner schedules with it."""
+    import torch
+
+    from benchmark.schedules import SCHEDULES, describe_schedules, register_schedule
+
+    with pytest.raises(DapbenchError, match="one of: per_domain_linear"):
+        ScheduleConfig(name="halving")
+    try:
+
+        @register_schedule("halving")
+        def halving(optimizer, options, span):
+            """Half the rate in every domain after the first."""
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5**span.index)
+
+        curve = learning_rate_curve(DapConfig(lr=1.0), ScheduleConfig(name="halving"), [3, 3, 3])
+        assert curve == [1.0] * 3 + [0.5] * 3 + [0.25] * 3
+        with pytest.raises(ValueError, match="already registered"):
+            register_schedule("halving")(halving)
+        assert describe_schedules()["halving"] == "Half the rate in every domain after the first."
+    finally:
+        SCHEDULES.pop("halving", None)  # the registration is this test's own
+
+
+def test_an_infinite_schedule_runs_a_method_end_to_end(world_root, tiny_model, tmp_path):
+    record = _replayed_ncl_record(world_root, tiny_model, tmp_path, "rsqrt")
+    assert record["method_label"].endswith(",schedule.name=rsqrt]") and record["config"]["schedule"]["name"] == "rsqrt"
+    assert all(stage["trained"] and stage["steps"] == 4 for stage in record["domains"])

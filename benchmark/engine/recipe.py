@@ -1,20 +1,8 @@
-"""The recipe a stage trains with, whatever the method: its updates, learning-rate schedule and replay.
-
-Schedules (``schedule.name``), each built from transformers' schedule functions, as a factor of ``dap.lr`` at
-every update of a stage (w = warmup updates, n = the stage's updates, f = ``schedule.min_lr_ratio``):
-
-* ``per_domain_linear`` (default, the paper): per domain, w = ``int(warmup_ratio x n)``; ``s / w`` while
-  s < w, then ``(n - s) / (n - w)``.
-* ``rewarm_cosine``: per domain, the same warmup, then ``f + (1 - f) x (1 + cos(pi x (s - w) / (n - w))) / 2``.
-* ``global``: one schedule over the whole sequence (N = domains x n updates, W = ``int(warmup_ratio x N)``),
-  ``rewarm_cosine``'s formula at the global step ``t x n + s``: no re-warming between domains.
-* ``wsd``: per domain, warmup ``f + (1 - f) x s / w``, constant 1, then over the last d = ``int(decay_fraction x
-  n)`` updates a linear cooldown ``f + (1 - f) x (1 - (s - n + d) / d)`` (transformers' ``get_wsd_schedule``).
-"""
+"""The recipe a stage trains with, whatever the method: its updates, learning-rate schedule (one of the registered
+schedules of :mod:`benchmark.schedules`) and replay."""
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +10,7 @@ from torch.utils.data import Dataset
 
 from benchmark.config import DapConfig, ScheduleConfig
 from benchmark.data.sampling import ReplayPlan
+from benchmark.schedules import SCHEDULES, Span
 
 
 @dataclass(frozen=True)
@@ -53,35 +42,10 @@ def stage_plan(dap: DapConfig, schedule: ScheduleConfig, steps: int, step_offset
 
 
 def stage_scheduler(optimizer: torch.optim.Optimizer, plan: StagePlan):
-    """The stage's learning-rate schedule on ``optimizer`` (module docstring), positioned at the stage's first
-    update."""
-    from transformers import (
-        get_cosine_with_min_lr_schedule_with_warmup,
-        get_linear_schedule_with_warmup,
-        get_wsd_schedule,
-    )
-
-    cfg, n = plan.schedule, plan.steps
-    warmup = int(plan.warmup_ratio * n)
-    if cfg.name == "per_domain_linear":
-        return get_linear_schedule_with_warmup(optimizer, warmup, n)
-    if cfg.name == "rewarm_cosine":
-        return get_cosine_with_min_lr_schedule_with_warmup(optimizer, warmup, n, min_lr_rate=cfg.min_lr_ratio)
-    if cfg.name == "wsd":
-        decay = int(cfg.decay_fraction * n)
-        return get_wsd_schedule(
-            optimizer, warmup, decay, num_stable_steps=n - warmup - decay, decay_type="linear",
-            min_lr_ratio=cfg.min_lr_ratio,
-        )  # fmt: skip
-    total = plan.total_steps
-    scheduler = get_cosine_with_min_lr_schedule_with_warmup(
-        optimizer, int(plan.warmup_ratio * total), total, min_lr_rate=cfg.min_lr_ratio
-    )
-    with warnings.catch_warnings():  # moving the schedule to the stage's place before any update is the point
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
-        for _ in range(plan.step_offset):
-            scheduler.step()
-    return scheduler
+    """The stage's learning-rate schedule on ``optimizer``: the registered schedule ``schedule.name``
+    (:mod:`benchmark.schedules`), positioned at the stage's first update."""
+    span = Span(plan.steps, plan.step_offset, plan.total_steps, plan.warmup_ratio)
+    return SCHEDULES[plan.schedule.name](optimizer, plan.schedule, span)
 
 
 def learning_rate_curve(dap: DapConfig, schedule: ScheduleConfig, stage_steps: list[int]) -> list[float]:

@@ -1,0 +1,159 @@
+"""The DAP learning-rate schedules: one registry, one function per schedule (issue #48: one place defines each
+variation point; issue #50: the infinite and cyclic schedules of 2024-2025 continual pre-training).
+
+A schedule is a function ``(optimizer, options, span) -> LR scheduler`` registered under its ``schedule.name`` with
+:func:`register_schedule`; its docstring is what ``dapbench list`` and the docs say of it. ``options`` is the run's
+:class:`~benchmark.config.ScheduleConfig`, ``span`` where the stage's updates sit in the sequence (:class:`Span`).
+The scheduler gives a factor of ``dap.lr`` at every update of the stage. Notation: s = the update within the stage,
+n = its updates, w = ``int(dap.warmup_ratio x n)``, t = the stage's index, f = ``schedule.min_lr_ratio``.
+
+Adding a schedule is one function here (or in a plugin module that imports :func:`register_schedule`), its test and a
+line of docs: ``schedule.name`` accepts every registered name, and the schedule's non-default options enter the run
+id and label the row as every recipe option does.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where a stage's updates sit in the sequence."""
+
+    steps: int
+    offset: int
+    """Updates of the sequence before this stage (the global step of its first update)."""
+    total: int
+    """Updates of the whole sequence."""
+    warmup_ratio: float
+
+    @property
+    def warmup(self) -> int:
+        """w: the stage's warmup updates."""
+        return int(self.warmup_ratio * self.steps)
+
+    @property
+    def index(self) -> int:
+        """t: the stage's place in the sequence (stages have equal updates)."""
+        return self.offset // max(1, self.steps)
+
+
+Schedule = Callable[[torch.optim.Optimizer, object, Span], torch.optim.lr_scheduler.LRScheduler]
+SCHEDULES: dict[str, Schedule] = {}
+"""Every registered schedule by name (``schedule.name`` accepts exactly these)."""
+
+
+def register_schedule(name: str) -> Callable[[Schedule], Schedule]:
+    """Register the decorated function as the schedule ``name`` (a second function under one name is an error)."""
+
+    def add(schedule: Schedule) -> Schedule:
+        if name in SCHEDULES:
+            raise ValueError(f"a schedule named {name!r} is already registered ({SCHEDULES[name].__module__})")
+        SCHEDULES[name] = schedule
+        return schedule
+
+    return add
+
+
+def describe_schedules() -> dict[str, str]:
+    """Name -> the first line of its docstring, for listings."""
+    return {name: (schedule.__doc__ or "").strip().splitlines()[0] for name, schedule in SCHEDULES.items()}
+
+
+@register_schedule("per_domain_linear")
+def per_domain_linear(optimizer, options, span: Span):
+    """Per domain, linear warmup to lr and linear decay to 0 (the DAS paper): ``s / w`` while s < w, then ``(n - s) /
+    (n - w)``."""
+    from transformers import get_linear_schedule_with_warmup
+
+    return get_linear_schedule_with_warmup(optimizer, span.warmup, span.steps)
+
+
+@register_schedule("rewarm_cosine")
+def rewarm_cosine(optimizer, options, span: Span):
+    """Per domain, the same warmup, then cosine decay to the floor: ``f + (1 - f) x (1 + cos(pi x (s - w) / (n -
+    w))) / 2``."""
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
+    return get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer, span.warmup, span.steps, min_lr_rate=options.min_lr_ratio
+    )
+
+
+@register_schedule("global")
+def global_cosine(optimizer, options, span: Span):
+    """One schedule over the whole sequence (N updates, W = ``int(warmup_ratio x N)``): ``rewarm_cosine``'s formula
+    at the global step ``t x n + s``, no re-warming between domains."""
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
+    total = span.total
+    scheduler = get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer, int(span.warmup_ratio * total), total, min_lr_rate=options.min_lr_ratio
+    )
+    return _advanced(scheduler, span.offset)
+
+
+@register_schedule("wsd")
+def warmup_stable_decay(optimizer, options, span: Span):
+    """Per domain, warmup ``f + (1 - f) x s / w``, constant 1, then over the last d = ``int(decay_fraction x n)``
+    updates a linear cooldown ``f + (1 - f) x (1 - (s - n + d) / d)`` (transformers' ``get_wsd_schedule``)."""
+    from transformers import get_wsd_schedule
+
+    decay = int(options.decay_fraction * span.steps)
+    stable = span.steps - span.warmup - decay
+    return get_wsd_schedule(
+        optimizer, span.warmup, decay, num_stable_steps=stable, decay_type="linear", min_lr_ratio=options.min_lr_ratio
+    )
+
+
+@register_schedule("cyclic_cosine")
+def cyclic_cosine(optimizer, options, span: Span):
+    """Repeated cosine with a lower re-warming peak (Gupta et al. 2023's re-warming; TiC-LM's cyclic cosine): the
+    first domain as ``rewarm_cosine``, every later one warms to p = ``rewarm_ratio`` instead of 1 and decays to the
+    same floor: ``p x s / w``, then ``f + (p - f) x (1 + cos(pi x (s - w) / (n - w))) / 2`` (p = 1 is
+    ``rewarm_cosine``)."""
+    peak = 1.0 if span.index == 0 else options.rewarm_ratio
+    floor, warmup, steps = options.min_lr_ratio, span.warmup, span.steps
+
+    def factor(s: int) -> float:
+        if s < warmup:
+            return peak * s / max(1, warmup)
+        progress = (s - warmup) / max(1, steps - warmup)
+        return floor + (peak - floor) * (1 + math.cos(math.pi * progress)) / 2
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+@register_schedule("rsqrt")
+def inverse_sqrt(optimizer, options, span: Span):
+    """Infinite (Ibrahim et al. 2024; TiC-LM's rsqrt): one warmup at the sequence's start (the first domain's w
+    updates), then ``sqrt(w / g)`` at the global step g, with no horizon; each domain's model is cooled down before
+    it is evaluated, linearly over its last d = ``int(decay_fraction x n)`` updates to f times the rsqrt value, and
+    the next domain resumes the rsqrt curve without re-warming."""
+    warmup, steps, offset = max(1, span.warmup), span.steps, span.offset
+    cooldown = int(options.decay_fraction * steps)
+    floor = options.min_lr_ratio
+
+    def factor(s: int) -> float:
+        g = offset + s
+        value = g / warmup if g < warmup else math.sqrt(warmup / g)
+        if s >= steps - cooldown:
+            value *= floor + (1 - floor) * (1 - (s - (steps - cooldown)) / max(1, cooldown))
+        return value
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _advanced(scheduler, updates: int):
+    """``scheduler`` moved ``updates`` steps on, to the stage's place in a schedule over the whole sequence."""
+    with warnings.catch_warnings():  # moving the schedule before any update is the point
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+        for _ in range(updates):
+            scheduler.step()
+    return scheduler

@@ -1,0 +1,63 @@
+"""Freeze-the-bottom: naive continual DAP with the input embeddings and the bottom k transformer layers frozen
+(Zheng et al., "Spurious Forgetting in Continual Learning of Language Models", ICLR 2025).
+
+Zheng et al. find that much of what continual training "forgets" is task alignment held in the lower layers, not
+knowledge, and that freezing the bottom layers is a strong baseline against it. Here every parameter of the token
+embeddings (and of the LM head tied to them, which is the same tensor) and of transformer layers 0..k-1 is left out
+of the DAP optimizer; everything above trains as in NCL. The record's trainable-parameter count says how much
+trains. ``layers`` must leave at least one layer training (checked against the model when the run starts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import nn
+
+from benchmark.errors import DapbenchError
+from benchmark.method import ContinualMethod, MethodConfig
+from benchmark.modeling import LAYER_PATHS, encoder_of
+from benchmark.settings import setting
+
+
+@dataclass(frozen=True)
+class FreezeBottomConfig(MethodConfig):
+    """Freeze-the-bottom options."""
+
+    layers: int = setting(1, low=1, high=1000)
+    """k: the bottom transformer layers frozen (with the input embeddings)."""
+
+
+class FreezeBottom(ContinualMethod):
+    """Sequential DAP with the embeddings and the bottom ``layers`` transformer layers frozen."""
+
+    name: ClassVar[str] = "freeze_bottom"
+    multi_process: ClassVar[bool] = True
+    fsdp_refusal: ClassVar[str] = "it has not been run through the sharded equivalence test (tests/test_sharding.py)"
+    config_cls: ClassVar[type[MethodConfig]] = FreezeBottomConfig
+    config: FreezeBottomConfig
+
+    def trainable_parameters(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+        """Every parameter that requires grad but those of the embeddings and the bottom ``layers`` layers."""
+        frozen = {id(p) for p in frozen_parameters(model, self.config.layers)}
+        return [(n, p) for n, p in super().trainable_parameters(model) if id(p) not in frozen]
+
+
+def frozen_parameters(model: nn.Module, layers: int) -> list[nn.Parameter]:
+    """The input embeddings' parameters and those of transformer layers ``0..layers-1`` of ``model`` (a named error
+    where ``layers`` would freeze every layer, or the architecture has no layer map)."""
+    model_type = model.config.model_type
+    if model_type not in LAYER_PATHS:
+        raise DapbenchError(
+            f"freeze_bottom: no layer map for architecture {model_type!r}",
+            f"add its layer paths to benchmark.modeling.LAYER_PATHS (known: {', '.join(LAYER_PATHS)})",
+        )
+    stack = encoder_of(model).get_submodule(LAYER_PATHS[model_type]["layers"])
+    if layers >= len(stack):
+        raise DapbenchError(
+            f"freeze_bottom.layers={layers} freezes every one of the model's {len(stack)} layers",
+            f"set --set freeze_bottom.layers= to at most {len(stack) - 1}",
+        )
+    modules = [model.get_input_embeddings(), *list(stack)[:layers]]
+    return [p for module in modules for p in module.parameters()]
