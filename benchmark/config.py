@@ -128,12 +128,9 @@ class ScheduleConfig:
     row (``ncl[schedule.name=wsd]``) and enter the run id."""
 
     name: str = setting("per_domain_linear", choices=SCHEDULES)
-    """A registered schedule (:mod:`benchmark.schedules`, each one's formula in its docstring):
-    ``per_domain_linear`` (the paper: per domain, linear warmup over ``dap.warmup_ratio`` of its updates and linear
-    decay to 0), ``rewarm_cosine`` (per domain, warmup and cosine decay to ``min_lr_ratio`` x lr), ``global`` (one
-    warmup and cosine decay over the whole sequence), ``wsd`` (per domain, warmup, constant, linear cooldown over the
-    last ``decay_fraction``), ``cyclic_cosine`` (``rewarm_cosine`` re-warming to ``rewarm_ratio`` x lr after the first
-    domain) or ``rsqrt`` (infinite: one warmup, inverse-square-root decay, a cooldown before each evaluation)."""
+    """A registered schedule of :mod:`benchmark.schedules` (each one's formula is its docstring): ``per_domain_linear``
+    (the paper), ``rewarm_cosine``, ``global``, ``wsd``, ``cyclic_cosine``, ``rsqrt`` (infinite) or ``schedule_free``
+    (schedule-free AdamW in place of AdamW); ``dapbench list`` names every registered one."""
     min_lr_ratio: float = setting(0.1, low=0, high=1)
     """The floor of the cosine and cooldown schedules, as a share of ``dap.lr``."""
     decay_fraction: float = setting(0.2, low=0, low_open=True, high=1)

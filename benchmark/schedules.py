@@ -45,17 +45,24 @@ class Span:
 
 
 Schedule = Callable[[torch.optim.Optimizer, object, Span], torch.optim.lr_scheduler.LRScheduler]
+OptimizerFactory = Callable[[list[dict], float, float, Span], torch.optim.Optimizer]
 SCHEDULES: dict[str, Schedule] = {}
 """Every registered schedule by name (``schedule.name`` accepts exactly these)."""
+OPTIMIZERS: dict[str, OptimizerFactory] = {}
+"""The schedules that bring their own DAP optimizer (schedule-free training): ``(param groups, lr, eps, span) ->
+optimizer``, used instead of AdamW; every other schedule shapes the rate of the DAP AdamW."""
 
 
-def register_schedule(name: str) -> Callable[[Schedule], Schedule]:
-    """Register the decorated function as the schedule ``name`` (a second function under one name is an error)."""
+def register_schedule(name: str, optimizer: OptimizerFactory | None = None) -> Callable[[Schedule], Schedule]:
+    """Register the decorated function as the schedule ``name`` (a second function under one name is an error),
+    with the DAP optimizer it needs instead of AdamW, if any."""
 
     def add(schedule: Schedule) -> Schedule:
         if name in SCHEDULES:
             raise ValueError(f"a schedule named {name!r} is already registered ({SCHEDULES[name].__module__})")
         SCHEDULES[name] = schedule
+        if optimizer is not None:
+            OPTIMIZERS[name] = optimizer
         return schedule
 
     return add
@@ -148,6 +155,24 @@ def inverse_sqrt(optimizer, options, span: Span):
         return value
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _schedule_free_adamw(groups: list[dict], lr: float, eps: float, span: Span) -> torch.optim.Optimizer:
+    import schedulefree
+
+    # The warmup is the schedule's (below), the same ``(k + 1) / w`` the optimizer's own would apply, so that the
+    # rate a run logs and ``dapbench lr-curve`` draws is the rate it trained at.
+    return schedulefree.AdamWScheduleFree(groups, lr=lr, eps=eps, warmup_steps=0)
+
+
+@register_schedule("schedule_free", optimizer=_schedule_free_adamw)
+def schedule_free(optimizer, options, span: Span):
+    """Schedule-free AdamW (Defazio et al. 2024; the ``schedulefree`` package) instead of AdamW with a schedule:
+    ``(s + 1) / w`` while s < w, then a constant 1 with no decay; the model trains at the optimizer's interpolated
+    point and is checkpointed and evaluated at its running average (its eval mode). Each domain starts a fresh
+    optimizer, as with every schedule, so warmup and average restart per domain."""
+    warmup = span.warmup
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: (s + 1) / warmup if s < warmup else 1.0)
 
 
 def _advanced(scheduler, updates: int):

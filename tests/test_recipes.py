@@ -149,7 +149,7 @@ def test_replay_of_the_heldout_text_and_replay_without_a_past_are_refused(tiny_c
 
 def _formula(name: str, s: int, t: int, n: int, domains: int, warmup_ratio: float, floor: float, decay: float):
     """Each schedule's factor of lr at update ``s`` of domain ``t`` (the docstrings of ``benchmark.schedules``)."""
-    if name in ("cyclic_cosine", "rsqrt"):
+    if name in ("cyclic_cosine", "rsqrt", "schedule_free"):
         return _new_formula(name, s, t, n, warmup_ratio, floor, decay)
     if name == "global":
         s, n = t * n + s, domains * n
@@ -167,8 +167,11 @@ def _formula(name: str, s: int, t: int, n: int, domains: int, warmup_ratio: floa
 
 
 def _new_formula(name: str, s: int, t: int, n: int, warmup_ratio: float, floor: float, decay: float) -> float:
-    """``cyclic_cosine`` (re-warming peak 0.5 after the first domain) and ``rsqrt`` (issue #50), written out."""
+    """``cyclic_cosine`` (re-warming peak 0.5 after the first domain), ``rsqrt`` and ``schedule_free``'s warmup (issue
+    #50), written out."""
     w = int(warmup_ratio * n)
+    if name == "schedule_free":
+        return (s + 1) / w if s < w else 1.0
     if name == "cyclic_cosine":
         peak = 1.0 if t == 0 else 0.5
         return peak * s / w if s < w else floor + (peak - floor) * (1 + math.cos(math.pi * (s - w) / (n - w))) / 2
@@ -177,7 +180,9 @@ def _new_formula(name: str, s: int, t: int, n: int, warmup_ratio: float, floor: 
     return value * (floor + (1 - floor) * (1 - (s - (n - d)) / d)) if s >= n - d else value
 
 
-@pytest.mark.parametrize("name", ["per_domain_linear", "rewarm_cosine", "global", "wsd", "cyclic_cosine", "rsqrt"])
+@pytest.mark.parametrize(
+    "name", ["per_domain_linear", "rewarm_cosine", "global", "wsd", "cyclic_cosine", "rsqrt", "schedule_free"]
+)
 def test_each_schedule_follows_its_formula_at_every_update(name):
     dap = DapConfig(lr=3e-4, warmup_ratio=0.1)
     schedule = ScheduleConfig(name=name, min_lr_ratio=0.1, decay_fraction=0.25)
@@ -309,3 +314,43 @@ def test_an_infinite_schedule_runs_a_method_end_to_end(world_root, tiny_model, t
     record = _replayed_ncl_record(world_root, tiny_model, tmp_path, "rsqrt")
     assert record["method_label"].endswith(",schedule.name=rsqrt]") and record["config"]["schedule"]["name"] == "rsqrt"
     assert all(stage["trained"] and stage["steps"] == 4 for stage in record["domains"])
+
+
+def test_schedule_free_trains_with_its_own_optimizer_and_is_evaluated_at_its_average():
+    import schedulefree
+    import torch
+
+    from benchmark.engine.optimizers import build_optimizers
+    from benchmark.engine.recipe import stage_plan
+    from benchmark.engine.training import _optimizer_mode
+
+    dap = DapConfig(lr=0.1, warmup_ratio=0.25)
+    layer = torch.nn.Linear(3, 1)
+    plan = stage_plan(dap, ScheduleConfig(name="schedule_free"), 8, 0, 8)
+    (optimizer,) = build_optimizers(list(layer.named_parameters()), [], dap, plan=plan)
+    assert isinstance(optimizer, schedulefree.AdamWScheduleFree)
+    _optimizer_mode(optimizer, "train")
+    for _ in range(4):
+        layer(torch.ones(2, 3)).pow(2).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    trained_at = layer.weight.detach().clone()
+    _optimizer_mode(optimizer, "eval")  # what the runner does at the end of a stage
+    assert not optimizer.param_groups[0]["train_mode"] and not torch.equal(layer.weight, trained_at)
+    plain = build_optimizers(list(layer.named_parameters()), [], dap, plan=stage_plan(dap, ScheduleConfig(), 8, 0, 8))
+    assert type(plain[0]) is torch.optim.AdamW  # every other schedule keeps the DAP AdamW
+    _optimizer_mode(plain[0], "eval")  # AdamW has no modes: left alone
+
+
+def test_a_schedule_free_run_ends_with_finite_numbers(world_root, tiny_model, tmp_path):
+    record = _replayed_ncl_record(world_root, tiny_model, tmp_path, "schedule_free")
+    assert record["method_label"].endswith(",schedule.name=schedule_free]")
+    assert all(math.isfinite(v) for row in record["mlm_loss"]["after_domain"] for v in row.values())
+
+
+@pytest.mark.parametrize("name", ["das", "hat", "prompt_one"])
+def test_schedule_free_trains_methods_with_hooks_and_groups_of_their_own(name, tiny_config):
+    """Methods whose hooks act on gradients (DAS), that add an SGD group (HAT) or an Adafactor one (prompts)."""
+    from test_method_contract import check_method_contract
+
+    check_method_contract(name, apply_overrides(tiny_config, ["schedule.name=schedule_free"]))

@@ -76,6 +76,8 @@ def test_tune_runs_every_value_on_validation_slices_and_records_the_lowest_mean(
     assert written == result and result["criterion"] == CRITERION
     means = {row["value"]: row["mean"] for row in result["candidates"]}
     assert len(means) == 2 and result["chosen"] == min(means, key=means.get)
+    labels = [row["label"] for row in result["candidates"]]  # each with every option it ran with
+    assert labels == ["adapter_ncl[adapter_lr=0.0001]", "adapter_ncl[adapter_lr=0.003]"]
     for row in result["candidates"]:
         assert set(row["losses"]) == {"alpha", "beta", "general"}
         assert row["mean"] == pytest.approx(sum(row["losses"].values()) / 3)

@@ -15,33 +15,44 @@ from typing import Any
 import torch
 
 from benchmark.config import DapConfig
-from benchmark.engine.recipe import StagePlan, stage_scheduler
+from benchmark.engine.recipe import StagePlan, plan_span, stage_scheduler
 from benchmark.engine.sharding import average_replicated
 from benchmark.method import ContinualMethod, ParameterGroup, StepContext
+from benchmark.schedules import OPTIMIZERS
 
 
 def stage_optimizers(method: ContinualMethod, model, dap: DapConfig, plan: StagePlan, acc) -> tuple[list, list, list]:
     """The stage's optimizers (the DAP AdamW first), their schedules, and the parameters the clipping counts."""
     groups = method.parameter_groups(model)
     fused = fused_adamw(acc.device, acc.mixed_precision)
-    optimizers = build_optimizers(method.trainable_parameters(model), groups, dap, fused)
+    optimizers = build_optimizers(method.trainable_parameters(model), groups, dap, fused, plan)
     return optimizers, [stage_scheduler(o, plan) for o in optimizers], clipped_parameters(model, groups)
 
 
-def build_optimizer(params: list[tuple[str, torch.nn.Parameter]], dap: DapConfig, fused: bool = False):
-    """AdamW over ``params`` (one fused kernel if ``fused``); its schedule is :func:`stage_scheduler`'s."""
+def build_optimizer(
+    params: list[tuple[str, torch.nn.Parameter]], dap: DapConfig, fused: bool = False, plan: StagePlan | None = None
+):
+    """AdamW over ``params`` (one fused kernel if ``fused``); its schedule is :func:`stage_scheduler`'s. A schedule
+    that brings its own optimizer (``benchmark.schedules.OPTIMIZERS``: schedule-free) gets that one instead."""
     groups = param_groups(params, dap.weight_decay)
+    own = OPTIMIZERS.get(plan.schedule.name) if plan is not None else None
+    if own is not None:
+        return own(groups, dap.lr, dap.adam_eps, plan_span(plan))
     return torch.optim.AdamW(groups, lr=dap.lr, eps=dap.adam_eps, fused=fused or None)
 
 
 def build_optimizers(
-    params: list[tuple[str, torch.nn.Parameter]], groups: list[ParameterGroup], dap: DapConfig, fused: bool = False
+    params: list[tuple[str, torch.nn.Parameter]],
+    groups: list[ParameterGroup],
+    dap: DapConfig,
+    fused: bool = False,
+    plan: StagePlan | None = None,
 ) -> list[torch.optim.Optimizer]:
     """The DAP AdamW over ``params`` at ``dap.lr``, less the parameters of the method's declared ``groups``: an
     ``adamw`` group joins it at its own rate (after the DAP groups, so theirs are stepped exactly as without it), an
     ``sgd`` group gets a plain SGD of its own. Without groups: the one AdamW of :func:`build_optimizer`."""
     own = {id(p) for group in groups for _, p in group.parameters}
-    adamw = build_optimizer([(n, p) for n, p in params if id(p) not in own], dap, fused)
+    adamw = build_optimizer([(n, p) for n, p in params if id(p) not in own], dap, fused, plan)
     optimizers = [adamw]
     for group in groups:
         tensors, lr = [p for _, p in group.parameters], dap.lr if group.lr is None else group.lr

@@ -44,8 +44,12 @@ def stage_plan(dap: DapConfig, schedule: ScheduleConfig, steps: int, step_offset
 def stage_scheduler(optimizer: torch.optim.Optimizer, plan: StagePlan):
     """The stage's learning-rate schedule on ``optimizer``: the registered schedule ``schedule.name``
     (:mod:`benchmark.schedules`), positioned at the stage's first update."""
-    span = Span(plan.steps, plan.step_offset, plan.total_steps, plan.warmup_ratio)
-    return SCHEDULES[plan.schedule.name](optimizer, plan.schedule, span)
+    return SCHEDULES[plan.schedule.name](optimizer, plan.schedule, plan_span(plan))
+
+
+def plan_span(plan: StagePlan) -> Span:
+    """Where the stage's updates sit in the sequence, as a schedule sees it."""
+    return Span(plan.steps, plan.step_offset, plan.total_steps, plan.warmup_ratio)
 
 
 def learning_rate_curve(dap: DapConfig, schedule: ScheduleConfig, stage_steps: list[int]) -> list[float]:

@@ -43,6 +43,14 @@ def _stage_context(model, dap: DapConfig, instrument):
             yield
 
 
+def _optimizer_mode(optimizer, mode: str) -> None:
+    """Put an optimizer with modes in ``mode`` (``train``/``eval``; schedule-free AdamW trains at an interpolated point
+    and is evaluated at its running average); AdamW has none and is left alone."""
+    switch = getattr(optimizer, mode, None)
+    if callable(switch):
+        switch()
+
+
 def _prepared_step(model, method: ContinualMethod, acc, optimizer, replicated):
     """The module whose forward is one micro-batch's loss, and the optimizer to step, ready for ``acc``.
 
@@ -96,8 +104,10 @@ class DapTrainer:
         ctx = StepContext(model, t, 0, steps, plan.step_offset, acc, optimizer)
         update = StageUpdate(optimizer, extra, schedules, clipped, self.method, dap.max_grad_norm, replicated)
         start = time.perf_counter()
+        _optimizer_mode(optimizer, "train")
         with _stage_context(model, dap, self.instrument):
             log = self._loop(ctx, step, update, iter(stream), accum, desc)
+        _optimizer_mode(optimizer, "eval")  # the weights the stage is checkpointed and evaluated at
         seconds = time.perf_counter() - start
         return stage_statistics(
             steps, steps * accum * dap.per_device_batch_size * dap.seq_len * acc.num_processes, seconds, log

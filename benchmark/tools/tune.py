@@ -48,7 +48,9 @@ def tune(
     for candidate in candidates:
         run = continual_run(candidate["config"], candidate["data"], method, seed, show_progress=show_progress)
         losses = run.pretrain_only()
-        rows.append({"value": candidate["value"], "run_id": run.run_id, "losses": losses, "mean": _mean(losses)})
+        label = run.method.label()  # the row it names, with every option the candidate ran with
+        rows.append({"value": candidate["value"], "label": label, "run_id": run.run_id, "losses": losses})
+        rows[-1]["mean"] = _mean(losses)
     result = {
         "method": method, "option": option, "profile": config.profile, "seed": seed, "sequence": config.sequence,
         "criterion": CRITERION, "candidates": rows, "chosen": min(rows, key=lambda row: row["mean"])["value"],

@@ -293,7 +293,7 @@ def damping_by_importance(
     taken_sum, unmasked_sum = torch.zeros(bins, dtype=torch.float64), torch.zeros(bins, dtype=torch.float64)
     for tensor in tensors:
         state = optimizer.state.get(tensor.param)
-        if not state or "exp_avg_sq" not in state:
+        if not state or not {"exp_avg", "exp_avg_sq"} <= state.keys():  # Adam's moments (schedule-free has none)
             continue
         group = settings[id(tensor.param)]
         taken, unmasked = adam_update_magnitudes(
