@@ -104,3 +104,15 @@ def test_every_method_keeps_one_colour_and_no_two_methods_share_one():
     colours = method_colours(labels)
     assert len(set(colours.values())) == 60
     assert method_colours(list(reversed(labels)) + labels[:5]) == colours  # one mapping, whatever order labels come in
+
+
+def test_a_method_page_gives_each_option_its_default_and_its_meaning(site):
+    from benchmark.report.site import option_docs
+    from methods.freeze_bottom import FreezeBottomConfig
+
+    assert option_docs(FreezeBottomConfig) == {
+        "layers": "k: the bottom transformer layers frozen (with the input embeddings)."
+    }
+    _, folder = site
+    page = (folder / "method-das.html").read_text()
+    assert "<code>fidelity</code></td><td><code>&#39;paper&#39;</code></td><td>``paper`` (default) or" in page

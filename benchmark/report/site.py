@@ -13,6 +13,7 @@ changed and removes only the files an earlier report wrote (:mod:`benchmark.repo
 
 from __future__ import annotations
 
+import ast
 import inspect
 import json
 from dataclasses import dataclass
@@ -347,8 +348,31 @@ def _method_facts(name: str) -> dict:
         return {"name": name, "summary": None, "details": "", "options": []}
     doc = inspect.getdoc(inspect.getmodule(cls)) or inspect.getdoc(cls) or ""
     summary, _, details = doc.partition("\n\n")
-    options = [(f.name, _default(f)) for f in dataclasses.fields(cls.config_cls)]
+    described = option_docs(cls.config_cls)
+    options = [(f.name, _default(f), described.get(f.name, "")) for f in dataclasses.fields(cls.config_cls)]
     return {"name": name, "summary": summary.replace("\n", " "), "details": details, "options": options}
+
+
+def option_docs(config_cls: type) -> dict[str, str]:
+    """Each option's attribute docstring (the string under its field in the class body), read from the source of
+    the class and its bases; an option without one is left out."""
+    import textwrap
+
+    out: dict[str, str] = {}
+    for klass in reversed(config_cls.__mro__):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):  # built-in bases, or no source where the site is generated
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for field, after in zip(body, body[1:], strict=False):
+            if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name) and _is_docstring(after):
+                out[field.target.id] = " ".join(after.value.value.split())
+    return out
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
 
 
 def _default(field) -> str:
