@@ -6,7 +6,9 @@ A[t][k] is the score of the checkpoint after domain t fine-tuned on the end task
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from sklearn.metrics import accuracy_score, f1_score
@@ -88,8 +90,94 @@ def summarize_matrix(
 # ----------------------------------------------------------------------------------------------
 # Loss-based continual metrics on the held-out MLM-loss matrix L[t][k]
 # ----------------------------------------------------------------------------------------------
-LOSS_METRICS = ("plasticity", "forgetting", "max_forgetting", "final_gain", "general_rise")
-"""The loss-based metrics of one run, in nats (see :func:`loss_metrics`)."""
+@dataclass(frozen=True)
+class LossMetric:
+    """A continual metric of the held-out loss matrix, registered with :func:`register_loss_metric`: its name in
+    records, its leaderboard column, its direction and how it is computed over B replicates (None: undefined)."""
+
+    name: str
+    title: str
+    higher_is_better: bool
+    compute: Callable[[LossView], np.ndarray | None]
+
+
+class LossView:
+    """What a loss metric sees, over a leading axis of B replicates: the base losses ``start`` (B x T, the domains'
+    columns), ``losses`` (B x T x (K + 1), the last column general text), their ``diagonal`` and ``final`` row, and
+    the run's shape (per-domain models, joint training, general text measured)."""
+
+    def __init__(
+        self,
+        base: np.ndarray,
+        losses: np.ndarray,
+        independent_per_domain: bool,
+        final_row_only: bool,
+        has_general: bool,
+    ) -> None:
+        self.base, self.losses, self.t_count = base, losses, losses.shape[1]
+        self.independent_per_domain, self.final_row_only, self.has_general = (
+            independent_per_domain,
+            final_row_only,
+            has_general,
+        )
+        self.diagonal = losses[:, np.arange(self.t_count), np.arange(self.t_count)]
+        self.start = base[:, : self.t_count]
+        self.final = self.diagonal if independent_per_domain else losses[:, -1, : self.t_count]
+
+    @functools.cached_property
+    def stage_forgetting(self) -> np.ndarray | None:
+        """B x (T - 1): mean_{k<t} (L[t][k] - L[k][k]) after each stage t >= 1; None where forgetting is undefined
+        (T < 2, per-domain models, joint training)."""
+        if self.t_count < 2 or self.independent_per_domain or self.final_row_only:
+            return None
+        losses, diagonal = self.losses, self.diagonal
+        return np.stack([np.mean(losses[:, t, :t] - diagonal[:, :t], axis=-1) for t in range(1, self.t_count)], -1)
+
+
+LOSS_METRIC_REGISTRY: dict[str, LossMetric] = {}
+"""Every registered loss metric by name, in registration order (the continual table's column order)."""
+
+
+def register_loss_metric(name: str, title: str, higher_is_better: bool):
+    """Register the decorated ``compute(view) -> array | None`` as the loss metric ``name``: every record made from
+    then on stores it, and the leaderboard shows it (for older records, computed from their stored losses)."""
+
+    def add(compute: Callable[[LossView], np.ndarray | None]):
+        if name in LOSS_METRIC_REGISTRY:
+            raise ValueError(f"a loss metric named {name!r} is already registered")
+        LOSS_METRIC_REGISTRY[name] = LossMetric(name, title, higher_is_better, compute)
+        return compute
+
+    return add
+
+
+@register_loss_metric("plasticity", "plasticity", True)
+def _plasticity(v: LossView) -> np.ndarray | None:
+    return None if v.final_row_only else np.mean(v.start - v.diagonal, axis=-1)
+
+
+@register_loss_metric("forgetting", "forgetting", False)
+def _forgetting(v: LossView) -> np.ndarray | None:
+    return None if v.stage_forgetting is None else v.stage_forgetting[:, -1]
+
+
+@register_loss_metric("max_forgetting", "max forgetting", False)
+def _max_forgetting(v: LossView) -> np.ndarray | None:
+    return None if v.stage_forgetting is None else np.max(v.stage_forgetting, axis=-1)
+
+
+@register_loss_metric("final_gain", "final gain", True)
+def _final_gain(v: LossView) -> np.ndarray | None:
+    return np.mean(v.start - v.final, axis=-1)
+
+
+@register_loss_metric("general_rise", "general rise", False)
+def _general_rise(v: LossView) -> np.ndarray | None:
+    if not v.has_general:
+        return None
+    t = v.t_count
+    after = np.mean(v.losses[:, :, t], axis=-1) if v.independent_per_domain else v.losses[:, -1, t]
+    return after - v.base[:, t]
 
 
 def loss_metrics(
@@ -139,22 +227,8 @@ def loss_metric_arrays(
     """:func:`loss_metrics` over a leading axis of B replicates (the report's bootstrap over held-out chunks):
     ``base`` is B x (K + 1) and ``losses`` B x T x (K + 1), the last column the general text; each metric is a
     length-B array, or None where it is undefined."""
-    t_count = losses.shape[1]
-    diagonal = losses[:, np.arange(t_count), np.arange(t_count)]
-    start = base[:, :t_count]
-    final = diagonal if independent_per_domain else losses[:, -1, :t_count]
-    out: dict[str, np.ndarray | None] = {name: None for name in LOSS_METRICS}
-    out["final_gain"] = np.mean(start - final, axis=-1)
-    if not final_row_only:
-        out["plasticity"] = np.mean(start - diagonal, axis=-1)
-    if t_count >= 2 and not (independent_per_domain or final_row_only):
-        stages = np.stack([np.mean(losses[:, t, :t] - diagonal[:, :t], axis=-1) for t in range(1, t_count)], axis=-1)
-        out["forgetting"] = stages[:, -1]
-        out["max_forgetting"] = np.max(stages, axis=-1)
-    if has_general:
-        general_after = np.mean(losses[:, :, t_count], axis=-1) if independent_per_domain else losses[:, -1, t_count]
-        out["general_rise"] = general_after - base[:, t_count]
-    return out
+    view = LossView(base, losses, independent_per_domain, final_row_only, has_general)
+    return {name: metric.compute(view) for name, metric in LOSS_METRIC_REGISTRY.items()}
 
 
 def record_loss_metrics(record: Mapping) -> dict[str, float | None]:

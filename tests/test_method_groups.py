@@ -108,7 +108,7 @@ def test_the_leaderboard_flags_and_explains_a_row_whose_masks_did_not_learn(tiny
     """A row whose gates barely changed is flagged in the tables and named in the reading with the measured share."""
     import copy
 
-    from benchmark.report.frame import LOSS_COLUMNS, leaderboard_frame, reference_labels
+    from benchmark.report.frame import leaderboard_frame, loss_columns, reference_labels
     from benchmark.report.groups import group_records
     from benchmark.report.markdown import table
     from benchmark.report.statistics import GroupStatistics
@@ -121,7 +121,7 @@ def test_the_leaderboard_flags_and_explains_a_row_whose_masks_did_not_learn(tiny
     (group,), _ = group_records([gated])
     part = leaderboard_frame(group.records, lambda r: group.key)
     stats = GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))
-    (row,) = [line for line in table(stats, LOSS_COLUMNS, "final gain") if line.startswith("| `ncl`")]
+    (row,) = [line for line in table(stats, loss_columns(), "final gain") if line.startswith("| `ncl`")]
     assert row.rstrip(" |").endswith("untrained: gate decisions ≤ 1.2%")
     (line,) = training_reading(stats)
     assert "at most 1.2% of its gate decisions changed" in line and "keep 51-51% of the units" in line

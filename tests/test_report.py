@@ -19,7 +19,7 @@ from benchmark.records.identity import RESULTS_VERSION
 from benchmark.records.store import load_records
 from benchmark.report.end_task_reading import end_task_reading
 from benchmark.report.escape import code, printable, text
-from benchmark.report.frame import LOSS_COLUMNS, leaderboard_frame, reference_labels
+from benchmark.report.frame import leaderboard_frame, loss_columns, reference_labels
 from benchmark.report.groups import group_records
 from benchmark.report.markdown import leaderboard_markdown
 from benchmark.report.reading import column_of, option_parents, sibling_reading, variant_reading, verdicts
@@ -108,7 +108,7 @@ def test_loss_replicates_are_centred_on_the_recorded_metrics(records):
 def test_a_verdict_needs_both_the_seeds_and_the_evaluation_sample(records):
     (group,), _ = group_records(records)
     stats = _statistics(group)
-    forgetting = next(c for c in LOSS_COLUMNS if c.title == "forgetting")
+    forgetting = next(c for c in loss_columns() if c.title == "forgetting")
     (c,) = [c for c in stats.comparisons("ncl", forgetting) if c.label == "das"]
     assert c.se_eval is not None and c.q_eval is not None
     assert c.resolved() == (c.q_seed < 0.05 and c.q_eval < 0.05 and c.mean != 0)
@@ -125,7 +125,7 @@ def test_a_verdict_needs_both_the_seeds_and_the_evaluation_sample(records):
 def test_intervals_combine_seed_spread_and_evaluation_sample(records):
     (group,), _ = group_records(records)
     stats = _statistics(group)
-    plasticity = LOSS_COLUMNS[0]
+    plasticity = loss_columns()[0]
     mean, se, n = stats.interval("ncl", plasticity)
     values = stats.part[stats.part["method"] == "ncl"]["plasticity"]
     seed_only = float(values.std(ddof=1)) / np.sqrt(3)
@@ -142,7 +142,7 @@ def test_record_strings_are_escaped_in_markdown_and_on_the_terminal(records):
     from benchmark.report.markdown import table
 
     stats = _statistics(group)
-    rows = table(stats, LOSS_COLUMNS, "final gain", verdicts(stats))
+    rows = table(stats, loss_columns(), "final gain", verdicts(stats))
     assert len({row.replace("\\|", "").count("|") for row in rows}) == 1  # every row has the header's cells
     board = leaderboard_markdown([(group, stats, {})])
     outside_code = re.sub(r"`[^`]*`", "", board)  # CommonMark shows code spans literally: HTML there is inert
@@ -333,7 +333,7 @@ def test_runs_over_several_domain_orders_form_one_group_paired_by_order_and_seed
     stats = GroupStatistics(part, groups[0].records, groups[0].sample_key, reference_labels(groups[0].records))
     lines = order_tables(stats)
     assert lines[0] == "### Over domain orders" and any(line.startswith("| `das` |") for line in lines)
-    (ncl_cmp,) = [c for c in stats.comparisons("ncl", LOSS_COLUMNS[0]) if c.label == "das"]
+    (ncl_cmp,) = [c for c in stats.comparisons("ncl", loss_columns()[0]) if c.label == "das"]
     assert ncl_cmp.n == 2  # paired over the two orders of seed 2021
 
 
@@ -458,7 +458,7 @@ def test_the_references_are_the_two_baselines_and_the_papers_method_at_their_def
     (group,), _ = group_records(records)
     stats = _statistics(group)
     assert list(stats.references.values()) == ["ncl", "das", "none"]
-    against_das = {c.label for c in stats.comparisons("das", LOSS_COLUMNS[0])}
+    against_das = {c.label for c in stats.comparisons("das", loss_columns()[0])}
     assert against_das == {"ncl", "none"}
 
 
@@ -509,3 +509,31 @@ def test_a_record_made_before_a_metric_existed_shows_it_computed_from_its_losses
     frame = leaderboard_frame([older, records[4]], group_of=lambda record: "g")
     values = frame["max forgetting"].tolist()
     assert values[0] == pytest.approx(values[1]) and values[1] == records[4]["mlm_loss"]["metrics"]["max_forgetting"]
+
+
+def test_a_loss_metric_is_added_by_registering_one_function_and_older_records_show_it(records):
+    """Issue #48: a new metric is one registration; records made before it show it computed from their losses."""
+    import numpy as np
+
+    from benchmark.metrics import LOSS_METRIC_REGISTRY, register_loss_metric
+
+    try:
+
+        @register_loss_metric("best_domain_gain", "best domain gain", True)
+        def best_domain_gain(view):
+            """The largest fall of one domain's loss when it was learned."""
+            return None if view.final_row_only else np.max(view.start - view.diagonal, axis=-1)
+
+        assert all("best_domain_gain" not in r["mlm_loss"]["metrics"] for r in records)  # made before it existed
+        (group,), _ = group_records(records)
+        board = leaderboard_markdown([(group, _statistics(group), {})])
+        header = next(line for line in board.splitlines() if line.startswith("| method | n | plasticity"))
+        assert "| best domain gain ↑ | CKA to base |" in header
+        ncl = [r for r in records if r["method"] == "ncl"]
+        losses = [r["mlm_loss"] for r in ncl]
+        gains = [[m["base"][d] - m["after_domain"][k][d] for k, d in enumerate(ncl[0]["sequence"])] for m in losses]
+        expected = np.mean([max(gain) for gain in gains])
+        row = next(line for line in board.splitlines() if line.startswith("| `ncl` | 3 |"))
+        assert f"{expected:.3f} ±" in row
+    finally:
+        LOSS_METRIC_REGISTRY.pop("best_domain_gain", None)  # the registration is this test's own

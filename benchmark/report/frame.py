@@ -66,16 +66,19 @@ def _general_loss(record: dict) -> float | None:
     return losses["after_domain"][-1]["general"] if "general" in losses["columns"] else None
 
 
-LOSS_COLUMNS = [
-    Column("plasticity", _loss_metric("plasticity"), True, "num", "plasticity"),
-    Column("forgetting", _loss_metric("forgetting"), False, "num", "forgetting"),
-    Column("max forgetting", _loss_metric("max_forgetting"), False, "num", "max_forgetting"),
-    Column("final gain", _loss_metric("final_gain"), True, "num", "final_gain"),
-    Column("general rise", _loss_metric("general_rise"), False, "num", "general_rise"),
-    Column("CKA to base", _final_drift, None, "num"),
-]
-"""The headline: continual metrics of the held-out loss in nats (:func:`benchmark.metrics.loss_metrics`) and the
-representation drift after the last stage."""
+def loss_columns() -> list[Column]:
+    """The headline: every registered loss metric (:data:`benchmark.metrics.LOSS_METRIC_REGISTRY`, in nats, in
+    registration order) and the representation drift after the last stage; read at every call, so a metric
+    registered by a plugin shows too."""
+    metrics = [Column(m.title, _loss_metric(m.name), m.higher_is_better, "num", m.name) for m in _registered()]
+    return [*metrics, Column("CKA to base", _final_drift, None, "num")]
+
+
+def _registered():
+    from benchmark.metrics import LOSS_METRIC_REGISTRY
+
+    return list(LOSS_METRIC_REGISTRY.values())
+
 
 COST_COLUMNS = [
     Column("tokens/s", lambda r: r["timing"]["tokens_per_second"], True, "int"),
@@ -90,7 +93,12 @@ END_TASK_COLUMNS = [
     Column("BWT (MF1)", _summary("macro_f1", "bwt"), True, "pct", "macro_f1/bwt"),
     Column("general loss", _general_loss, False, "num"),
 ]
-ALL_COLUMNS = LOSS_COLUMNS + COST_COLUMNS + END_TASK_COLUMNS
+
+
+def all_columns() -> list[Column]:
+    """Every leaderboard column: :func:`loss_columns`, the cost and the end-task columns."""
+    return loss_columns() + COST_COLUMNS + END_TASK_COLUMNS
+
 
 VERDICT_METRICS = (("forgetting", "F"), ("general rise", "G"), ("plasticity", "P"))
 """Loss metrics tested against the reference methods, with their one-letter codes in the verdict column."""
@@ -124,19 +132,19 @@ def _amount(group: str, value: float) -> str:
 
 def leaderboard_frame(records: list[dict], group_of: Callable[[dict], str] | None = None) -> pd.DataFrame:
     """One row per record: ``group`` (``group_of(record)``, else the group key of its own content), ``method`` (its
-    label), ``seed``, ``run_id``, every column of :data:`ALL_COLUMNS`, trainable parameters and flags."""
+    label), ``seed``, ``run_id``, every column of :func:`all_columns`, trainable parameters and flags."""
     if group_of is None:
         from benchmark.report.groups import group_records
 
         groups, _ = group_records(records)
         keys = {id(r): g.key for g in groups for r in g.records}
         group_of = lambda record: keys.get(id(record), "left out")  # noqa: E731 - a lookup, named once
-    rows = []
+    rows, columns = [], all_columns()
     for record in records:
         row = {"group": group_of(record), "method": record["method_label"], "seed": record["seed"]}
         row["order"], row["pair"] = order_of(record), pairing_unit(record)
         row["run_id"] = record["run_id"]
-        for column in ALL_COLUMNS:
+        for column in columns:
             value = column.value(record)
             row[column.title] = np.nan if value is None else float(value)
         row["trainable params"] = record["trainable_parameters"]

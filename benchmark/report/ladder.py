@@ -19,11 +19,15 @@ from itertools import combinations
 
 import numpy as np
 
-from benchmark.report.frame import END_TASK_COLUMNS, LOSS_COLUMNS, Column, tokens_per_domain
+from benchmark.report.frame import END_TASK_COLUMNS, Column, loss_columns, tokens_per_domain
 from benchmark.report.statistics import REPLICATES, GroupStatistics
 
-LADDER_COLUMNS = [c for c in LOSS_COLUMNS + END_TASK_COLUMNS if c.metric and c.higher_is_better is not None]
-"""The columns a ladder compares: those with a direction and replicated evaluation error."""
+
+def ladder_columns() -> list[Column]:
+    """The metrics a ladder reads: every loss and end-task column with a direction and a replicated metric."""
+    return [c for c in loss_columns() + END_TASK_COLUMNS if c.metric and c.higher_is_better is not None]
+
+
 BOOTSTRAP = REPLICATES
 """Joint resamples of seeds and evaluation sample per ladder (one per evaluation-sample replicate)."""
 
@@ -137,13 +141,14 @@ def read_ladder(ladder: Ladder) -> LadderReading:
     appeared between consecutive rungs."""
     rng = np.random.default_rng(int(ladder.key, 16))
     labels = ladder.labels()
+    columns = ladder_columns()
     samples = {c.title: [{lab: replicates(r.stats, lab, c, rng) for lab in labels} for r in ladder.rungs]
-               for c in LADDER_COLUMNS}  # fmt: skip
-    means = {c.title: {lab: [_mean(r.stats, lab, c) for r in ladder.rungs] for lab in labels} for c in LADDER_COLUMNS}
+               for c in columns}  # fmt: skip
+    means = {c.title: {lab: [_mean(r.stats, lab, c) for r in ladder.rungs] for lab in labels} for c in columns}
     pairs = [(i, i + 1) for i in range(len(ladder.rungs) - 1)]
     pairs += [(0, len(ladder.rungs) - 1)] if len(ladder.rungs) > 2 else []
     taus, verdicts = [], []
-    for column in LADDER_COLUMNS:
+    for column in columns:
         for i, j in pairs:
             taus += _tau(column, samples[column.title], means[column.title], i, j)
         for i, j in pairs[: len(ladder.rungs) - 1]:
@@ -228,9 +233,10 @@ def plot_ladder(reading: LadderReading, path, colours: dict[str, str] | None = N
     tokens = [r.tokens_per_domain for r in reading.ladder.rungs]
     references = set(reading.ladder.references.values())
     ncols = 3
-    nrows = -(-len(LADDER_COLUMNS) // ncols)
+    columns = ladder_columns()
+    nrows = -(-len(columns) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
-    for ax, column in zip(axes.flat, LADDER_COLUMNS, strict=False):
+    for ax, column in zip(axes.flat, columns, strict=False):
         scale = 100.0 if column.kind == "pct" else 1.0
         for label, means in sorted(reading.means[column.title].items(), key=lambda item: item[0] in references):
             ys = [np.nan if m is None else m * scale for m in means]
@@ -241,7 +247,7 @@ def plot_ladder(reading: LadderReading, path, colours: dict[str, str] | None = N
         ax.set_title(f"{column.title} ({'higher' if column.higher_is_better else 'lower'} is better)", fontsize=9)
         ax.set_xlabel("DAP tokens per domain", fontsize=8)
         ax.tick_params(labelsize=7)
-    for ax in list(axes.flat)[len(LADDER_COLUMNS) :]:
+    for ax in list(axes.flat)[len(columns) :]:
         ax.axis("off")
     handles, names = axes.flat[0].get_legend_handles_labels()
     if handles:

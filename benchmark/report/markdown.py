@@ -14,7 +14,7 @@ import pandas as pd
 from benchmark.metrics import GATES_UNLEARNED_BELOW, UNTRAINED_BELOW
 from benchmark.report.end_task_reading import end_task_reading
 from benchmark.report.escape import code, text
-from benchmark.report.frame import ALL_COLUMNS, COST_COLUMNS, END_TASK_COLUMNS, LOSS_COLUMNS, Column, untrained_flag
+from benchmark.report.frame import COST_COLUMNS, END_TASK_COLUMNS, Column, all_columns, loss_columns, untrained_flag
 from benchmark.report.groups import Group, LeftOut, order_of
 from benchmark.report.reading import loss_reading, sibling_reading, variant_reading, verdicts
 from benchmark.report.statistics import GroupStatistics
@@ -68,7 +68,7 @@ def leaderboard_markdown(
     for group, stats, plots in sections:
         lines += [f"## {text(group.title)}", "", *group_header(group), ""]
         lines += ["### Continual ({}, {})".format(*loss_unit(group.records[0])), ""]
-        lines += table(stats, LOSS_COLUMNS, "final gain", verdicts(stats), trailing=COST_COLUMNS)
+        lines += table(stats, loss_columns(), "final gain", verdicts(stats), trailing=COST_COLUMNS)
         lines += ["", "### End tasks", "", *table(stats, END_TASK_COLUMNS, "final macro-F1"), ""]
         lines += order_tables(stats)
         lines += plot_links(plots)
@@ -183,7 +183,7 @@ def order_tables(stats: GroupStatistics) -> list[str]:
     lines = ["### Over domain orders", "", "Mean over seeds per order; the last column is the std over the orders.", ""]
     for title in (t for t in ORDER_COLUMNS if t in part):
         means = part.pivot_table(index="method", columns="order", values=title, aggfunc="mean")
-        scale = 100.0 if next(c for c in ALL_COLUMNS if c.title == title).kind == "pct" else 1.0
+        scale = 100.0 if next(c for c in all_columns() if c.title == title).kind == "pct" else 1.0
         lines += [f"{text(title)}:", "", "| method | " + " | ".join(map(code, orders)) + " | std over orders |"]
         lines.append("|---" * (len(orders) + 2) + "|")
         for label, row in means.iterrows():

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from benchmark.report.escape import code
-from benchmark.report.frame import END_TASK_COLUMNS, LOSS_COLUMNS, VERDICT_METRICS
+from benchmark.report.frame import END_TASK_COLUMNS, VERDICT_METRICS, loss_columns
 from benchmark.report.statistics import ALPHA, Comparison, GroupStatistics, adjust_for_multiplicity
 
 WORDS = {
@@ -19,7 +19,7 @@ WORDS = {
 
 def column_of(title: str):
     """The leaderboard column (loss or end-task) titled ``title``."""
-    return next(c for c in LOSS_COLUMNS + END_TASK_COLUMNS if c.title == title)
+    return next(c for c in loss_columns() + END_TASK_COLUMNS if c.title == title)
 
 
 def verdict_cells(stats: GroupStatistics) -> dict[str, dict[tuple[str, str], list[str]]]:

@@ -23,10 +23,9 @@ import numpy as np
 
 from benchmark.report.answer import short_answer
 from benchmark.report.frame import (
-    COST_COLUMNS,
-    END_TASK_COLUMNS,
     FLAGS,
-    LOSS_COLUMNS,
+    all_columns,
+    loss_columns,
     method_colours,
     tokens_per_domain,
     untrained_flag,
@@ -43,7 +42,6 @@ PLOTLY_ASSET = "assets/plotly.min.js"
 """Plotly's browser bundle, copied from the installed ``plotly`` package: the one file the site does not render."""
 ROLE_NAMES = {"naive_continual": "naive continual DAP", "proposed": "the paper's method", "no_dap": "no DAP"}
 VERDICT_WORDS = {"F": "forgetting", "G": "general-loss rise", "P": "plasticity"}
-COLUMNS = LOSS_COLUMNS + COST_COLUMNS + END_TASK_COLUMNS
 
 
 @dataclass
@@ -81,8 +79,8 @@ def site_files(
             "group.html.j2",
             view=view,
             charts=charts,
-            columns=COLUMNS,
-            verdict_after=len(LOSS_COLUMNS),
+            columns=all_columns(),
+            verdict_after=len(loss_columns()),
             reading=_markdown(view.reading),
         )
         files[f"data/{view.key}.csv"] = _table_csv(view)
@@ -193,7 +191,7 @@ def _row(stats: GroupStatistics, label: str, role: str | None, cells: dict, colo
     runs = stats.part[stats.part["method"] == label]
     records = [r for r in stats.records if r["method_label"] == label]
     values = {}
-    for column in COLUMNS:
+    for column in all_columns():
         found = stats.interval(label, column)
         values[column.title] = None if found is None else {"mean": found[0], "se": found[1], "n": found[2]}
     capabilities = records[0]["capabilities"]
@@ -309,7 +307,7 @@ def _table_csv(view: GroupView) -> str:
     rows = []
     for row in view.rows:
         out = {"method": row["method"], "role": row["role"] or "", "n": row["n"]}
-        for column in COLUMNS:
+        for column in all_columns():
             value = row["values"][column.title] or {}
             out[column.title] = value.get("mean")
             out[f"{column.title} se"] = value.get("se")

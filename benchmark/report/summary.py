@@ -4,7 +4,7 @@ terminal never claims a difference the leaderboard does not resolve."""
 from __future__ import annotations
 
 from benchmark.report.escape import printable
-from benchmark.report.frame import END_TASK_COLUMNS, LOSS_COLUMNS, leaderboard_frame, reference_labels
+from benchmark.report.frame import END_TASK_COLUMNS, leaderboard_frame, loss_columns, reference_labels
 from benchmark.report.groups import group_records
 from benchmark.report.reading import verdicts
 from benchmark.report.statistics import GroupStatistics
@@ -44,7 +44,7 @@ def terminal_summary(run_records: list[dict], all_records: list[dict]) -> list[s
         stats = GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))
         found = verdicts(stats)
         lines.append(f"{printable(group.title)} ({len(group.records)} runs):")
-        columns = [c for c in LOSS_COLUMNS if c.title in SHOWN] + [
+        columns = [c for c in loss_columns() if c.title in SHOWN] + [
             c for c in END_TASK_COLUMNS if c.title == "final macro-F1"
         ]
         for label in sorted(set(part["method"])):
