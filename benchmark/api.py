@@ -371,7 +371,9 @@ def _choices(config_cls) -> dict[str, list]:
 
 
 def _shown(field: dataclasses.Field):
-    value = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    from benchmark.method import default_of
+
+    value = default_of(field)
     return list(value) if isinstance(value, tuple) else value
 
 

@@ -52,7 +52,7 @@ class MethodConfig:
         return {
             f.name: _plain(getattr(self, f.name))
             for f in dataclasses.fields(self)
-            if getattr(self, f.name) != _default_of(f)
+            if getattr(self, f.name) != default_of(f)
         }
 
     def numerics_depend_on_processes(self) -> bool:
@@ -331,7 +331,8 @@ def _label_value(value: Any) -> str:
     return "+".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
-def _default_of(field: dataclasses.Field) -> Any:
+def default_of(field: dataclasses.Field) -> Any:
+    """A dataclass field's default (its factory's value), ``dataclasses.MISSING`` for a required field."""
     if field.default is not dataclasses.MISSING:
         return field.default
     if field.default_factory is not dataclasses.MISSING:

@@ -1,7 +1,8 @@
 import numpy as np
 
 from benchmark.metrics import record_loss_metrics
-from benchmark.report.plots import _mean_matrix, plot_importance, plot_matrices
+from benchmark.report.frame import mean_score_matrix
+from benchmark.report.plots import plot_importance, plot_matrices
 
 
 def _record(method: str, seed: int, units: dict[str, list[float]] | None) -> dict:
@@ -35,7 +36,7 @@ def test_matrix_panels_average_seeds_and_leave_uncomputed_cells_blank(tmp_path):
         }
 
     records = [run("ncl", 1, [[0.5, None], [0.4, 0.6]]), run("ncl", 2, [[0.7, None], [0.6, 0.8]])]
-    mean = _mean_matrix(records, "macro_f1")
+    mean = mean_score_matrix(records, "macro_f1")
     assert np.isnan(mean[0, 1]) and np.allclose(mean[[0, 1, 1], [0, 0, 1]], [60.0, 50.0, 70.0])
     records.append(run("one", 1, [[0.5, None], [None, 0.6]]))
     path = plot_matrices(records, tmp_path / "matrices.png")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from benchmark.metrics import GATE_DECISIONS, record_loss_metrics, untrained_groups
+from benchmark.metrics import GATE_DECISIONS, LOSS_METRIC_REGISTRY, record_loss_metrics, untrained_groups
 from benchmark.report.groups import order_of, pairing_unit
 
 
@@ -70,14 +70,10 @@ def loss_columns() -> list[Column]:
     """The headline: every registered loss metric (:data:`benchmark.metrics.LOSS_METRIC_REGISTRY`, in nats, in
     registration order) and the representation drift after the last stage; read at every call, so a metric
     registered by a plugin shows too."""
-    metrics = [Column(m.title, _loss_metric(m.name), m.higher_is_better, "num", m.name) for m in _registered()]
+    metrics = [
+        Column(m.title, _loss_metric(m.name), m.higher_is_better, "num", m.name) for m in LOSS_METRIC_REGISTRY.values()
+    ]
     return [*metrics, Column("CKA to base", _final_drift, None, "num")]
-
-
-def _registered():
-    from benchmark.metrics import LOSS_METRIC_REGISTRY
-
-    return list(LOSS_METRIC_REGISTRY.values())
 
 
 COST_COLUMNS = [
@@ -98,6 +94,38 @@ END_TASK_COLUMNS = [
 def all_columns() -> list[Column]:
     """Every leaderboard column: :func:`loss_columns`, the cost and the end-task columns."""
     return loss_columns() + COST_COLUMNS + END_TASK_COLUMNS
+
+
+def format_number(value: float, kind: str) -> str:
+    """A column's value as the tables show it: ``int`` with thousands separators, ``pct`` with 2 decimals, nats with
+    3."""
+    if kind == "int":
+        return f"{value:,.0f}"
+    return f"{value:.{2 if kind == 'pct' else 3}f}"
+
+
+def by_label(records: list[dict]) -> dict[str, list[dict]]:
+    """The records of each method label (a row's seeds), labels sorted."""
+    out: dict[str, list[dict]] = {}
+    for record in records:
+        out.setdefault(record["method_label"], []).append(record)
+    return dict(sorted(out.items()))
+
+
+def mean_over_seeds(per_seed: list) -> np.ndarray:
+    """Mean over the first axis ignoring NaN; an entry that is NaN in every seed stays NaN, silently."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(np.asarray(per_seed, dtype=float), axis=0)
+
+
+def mean_score_matrix(runs: list[dict], metric: str) -> np.ndarray:
+    """A row's end-task matrix A[t][k] of ``metric`` in percent, the mean over its seeds (NaN: not computed)."""
+    return mean_over_seeds(
+        [[[np.nan if v is None else 100 * v for v in row] for row in r["matrices"][metric]] for r in runs]
+    )
 
 
 VERDICT_METRICS = (("forgetting", "F"), ("general rise", "G"), ("plasticity", "P"))

@@ -14,7 +14,15 @@ import pandas as pd
 from benchmark.metrics import GATES_UNLEARNED_BELOW, UNTRAINED_BELOW
 from benchmark.report.end_task_reading import end_task_reading
 from benchmark.report.escape import code, text
-from benchmark.report.frame import COST_COLUMNS, END_TASK_COLUMNS, Column, all_columns, loss_columns, untrained_flag
+from benchmark.report.frame import (
+    COST_COLUMNS,
+    END_TASK_COLUMNS,
+    Column,
+    all_columns,
+    format_number,
+    loss_columns,
+    untrained_flag,
+)
 from benchmark.report.groups import Group, LeftOut, order_of
 from benchmark.report.reading import loss_reading, sibling_reading, variant_reading, verdicts
 from benchmark.report.statistics import GroupStatistics
@@ -258,9 +266,8 @@ def _cell(stats: GroupStatistics, label: str, column: Column) -> str:
         return "n/a"
     mean, se, _ = found
     if column.kind == "int":
-        return f"{mean:,.0f}"
-    digits = 2 if column.kind == "pct" else 3
-    return f"{mean:.{digits}f}" + ("" if se is None else f" ± {se:.{digits}f}")
+        return format_number(mean, column.kind)
+    return format_number(mean, column.kind) + ("" if se is None else f" ± {format_number(se, column.kind)}")
 
 
 PLOT_TITLES = {

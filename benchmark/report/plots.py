@@ -5,14 +5,13 @@ layer and unit."""
 from __future__ import annotations
 
 import textwrap
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from benchmark.io import atomic_write_bytes
-from benchmark.report.frame import method_colours, reference_labels
+from benchmark.report.frame import by_label, mean_over_seeds, mean_score_matrix, method_colours, reference_labels
 from benchmark.report.markdown import loss_unit
 
 
@@ -37,17 +36,10 @@ def _references(records: list[dict]) -> dict[str, str]:
     return {label: role for role, label in reference_labels(records).items()}
 
 
-def _by_label(records: list[dict]) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
-    for record in records:
-        out.setdefault(record["method_label"], []).append(record)
-    return dict(sorted(out.items()))
-
-
 def plot_matrices(records: list[dict], path: Path, colours: dict[str, str] | None = None) -> Path | None:
     """End-task scores at a glance: the final macro-F1 of every method on every end task (one row per method, the
     reference rows first), and the full A[t][k] of each reference row (mean over seeds; blank = not computed)."""
-    groups = _by_label(records)
+    groups = by_label(records)
     if not groups:
         return None
     first = next(iter(groups.values()))[0]
@@ -64,7 +56,7 @@ def plot_matrices(records: list[dict], path: Path, colours: dict[str, str] | Non
     _mark_references(fig.axes[0], order, references, colours or method_colours(order))
     for i, label in enumerate(label for label in references if label in groups):
         ax = fig.add_subplot(grid[i, 1])
-        _heatmap(ax, _mean_matrix(groups[label], "macro_f1"), tasks, [f"after {d}" for d in domains], "")
+        _heatmap(ax, mean_score_matrix(groups[label], "macro_f1"), tasks, [f"after {d}" for d in domains], "")
         ax.set_title(f"{label} ★ ({references[label]}): A[t][k], macro-F1 %", fontsize=9)
     fig.suptitle(f"end tasks, mean of each method's seeds ({len(first['end_tasks'])} tasks)", fontsize=10)
     return _save(fig, path)
@@ -73,7 +65,7 @@ def plot_matrices(records: list[dict], path: Path, colours: dict[str, str] | Non
 def _final_scores(runs: list[dict]) -> np.ndarray:
     """Each end task's final macro-F1 as the end-task table counts it: after the last domain, or for a method with
     one model per domain, that domain's own model (the diagonal)."""
-    matrix = _mean_matrix(runs, "macro_f1")
+    matrix = mean_score_matrix(runs, "macro_f1")
     return np.diag(matrix) if runs[0].get("capabilities", {}).get("independent_per_domain") else matrix[-1]
 
 
@@ -98,24 +90,11 @@ def _mark_references(ax, labels: list[str], references: dict[str, str], colours:
         tick.set_fontweight("bold" if label in references else "normal")
 
 
-def _mean_matrix(runs: list[dict], metric: str) -> np.ndarray:
-    return _mean_over_seeds(
-        [[[np.nan if v is None else 100 * v for v in row] for row in r["matrices"][metric]] for r in runs]
-    )
-
-
-def _mean_over_seeds(per_seed: list) -> np.ndarray:
-    """Mean over the first axis ignoring NaN; an entry that is NaN in every seed stays NaN, silently."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmean(np.asarray(per_seed, dtype=float), axis=0)
-
-
 def plot_forgetting(records: list[dict], path: Path, colours: dict[str, str] | None = None) -> Path | None:
     """Forgetting per method, the held-out loss's (nats, as the tables lead with) beside the end tasks' (macro-F1
     points): a bar at the mean over seeds, a dot per seed, methods sorted by the first; methods that forget by
     construction nothing (one model per domain, joint training) are left out and named."""
-    groups = _by_label(records)
+    groups = by_label(records)
     kept = {label: runs for label, runs in groups.items() if all(_forgetting(r) is not None for r in runs)}
     if not kept:
         return None
@@ -158,7 +137,7 @@ def plot_heldout_losses(records: list[dict], path: Path, colours: dict[str, str]
     """Small multiples, one panel per method (shared axes): its held-out loss averaged over the domains' sets
     (solid) and on general text (dashed) before DAP and after each domain, with the naive continual reference's
     two lines in grey behind for comparison (the full matrices are on the site and in each run's table)."""
-    groups = {label: runs for label, runs in _by_label(records).items() if runs[0]["mlm_loss"]["after_domain"]}
+    groups = {label: runs for label, runs in by_label(records).items() if runs[0]["mlm_loss"]["after_domain"]}
     if not groups:
         return None
     first = next(iter(groups.values()))[0]
@@ -212,14 +191,14 @@ def _mean_loss_curve(runs: list[dict], column: str) -> list[float]:
 
     # A point that is empty for every seed (joint training's earlier domains) stays NaN.
     curves = [[r["mlm_loss"]["base"][column], *map(value, r["mlm_loss"]["after_domain"])] for r in runs]
-    return list(_mean_over_seeds(curves))
+    return list(mean_over_seeds(curves))
 
 
 def plot_importance(records: list[dict], path: Path, colours: dict[str, str] | None = None) -> Path | None:
     """DAS-family methods: mean accumulated importance per layer and unit type after the last domain."""
     reports = {
         label: [r["domains"][-1]["method_report"]["importance"] for r in runs]
-        for label, runs in _by_label(records).items()
+        for label, runs in by_label(records).items()
         if runs[0]["domains"] and "importance" in runs[0]["domains"][-1].get("method_report", {})
     }
     if not reports:
@@ -256,7 +235,7 @@ def plot_stability_plasticity(records: list[dict], path: Path, colours: dict[str
     beyond them (an outlier: far outside the reference rows' range) is drawn at the edge as an arrow with its value.
     Methods without forgetting are left out."""
     points = {}
-    for label, runs in _by_label(records).items():
+    for label, runs in by_label(records).items():
         metrics = [r["mlm_loss"]["metrics"] for r in runs]
         if any(m["plasticity"] is None or m["forgetting"] is None for m in metrics):
             continue
@@ -337,7 +316,7 @@ def plot_mask_damping(records: list[dict], path: Path, colours: dict[str, str] |
     mask in force during the last domain; a line per method in its colour, one legend outside the panels."""
     masks = {
         label: [d["method_report"]["mask"] for r in runs for d in r["domains"] if "mask" in d.get("method_report", {})]
-        for label, runs in _by_label(records).items()
+        for label, runs in by_label(records).items()
     }
     masks = {label: m for label, m in masks.items() if m}
     if not masks:
@@ -352,7 +331,7 @@ def plot_mask_damping(records: list[dict], path: Path, colours: dict[str, str] |
     left.plot([0, 1], [1, 0], color="grey", ls="--", lw=0.8, label="1 − I (an exactly scaled update)")
     for label, reports in masks.items():
         per_bin = [[np.nan if v is None else v for v in m["damping_per_bin"]] for m in reports]
-        left.plot(centres, _mean_over_seeds(per_bin), marker="o", ms=3, label=label, color=colours[label])
+        left.plot(centres, mean_over_seeds(per_bin), marker="o", ms=3, label=label, color=colours[label])
         for ax, unit in zip(panels, units, strict=True):
             counts = reports[-1]["importance_histogram"].get(unit)
             if counts:

@@ -38,10 +38,12 @@ def verdict_cells(stats: GroupStatistics) -> dict[str, dict[tuple[str, str], lis
 def verdicts(stats: GroupStatistics) -> dict[str, str]:
     """Per method: which loss metrics differ from each reference, resolved by seeds and evaluation sample alike,
     e.g. ``F↓ ncl · G↓ ncl, none``."""
-    return {
-        label: " · ".join(f"{letter}{arrow} {', '.join(map(code, refs))}" for (letter, arrow), refs in cells.items())
-        for label, cells in verdict_cells(stats).items()
-    }
+    return {label: verdict_text(cells) for label, cells in verdict_cells(stats).items()}
+
+
+def verdict_text(cells: dict[tuple[str, str], list[str]], name=code) -> str:
+    """One row's verdict cells as a line, ``F↓ ncl · G↓ ncl, none``, each reference shown by ``name``."""
+    return " · ".join(f"{letter}{arrow} {', '.join(map(name, refs))}" for (letter, arrow), refs in cells.items())
 
 
 def loss_reading(stats: GroupStatistics) -> list[str]:

@@ -14,6 +14,7 @@ changed and removes only the files an earlier report wrote (:mod:`benchmark.repo
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import json
 from dataclasses import dataclass
@@ -21,18 +22,23 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmark.method import default_of
 from benchmark.report.answer import short_answer
 from benchmark.report.frame import (
     FLAGS,
     all_columns,
+    by_label,
+    format_number,
     loss_columns,
+    mean_over_seeds,
+    mean_score_matrix,
     method_colours,
     tokens_per_domain,
     untrained_flag,
 )
 from benchmark.report.groups import Group
 from benchmark.report.markdown import end_task_protocol, group_reading, loss_unit
-from benchmark.report.reading import verdict_cells
+from benchmark.report.reading import verdict_cells, verdict_text
 from benchmark.report.statistics import GroupStatistics
 
 SITE_FOLDER = "site"
@@ -131,11 +137,7 @@ def _json_for_script(value) -> str:
 
 
 def _number(value: float | None, kind: str) -> str:
-    if value is None:
-        return "n/a"
-    if kind == "int":
-        return f"{value:,.0f}"
-    return f"{value:.{2 if kind == 'pct' else 3}f}"
+    return "n/a" if value is None else format_number(value, kind)
 
 
 def _markdown(lines: list[str]):
@@ -214,7 +216,7 @@ def _row(stats: GroupStatistics, label: str, role: str | None, cells: dict, colo
 
 
 def _verdict_text(cells: dict) -> str:
-    return " · ".join(f"{letter}{arrow} {', '.join(refs)}" for (letter, arrow), refs in cells.items()) or "–"
+    return verdict_text(cells, name=str) or "–"
 
 
 def _verdict_sentences(cells: dict) -> list[str]:
@@ -249,23 +251,17 @@ def _points(rows: list[dict]) -> list[dict]:
 def _matrices(records: list[dict]) -> dict:
     """Per method label, the mean over seeds of its held-out loss matrix (base row first) and of its macro-F1
     matrix A[t][k] (percent); NaN cells (not computed) become None."""
-    by_label: dict[str, list[dict]] = {}
-    for record in records:
-        by_label.setdefault(record["method_label"], []).append(record)
     first = records[0]
     columns = first["mlm_loss"]["columns"]
     losses, scores = {}, {}
-    for label, runs in sorted(by_label.items()):
-        losses[label] = _mean(
-            [
-                [_loss_row(r["mlm_loss"]["base"], columns)]
-                + [_loss_row(row, columns) for row in r["mlm_loss"]["after_domain"]]
-                for r in runs
-            ]
-        )
-        scores[label] = _mean(
-            [[[None if v is None else 100 * v for v in row] for row in r["matrices"]["macro_f1"]] for r in runs]
-        )
+    for label, runs in by_label(records).items():
+        rows = [
+            [_loss_row(r["mlm_loss"]["base"], columns)]
+            + [_loss_row(row, columns) for row in r["mlm_loss"]["after_domain"]]
+            for r in runs
+        ]
+        losses[label] = _json_matrix(mean_over_seeds(rows))
+        scores[label] = _json_matrix(mean_score_matrix(runs, "macro_f1"))
     stages = ["base", *(f"after {d}" for d in first["sequence"])]
     return {"loss_columns": columns, "stages": stages, "tasks": first["end_tasks"], "losses": losses, "scores": scores}
 
@@ -274,13 +270,8 @@ def _loss_row(row: dict | None, columns: list[str]) -> list[float | None]:
     return [None if not row or row.get(c) is None else row[c] for c in columns]
 
 
-def _mean(per_seed: list) -> list:
-    import warnings
-
-    values = np.asarray([[[np.nan if v is None else v for v in row] for row in seed] for seed in per_seed], float)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a cell no seed computed stays empty
-        mean = np.nanmean(values, axis=0)
+def _json_matrix(mean: np.ndarray) -> list:
+    """A mean matrix for the page's JSON: 5 decimals, a cell no seed computed as None."""
     return [[None if np.isnan(v) else round(float(v), 5) for v in row] for row in mean]
 
 
@@ -335,8 +326,6 @@ def _methods(views: list[GroupView]) -> dict[str, list[dict]]:
 def _method_facts(name: str) -> dict:
     """The method's description (its module's docstring, split into a summary and the rest) and its options with
     their defaults, from the plugin installed where the site is generated (None where it is not installed)."""
-    import dataclasses
-
     from benchmark.errors import DapbenchError
     from benchmark.registry import default_registry
 
@@ -349,6 +338,11 @@ def _method_facts(name: str) -> dict:
     described = option_docs(cls.config_cls)
     options = [(f.name, _default(f), described.get(f.name, "")) for f in dataclasses.fields(cls.config_cls)]
     return {"name": name, "summary": summary.replace("\n", " "), "details": details, "options": options}
+
+
+def _default(field) -> str:
+    default = default_of(field)
+    return "required" if default is dataclasses.MISSING else repr(default)
 
 
 def option_docs(config_cls: type) -> dict[str, str]:
@@ -371,16 +365,6 @@ def option_docs(config_cls: type) -> dict[str, str]:
 
 def _is_docstring(node: ast.stmt) -> bool:
     return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
-
-
-def _default(field) -> str:
-    import dataclasses
-
-    if field.default is not dataclasses.MISSING:
-        return repr(field.default)
-    if field.default_factory is not dataclasses.MISSING:
-        return repr(field.default_factory())
-    return "required"
 
 
 def _run_facts(record: dict, view: GroupView, record_files: dict[str, str]) -> dict:

@@ -42,9 +42,9 @@ class _Sink:
             return
         self._changed(path, lambda: atomic_write_text(path, content))
 
-    def draw(self, path: Path, draw: Callable[[], object]) -> None:
-        """Draw a plot (its inputs changed, or it is missing)."""
-        self._changed(path, draw)
+    def change(self, path: Path, action: Callable[[], object]) -> None:
+        """Take ``action``, which changes ``path`` (deletes it), or with ``check`` name ``path`` stale."""
+        self._changed(path, action)
 
     def _changed(self, path: Path, write: Callable[[], object]) -> None:
         if self.check:
@@ -89,15 +89,13 @@ def _record_files(entries: list[tuple[Path, dict]], results: Path) -> dict[str, 
 
 def _write_site(report: Path, files: dict[str, str], manifest: dict, sink: _Sink) -> None:
     """The static site (:mod:`benchmark.report.site`) under ``report/site``: every page rewritten when its text
-    changed, Plotly's bundle written once (again only when the installed plotly's differs), all listed in the
+    changed, Plotly's bundle when the installed plotly's differs from it, all listed in the
     manifest, so the report removes only site files it wrote."""
     site = unlinked_path(report, SITE_FOLDER)
     for relative, content in sorted(files.items()):
         sink.text(site / relative, content)
     bundle = site / PLOTLY_ASSET
-    if not bundle.is_file():  # 4.8 MB, and the same for every report of an installed plotly: compared by size first
-        sink.text(bundle, plotly_bundle())
-    elif not sink.check and bundle.stat().st_size != len(plotly_bundle().encode()):
+    if not (sink.check and bundle.is_file()):  # --check asks only that it is there: it follows the installed plotly
         sink.text(bundle, plotly_bundle())
     manifest["site"] = sorted(f"{SITE_FOLDER}/{relative}" for relative in [*files, PLOTLY_ASSET])
 
@@ -222,7 +220,7 @@ def _remove_unproduced(report: Path, previous: dict, manifest: dict, sink: _Sink
     for relative in sorted(_files(previous) - _files(manifest)):
         path = (report / relative).resolve()
         if report.resolve() in path.parents and path.is_file() and not (report / relative).is_symlink():
-            sink.draw(report / relative, path.unlink)
+            sink.change(report / relative, path.unlink)
 
 
 def _files(manifest: dict) -> set[str]:
