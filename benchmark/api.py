@@ -93,9 +93,12 @@ def continual_run(config: RunConfig, data, method: str, seed: int, show_progress
 
 
 def validate_config(config: RunConfig) -> None:
-    """Every check that needs no data: methods, their options, the DAP budget, seeds, names that become paths."""
+    """Every check that needs no data: methods, their options, the end-task protocol, the DAP budget, seeds, names
+    that become paths."""
+    from benchmark.protocols import get_protocol
     from benchmark.registry import default_registry
 
+    get_protocol(config.finetune.protocol)  # a registered one, named before any work
     registry = default_registry()
     for name in config.methods:
         registry.get(name)  # unknown names fail here, before any work
@@ -333,9 +336,10 @@ def plot_learning_rates(record_paths: Sequence[str | Path], output: str | Path) 
 def describe(data_root: str | None = None) -> dict:
     """What ``dapbench list`` shows: methods (first doc line, options with defaults, studies), the recipe options
     every pre-training method takes (replay, schedule), the task suite
-    (domains, end tasks, sequences) and the profiles."""
+    (domains, end tasks, sequences), the end-task protocols and the profiles."""
     from benchmark.config import PROFILES, RECIPE_SECTIONS, SECTION_TYPES
     from benchmark.data.suite import load_suite
+    from benchmark.protocols import PROTOCOLS
     from benchmark.registry import default_registry
 
     registry, suite = default_registry(), load_suite(data_root)
@@ -357,6 +361,7 @@ def describe(data_root: str | None = None) -> dict:
         "recipe_choices": {section: _choices(SECTION_TYPES[section]) for section in RECIPE_SECTIONS},
         "domains": domains,
         "end_tasks": tasks,
+        "protocols": {name: (type(p).__doc__ or "").strip().splitlines()[0] for name, p in PROTOCOLS.items()},
         "sequences": suite.sequences,
         "profiles": list(PROFILES),
     }

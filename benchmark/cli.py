@@ -549,6 +549,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name, domain in facts["domains"].items():
         task = domain["end_task"]
         _say(f"  {name:12s} {domain['corpus']:32s} -> {task} ({facts['end_tasks'][task]} labels)")
+    _say("end-task protocols (--set finetune.protocol=<name>):")
+    for name, doc in facts["protocols"].items():
+        _say(f"  {name:12s} {doc}")
     _say("sequences:")
     for name, order in facts["sequences"].items():
         _say(f"  {name:12s} {' -> '.join(order)}")

@@ -146,18 +146,16 @@ RECIPE_SECTIONS = ("replay", "schedule")
 """Configuration sections that vary the recipe a method is trained with: leaderboard rows, not groups."""
 
 
-FINETUNE_PROTOCOLS = ("finetune", "linear_probe")
-
-
 @dataclass(frozen=True)
 class FinetuneConfig:
     """End-task evaluation of one checkpoint on one end task: fine-tuning (the paper) or a linear probe."""
 
-    protocol: str = setting("finetune", choices=FINETUNE_PROTOCOLS)
-    """``finetune``: train the whole classifier (the paper's protocol). ``linear_probe``: freeze the method's
-    fine-tuning model, mean-pool its last hidden states and fit a logistic regression (scikit-learn) on the
-    training split: several times cheaper and seed-free, so it measures what DAP left in the representations
-    on budgets where full fine-tuning of a small model stays at the majority class."""
+    protocol: str = setting("finetune", checked_by="the end-task protocol registry (benchmark.protocols.get_protocol)")
+    """A registered end-task protocol (:mod:`benchmark.protocols`). ``finetune``: train the whole classifier (the
+    paper's protocol). ``linear_probe``: freeze the method's fine-tuning model, mean-pool its last hidden states and
+    fit a logistic regression (scikit-learn) on the training split: several times cheaper and seed-free, so it
+    measures what DAP left in the representations on budgets where full fine-tuning of a small model stays at the
+    majority class. ``lm_eval``: a decoder scored zero-shot by lm-evaluation-harness over the label words."""
     probe_c: float = setting(1.0, low=0, low_open=True, high=1e6)
     """Inverse L2 strength of the probe's logistic regression (on standardised features)."""
     lr: float = setting(3e-5, low=0, low_open=True, high=1)

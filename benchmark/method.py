@@ -298,6 +298,12 @@ class ContinualMethod(MethodDeclaration, TrainedParameters):
         after the current domain; a method whose model depends on the domain (task masks) selects that domain's."""
         yield
 
+    def end_task_model(self, ctx: FinetuneContext, scores: str) -> nn.Module:
+        """The model an end-task protocol scores (:mod:`benchmark.protocols`): for ``scores="classifier"``
+        :meth:`finetune_model`; for ``scores="language_model"`` the stage's DAP model itself (the protocol scores it
+        inside :meth:`heldout_view` of the task's domain). A method that serves end tasks otherwise overrides this."""
+        return ctx.model if scores == "language_model" else self.finetune_model(ctx)
+
     def finetune_model(self, ctx: FinetuneContext) -> nn.Module:
         """The classification model for end-task fine-tuning (default: a fresh head on checkpoint t)."""
         from benchmark.modeling import classifier_from_checkpoint

@@ -8,6 +8,7 @@ from pathlib import Path
 from benchmark.config import RunConfig
 from benchmark.errors import DapbenchError
 from benchmark.io import path_inside, unlinked_path
+from benchmark.protocols import get_protocol
 from benchmark.records.store import load_records
 
 
@@ -27,19 +28,12 @@ def check_inputs(configs: list[RunConfig]) -> list:
 
 def check_run_data(config: RunConfig, data) -> None:
     """What the prepared inputs of a run must satisfy before it trains: end-task settings name its end tasks, and
-    every end task can be scored by the protocol (two classes to fit a linear probe on)."""
+    the end-task protocol can score every end task with this model (its own checks: two classes to fit a linear
+    probe on, a decoder for lm-eval)."""
     from benchmark.settings import check_known_keys
 
-    tasks = {task.name: task for task in data.tasks.values()}
     check_known_keys("finetune.epochs", config.finetune.epochs, _suite_tasks(config), "end task")
-    for task in tasks.values():
-        classes = {ex["labels"] for ex in task.train}
-        if config.finetune.protocol == "linear_probe" and len(classes) < 2:
-            raise DapbenchError(
-                f"end task {task.name}: its training split has one class only ({len(task.train)} examples), which a"
-                " linear probe cannot be fitted on",
-                "raise finetune.max_train_examples or fix the task's training file",
-            )
+    get_protocol(config.finetune.protocol).check(config, data)
     check_measurable(config, data)
 
 
@@ -49,14 +43,11 @@ spread to put an error bar on."""
 MIN_HELDOUT_TOKENS = 10
 """Scored tokens (masked ones for a masked LM, every next token for a decoder) every held-out set needs over all its
 chunks and mask draws: a loss over fewer is noise, not a measurement."""
-MIN_FINETUNE_EPOCHS = 1.0
-"""Passes over its training examples every fine-tuned end task gets at least (``finetune.epochs`` x
-``finetune.epoch_scale``): less leaves the head close to its random start, and the score measures that start."""
 
 
 def check_measurable(config: RunConfig, data) -> None:
-    """Refuse settings under which a run's numbers would measure nothing: too little held-out text to score, a
-    fine-tune of less than one pass, past replay without a past."""
+    """Refuse settings under which a run's numbers would measure nothing: too little held-out text to score, past
+    replay without a past (a fine-tune of less than one pass is the ``finetune`` protocol's own check)."""
     for name, counts in data.heldout_chunk_counts().items():
         scored = sum(counts)
         if len(counts) < MIN_HELDOUT_CHUNKS or scored < MIN_HELDOUT_TOKENS:
@@ -66,15 +57,6 @@ def check_measurable(config: RunConfig, data) -> None:
                 f" {MIN_HELDOUT_CHUNKS} chunks and {MIN_HELDOUT_TOKENS} scored tokens",
                 "raise dap.heldout_fraction, dap.heldout_chunks, dap.mlm_probability or dap.seq_len (or use more text)",
             )
-    if config.finetune.protocol == "finetune":
-        for task in data.tasks.values():
-            epochs = config.finetune.epochs.get(task.name, config.finetune.default_epochs) * config.finetune.epoch_scale
-            if epochs < MIN_FINETUNE_EPOCHS:
-                raise DapbenchError(
-                    f"end task {task.name} would be fine-tuned for {epochs:g} epoch(s) (finetune.epochs x"
-                    f" finetune.epoch_scale): under one pass its score measures the untrained head",
-                    f"raise finetune.epoch_scale (or finetune.epochs.{task.name}) to give it at least one epoch",
-                )
     if config.replay.past > 0 and len(data.domains) < 2:
         raise DapbenchError(
             f"replay.past={config.replay.past:g} on a sequence of one domain ({data.domains[0]}): there is no past to"

@@ -6,7 +6,8 @@ import torch
 
 from benchmark.config import FinetuneConfig
 from benchmark.data.endtasks import EncodedTask
-from benchmark.engine.finetune import _train_loader, encoder_features, probe_and_evaluate
+from benchmark.protocols.finetune import _train_loader
+from benchmark.protocols.linear_probe import encoder_features, probe_and_evaluate
 
 
 def _features(n: int) -> list[dict]:

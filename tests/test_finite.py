@@ -43,7 +43,7 @@ def test_a_diverging_dap_domain_names_method_domain_and_step(tiny_config):
 def test_probe_on_non_finite_features_is_an_error(tiny_config):
     from transformers import AutoTokenizer
 
-    from benchmark.engine.finetune import probe_and_evaluate
+    from benchmark.protocols.linear_probe import probe_and_evaluate
 
     data = prepare_data(tiny_config)
     model = _nan_model()

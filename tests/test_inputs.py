@@ -18,7 +18,7 @@ CONFIG_CASES = [
     (["--set", "dap.log_every=0"], "dap.log_every=0 is out of range"),
     (["--set", "finetune.batch_size=0"], "finetune.batch_size=0 is out of range"),
     (["--set", "dap.heldout_fraction=1.0"], "dap.heldout_fraction=1.0 is out of range"),
-    (["--set", "finetune.protocol=probe"], "invalid finetune.protocol='probe'"),
+    (["--set", "finetune.protocol=probe"], "invalid finetune.protocol='probe': no end-task protocol"),
     (["--set", "profile=../../ESCAPED"], "profile '../../ESCAPED' cannot name a file"),
 ]
 

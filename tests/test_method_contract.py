@@ -10,9 +10,9 @@ from transformers import DataCollatorWithPadding
 
 from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
-from benchmark.engine.finetune import encoder_features
 from benchmark.method import ContinualMethod, FinetuneContext
 from benchmark.modeling import load_masked_lm
+from benchmark.protocols.linear_probe import encoder_features
 from benchmark.registry import default_registry
 
 METHODS = default_registry().names()

@@ -90,7 +90,7 @@ LAYERS = [
     ("benchmark.config", "benchmark.method", "benchmark.metrics", "benchmark.schedules"),
     ("benchmark.records",),
     ("benchmark.data",),
-    ("benchmark.engine",),
+    ("benchmark.engine", "benchmark.protocols"),
     ("methods._shared",),
     ("methods",),
     ("benchmark.registry",),

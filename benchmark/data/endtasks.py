@@ -155,6 +155,10 @@ class EncodedTask:
     train: list[dict]
     test: list[dict]
     test_labels: list[int]
+    labels: tuple[str, ...] = ()
+    """The label names, by label id (what a protocol that scores label words reads)."""
+    test_texts: list[str] = field(default_factory=list)
+    """The test inputs as text, in the order of ``test`` (before tokenisation and truncation)."""
 
 
 def encode_task(task: EndTaskData, tokenizer, cfg: FinetuneConfig) -> EncodedTask:
@@ -167,6 +171,8 @@ def encode_task(task: EndTaskData, tokenizer, cfg: FinetuneConfig) -> EncodedTas
         train=_encode(train, tokenizer, cfg.max_length),
         test=_encode(test, tokenizer, cfg.max_length),
         test_labels=[ex.label for ex in test],
+        labels=tuple(task.labels),
+        test_texts=[format_example(ex, tokenizer.sep_token) for ex in test],
     )
 
 

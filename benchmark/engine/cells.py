@@ -3,16 +3,17 @@ spread over the processes of a multi-process run."""
 
 from __future__ import annotations
 
-from benchmark.engine.finetune import evaluate_end_task
+import contextlib
+
 from benchmark.engine.parts import RunParts
 from benchmark.engine.stages import StageModels
 from benchmark.engine.workfiles import finished, read_work_file, write_work_file
 from benchmark.errors import error_context
 from benchmark.method import FinetuneContext
+from benchmark.protocols import LANGUAGE_MODEL, get_protocol
 
 SCORES = ("acc", "macro_f1", "micro_f1")
 """The end-task scores of every cell A[t][k] (fractions)."""
-_PROTOCOL_WORDS = {"finetune": "fine-tune", "linear_probe": "linear probe"}
 
 
 class EndTaskRunner:
@@ -26,6 +27,7 @@ class EndTaskRunner:
         from transformers import set_seed
 
         p, row_key, acc = self.parts, self.parts.schedule.row_key(t), self.parts.accelerator
+        protocol = get_protocol(p.config.finetune.protocol)
         todo = [k for k in p.schedule.row_tasks(t) if not self._finished(row_key, k)]
         mine = todo[acc.process_index :: acc.num_processes]  # several processes take whole fine-tunes each
         p.skip_phases(len(p.schedule.row_tasks(t)) - len(todo))
@@ -40,11 +42,14 @@ class EndTaskRunner:
             # Seeded before the classifier exists: its fresh head must not depend on what ran before
             # (a resumed run skips work and would otherwise draw a different head).
             set_seed(seed)
-            model = p.method.finetune_model(ctx).to(p.accelerator.device)
-            protocol = p.config.finetune.protocol
-            phase = f"end task {i + 1}/{len(mine)} {task.name} ({_PROTOCOL_WORDS.get(protocol, protocol)})"
+            model = p.method.end_task_model(ctx, protocol.scores).to(p.accelerator.device)
+            phase = f"end task {i + 1}/{len(mine)} {task.name} ({protocol.words})"
+            # A protocol that scores the language model sees it as the method serves the task's domain, as the
+            # held-out losses do (a task mask, a domain's prompt).
+            view = p.method.heldout_view(model, k) if protocol.scores == LANGUAGE_MODEL else contextlib.nullcontext()
             with error_context(f"{p.where}, checkpoint after domain {t}, end task {task.name}"), p.phase(t, phase):
-                result = evaluate_end_task(model, task, p.data.tokenizer, p.config.finetune, seed, p.accelerator)
+                with view:
+                    result = protocol.evaluate(model, task, p.data.tokenizer, p.config.finetune, seed, p.accelerator)
             report = p.method.finetune_report(model)
             cell = {"row": t, "task": task.name, **result, **({"method_report": report} if report else {})}
             write_work_file(p.layout.finetune_cell(row_key, k), cell)

@@ -25,6 +25,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmark.protocols import protocol_short
+
 BASE_LOSS_TOLERANCE = 1e-4
 """Nats by which the base model's held-out losses may differ between records of one group. The same held-out batches
 and weights give bit-identical losses on one device; a larger difference means another evaluation (device,
@@ -245,7 +247,7 @@ def _plain_title(group: Group) -> str:
     model = str(first["config"]["model"]).split(":")[-1].rstrip("/").split("/")[-1] or first["config"]["model"]
     profiles = ", ".join(sorted({r["profile"] for r in group.records}))
     dap, ft = first["config"]["dap"], first["config"]["finetune"]
-    end_tasks = "probe" if ft.get("protocol") == "linear_probe" else "fine-tuned"
+    end_tasks = protocol_short(ft)
     orders = sorted({order_of(r) for r in group.records})
     several = f"{len(orders)} domain orders ({', '.join(orders)})"
     domains = " → ".join(first["sequence"]) if len(orders) == 1 else several

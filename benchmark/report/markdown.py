@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from benchmark.metrics import GATES_UNLEARNED_BELOW, UNTRAINED_BELOW
+from benchmark.protocols import protocol_phrase
 from benchmark.report.end_task_reading import end_task_reading
 from benchmark.report.escape import code, text
 from benchmark.report.frame import (
@@ -127,7 +128,7 @@ def group_header(group: Group) -> list[str]:
         f" chunks x {dap.get('heldout_mask_draws', 1)} mask draw(s) per set",
         *_decoder_line(first),
         *_absent_methods_line(group),
-        f"- end tasks: {end_task_protocol(ft)}; matrix {code(config['matrix'])}",
+        f"- end tasks: {protocol_phrase(ft)}; matrix {code(config['matrix'])}",
         f"- made by commit(s) {', '.join(code(c) for c in commits)} on {text('; '.join(devices))}; {wall / 3600:.2f} h"
         " of run wall time in all (runs that shared the machine overlap)",
         "",
@@ -208,19 +209,6 @@ def _digest(value) -> str:
     import hashlib
 
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def end_task_protocol(ft: dict) -> str:
-    """One phrase for how end tasks were scored."""
-    sizes = f"<= {ft['max_train_examples'] or 'all'} train / {ft['max_test_examples'] or 'all'} test examples"
-    if ft.get("protocol") == "linear_probe":
-        return (
-            "linear probe (frozen model, mean-pooled last hidden states, standardised, logistic regression"
-            f" C={ft.get('probe_c', 1.0)}), {sizes}"
-        )
-    epochs = sorted(set(ft["epochs"].values())) or [ft["default_epochs"]]
-    scale = ft.get("epoch_scale", 1.0)
-    return f"fine-tuning {'/'.join(f'{e:g}' for e in epochs)} epochs x {scale:g}, lr {ft['lr']}, {sizes}"
 
 
 def table(

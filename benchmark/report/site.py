@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.method import default_of
+from benchmark.protocols import protocol_phrase
 from benchmark.report.answer import short_answer
 from benchmark.report.frame import (
     FLAGS,
@@ -37,7 +38,7 @@ from benchmark.report.frame import (
     untrained_flag,
 )
 from benchmark.report.groups import Group
-from benchmark.report.markdown import end_task_protocol, group_reading, loss_unit
+from benchmark.report.markdown import group_reading, loss_unit
 from benchmark.report.reading import verdict_cells, verdict_text
 from benchmark.report.statistics import GroupStatistics
 
@@ -167,7 +168,7 @@ def _group_view(group: Group, stats: GroupStatistics, colours: dict[str, str]) -
             f" ({tokens_per_domain(first):,} tokens), lr {dap['lr']}",
         ),
         ("held-out loss", f"{unit} ({measure})"),
-        ("end tasks", end_task_protocol(first["config"]["finetune"])),
+        ("end tasks", protocol_phrase(first["config"]["finetune"])),
         ("seeds", ", ".join(map(str, sorted({r["seed"] for r in group.records})))),
     ]
     roles = {label: role for role, label in stats.references.items()}

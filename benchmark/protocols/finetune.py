@@ -1,5 +1,5 @@
-"""End-task evaluation of one DAP checkpoint on one end task: fine-tuning (the paper's protocol) or a
-linear probe on frozen features (the cheap protocol of small budgets)."""
+"""The paper's end-task protocol: fine-tune the whole classifier the method builds (a fresh head on checkpoint t)
+and score the test split once after the last epoch."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import math
 import time
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -15,8 +14,46 @@ from torch.utils.data import DataLoader
 from benchmark.config import FinetuneConfig
 from benchmark.data.endtasks import EncodedTask
 from benchmark.engine.optimizers import fused_adamw
-from benchmark.errors import NonFiniteError
+from benchmark.errors import DapbenchError, NonFiniteError
 from benchmark.metrics import classification_scores
+from benchmark.protocols import register_protocol
+from benchmark.protocols.base import EndTaskProtocol, test_sizes
+
+MIN_FINETUNE_EPOCHS = 1.0
+"""Passes over its training examples every fine-tuned end task gets at least (``finetune.epochs`` x
+``finetune.epoch_scale``): less leaves the head close to its random start, and the score measures that start."""
+
+
+@register_protocol
+class FineTune(EndTaskProtocol):
+    """Train the whole classifier (the paper's protocol, AdamW with linear decay, no model selection)."""
+
+    name = "finetune"
+    words = "fine-tune"
+    short = "fine-tuned"
+    trains = True
+
+    def describe(self, ft: dict) -> str:
+        """Epochs, scale, rate and sample sizes."""
+        epochs = sorted(set(ft["epochs"].values())) or [ft["default_epochs"]]
+        scale = ft.get("epoch_scale", 1.0)
+        return f"fine-tuning {'/'.join(f'{e:g}' for e in epochs)} epochs x {scale:g}, lr {ft['lr']}, {test_sizes(ft)}"
+
+    def check(self, config, data) -> None:
+        """Every end task gets at least one pass over its training examples."""
+        ft = config.finetune
+        for task in data.tasks.values():
+            epochs = ft.epochs.get(task.name, ft.default_epochs) * ft.epoch_scale
+            if epochs < MIN_FINETUNE_EPOCHS:
+                raise DapbenchError(
+                    f"end task {task.name} would be fine-tuned for {epochs:g} epoch(s) (finetune.epochs x"
+                    f" finetune.epoch_scale): under one pass its score measures the untrained head",
+                    f"raise finetune.epoch_scale (or finetune.epochs.{task.name}) to give it at least one epoch",
+                )
+
+    def evaluate(self, model, task, tokenizer, cfg, seed, accelerator) -> dict:
+        """Fine-tune, then score the test split (:func:`finetune_and_evaluate`)."""
+        return finetune_and_evaluate(model, task, tokenizer, cfg, seed, accelerator)
 
 
 def finetune_and_evaluate(
@@ -95,7 +132,7 @@ def _train_loader(features: list[dict], cfg: FinetuneConfig, collator) -> DataLo
     return DataLoader(features, batch_size=cfg.batch_size, sampler=sampler, collate_fn=collator)
 
 
-def _length_sorted_batches(features: list[dict], collator, batch_size: int, device) -> Iterator[tuple[list[int], dict]]:
+def length_sorted_batches(features: list[dict], collator, batch_size: int, device) -> Iterator[tuple[list[int], dict]]:
     """Inference batches of similar length (minimal padding), each with the indices of its examples in
     ``features`` so that callers can put results back in the original order. Labels are left out."""
     order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
@@ -112,7 +149,7 @@ def predict(model: nn.Module, features: list[dict], collator, batch_size: int, a
     model.eval()
     order, argmaxes = [], []
     finite = torch.ones((), dtype=torch.bool, device=accelerator.device)
-    for chunk, batch in _length_sorted_batches(features, collator, batch_size, accelerator.device):
+    for chunk, batch in length_sorted_batches(features, collator, batch_size, accelerator.device):
         logits = model(**batch).logits
         finite &= torch.isfinite(logits).all()
         order += chunk
@@ -125,62 +162,3 @@ def predict(model: nn.Module, features: list[dict], collator, batch_size: int, a
             "the classifier's test logits are not finite", "lower finetune.lr or check the checkpoint for NaN weights"
         )
     return predictions
-
-
-def evaluate_end_task(
-    model: nn.Module, task: EncodedTask, tokenizer, cfg: FinetuneConfig, seed: int, accelerator
-) -> dict:
-    """Score ``model`` on one end task by the configured protocol: a linear probe of frozen features, or
-    fine-tuning (the paper's protocol)."""
-    if cfg.protocol == "linear_probe":
-        return probe_and_evaluate(model, task, tokenizer, cfg, accelerator)
-    return finetune_and_evaluate(model, task, tokenizer, cfg, seed, accelerator)
-
-
-def probe_and_evaluate(model: nn.Module, task: EncodedTask, tokenizer, cfg: FinetuneConfig, accelerator) -> dict:
-    """Linear probe: freeze ``model`` (the method's fine-tuning model), take the mean of its encoder's last
-    hidden states over non-padding tokens, fit a logistic regression on the training split and score the
-    test split. The classifier head of ``model`` is not used."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-    from transformers import DataCollatorWithPadding
-
-    collator = DataCollatorWithPadding(tokenizer)
-    model = model.to(accelerator.device)
-    start = time.perf_counter()
-    train_x = encoder_features(model, task.train, collator, cfg.eval_batch_size, accelerator.device)
-    test_x = encoder_features(model, task.test, collator, cfg.eval_batch_size, accelerator.device)
-    feature_seconds = time.perf_counter() - start
-    if not (np.isfinite(train_x).all() and np.isfinite(test_x).all()):
-        raise NonFiniteError(
-            f"linear probe on {task.name}: the frozen model's features are not finite",
-            "the DAP checkpoint holds NaN or infinite weights: lower dap.lr or check the method",
-        )
-    # lbfgs on standardised features is deterministic: the probe adds no seed noise of its own.
-    probe = make_pipeline(StandardScaler(), LogisticRegression(C=cfg.probe_c, max_iter=2000))
-    probe.fit(train_x, [f["labels"] for f in task.train])
-    predictions = probe.predict(test_x).tolist()
-    scores = classification_scores(task.test_labels, predictions, task.num_labels)
-    return {
-        **scores,
-        "predictions": [int(p) for p in predictions],
-        "n_train": len(task.train),
-        "n_test": len(task.test),
-        "protocol": "linear_probe",
-        "feature_seconds": round(feature_seconds, 3),
-        "fit_seconds": round(time.perf_counter() - start - feature_seconds, 3),
-    }
-
-
-@torch.no_grad()
-def encoder_features(model: nn.Module, features: list[dict], collator, batch_size: int, device) -> np.ndarray:
-    """Mean-pooled last hidden states of ``model.base_model`` (eval mode), in the order of ``features``."""
-    model.eval()
-    encoder = model.base_model
-    out = np.zeros((len(features), model.config.hidden_size), dtype=np.float32)
-    for chunk, batch in _length_sorted_batches(features, collator, batch_size, device):
-        hidden = encoder(**batch).last_hidden_state
-        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        out[chunk] = ((hidden * mask).sum(1) / mask.sum(1)).float().cpu().numpy()
-    return out

@@ -1,0 +1,67 @@
+"""End-task protocols: how a stage's model is scored on an end task (issue #48: one place defines each variation
+point). One registered object per protocol, one module each: ``finetune`` (the paper's: train the whole classifier),
+``linear_probe`` (a logistic regression on frozen features) and ``lm_eval`` (lm-evaluation-harness log-likelihood
+scoring of a decoder, zero-shot, over the end task's label words).
+
+A protocol is an :class:`EndTaskProtocol`: what it scores (a classifier the method builds, or the stage's language
+model as the method serves the task's domain), the checks a run must pass before it trains, and ``evaluate``, which
+returns the cell's scores and test predictions. Adding one is a module with a subclass and :func:`register_protocol`
+(a plugin's own module may do it), its test and a line of docs: ``finetune.protocol`` accepts every registered name.
+"""
+
+from __future__ import annotations
+
+from benchmark.errors import DapbenchError
+from benchmark.protocols.base import CLASSIFIER, LANGUAGE_MODEL, EndTaskProtocol
+
+PROTOCOLS: dict[str, EndTaskProtocol] = {}
+"""Every registered end-task protocol by name (``finetune.protocol`` accepts exactly these)."""
+
+
+def register_protocol(cls: type[EndTaskProtocol]) -> type[EndTaskProtocol]:
+    """Register the decorated :class:`EndTaskProtocol` subclass under its ``name`` (a second class under one name is
+    an error)."""
+    if cls.name in PROTOCOLS:
+        raise ValueError(f"an end-task protocol named {cls.name!r} is already registered ({type(PROTOCOLS[cls.name])})")
+    PROTOCOLS[cls.name] = cls()
+    return cls
+
+
+def get_protocol(name: str) -> EndTaskProtocol:
+    """The registered protocol ``name``; a named error listing the registered ones otherwise."""
+    if name not in PROTOCOLS:
+        raise DapbenchError(
+            f"invalid finetune.protocol={name!r}: no end-task protocol of that name is registered",
+            f"use one of {sorted(PROTOCOLS)} (a plugin registers its own with benchmark.protocols.register_protocol)",
+        )
+    return PROTOCOLS[name]
+
+
+def protocol_words(name: str) -> str:
+    """A protocol's name in words (``linear probe``) for progress lines and tables; a record's protocol that is not
+    installed here reads as its name."""
+    return PROTOCOLS[name].words if name in PROTOCOLS else name
+
+
+def protocol_phrase(ft: dict) -> str:
+    """How a record's end tasks were scored, in one phrase (its ``config.finetune``; a protocol not installed here
+    reads as its name and sample sizes)."""
+    name = ft.get("protocol", "finetune")
+    return PROTOCOLS[name].describe(ft) if name in PROTOCOLS else EndTaskProtocol.describe(_Unknown(name), ft)
+
+
+class _Unknown(EndTaskProtocol):
+    def __init__(self, name: str):
+        self.words = name
+
+
+def protocol_short(ft: dict) -> str:
+    """A few words for a group heading on how its end tasks were scored (``probe``, ``fine-tuned``)."""
+    name = ft.get("protocol", "finetune")
+    return PROTOCOLS[name].short if name in PROTOCOLS else name
+
+
+__all__ = ["CLASSIFIER", "LANGUAGE_MODEL", "PROTOCOLS", "EndTaskProtocol", "get_protocol", "register_protocol"]
+
+# The built-in protocols register themselves on import (below the registry they fill).
+from benchmark.protocols import finetune, linear_probe, lm_eval  # noqa: E402, F401

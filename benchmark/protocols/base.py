@@ -1,0 +1,47 @@
+"""The end-task protocol contract (:class:`EndTaskProtocol`)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from torch import nn
+
+CLASSIFIER = "classifier"
+"""A protocol that scores the method's end-task classifier (``ContinualMethod.end_task_model``: ``finetune_model``)."""
+LANGUAGE_MODEL = "language_model"
+"""A protocol that scores the stage's language model itself, as the method serves the end task's domain (inside its
+``heldout_view``, as the held-out losses are measured)."""
+
+
+def test_sizes(ft: dict) -> str:
+    """The end-task sample sizes of a record's ``config.finetune`` in words."""
+    return f"<= {ft['max_train_examples'] or 'all'} train / {ft['max_test_examples'] or 'all'} test examples"
+
+
+class EndTaskProtocol:
+    """How one cell A[t][k] is scored: :meth:`evaluate` returns ``acc``, ``macro_f1``, ``micro_f1`` (fractions), the
+    test ``predictions`` in the order of ``task.test_labels``, and any timings of its own."""
+
+    name: ClassVar[str]
+    """``finetune.protocol`` value; also what records store."""
+    words: ClassVar[str]
+    """The protocol in words for progress lines (``linear probe``)."""
+    short: ClassVar[str]
+    """A few words for group headings (``probe``)."""
+    scores: ClassVar[str] = CLASSIFIER
+    """What it scores: :data:`CLASSIFIER` or :data:`LANGUAGE_MODEL`."""
+    trains: ClassVar[bool] = False
+    """Whether it trains the scored model (its scores then depend on the fine-tune seed)."""
+
+    def describe(self, ft: dict) -> str:
+        """One phrase for the report on how a group's end tasks were scored, from a record's ``config.finetune``."""
+        return f"{self.words}, {test_sizes(ft)}"
+
+    def check(self, config, data) -> None:
+        """Refuse, with a named error before anything trains, a run this protocol cannot score (``config``: the
+        :class:`~benchmark.config.RunConfig`, ``data``: its prepared ``RunData``)."""
+
+    def evaluate(self, model: nn.Module, task, tokenizer, cfg, seed: int, accelerator) -> dict:
+        """Score ``model`` on ``task`` (an :class:`~benchmark.data.endtasks.EncodedTask`) under ``cfg`` (the run's
+        :class:`~benchmark.config.FinetuneConfig`)."""
+        raise NotImplementedError
