@@ -183,16 +183,21 @@ def _say(line: str) -> None:
 # ----------------------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="dapbench", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="dapbench",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Start with `dapbench run`, then open dapbench-out/leaderboard.md. `dapbench COMMAND --help` for more.",
-    )  # fmt: skip
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def command(name: str, summary: str, func) -> argparse.ArgumentParser:
         child = sub.add_parser(
-            name, help=summary, description=summary, epilog=EXAMPLES.get(name),
+            name,
+            help=summary,
+            description=summary,
+            epilog=EXAMPLES.get(name),
             formatter_class=argparse.RawDescriptionHelpFormatter,
-        )  # fmt: skip
+        )
         child.set_defaults(func=func)
         return child
 
@@ -292,11 +297,19 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--work-dir", help="checkpoints and caches (default: <output-dir>/.dapbench)")
     run.add_argument("--device", choices=("auto", "cpu"), help="auto (accelerate decides) or cpu")
-    run.add_argument("--report-to", choices=("none", "tensorboard", "wandb", "mlflow"),
-                     help="an experiment tracker to follow the run in (default none; tensorboard writes under"
-                          " <output-dir>/tracking)")  # fmt: skip
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="override any setting, e.g. dap.steps=100 or das.contrast_lambda=0.5")  # fmt: skip
+    run.add_argument(
+        "--report-to",
+        choices=("none", "tensorboard", "wandb", "mlflow"),
+        help="an experiment tracker to follow the run in (default none; tensorboard writes under"
+        " <output-dir>/tracking)",
+    )
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any setting, e.g. dap.steps=100 or das.contrast_lambda=0.5",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -308,8 +321,12 @@ def _add_launch_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--slurm-gpus", type=int, default=1, help="GPUs per job (default 1)")
     run.add_argument("--slurm-cpus", type=int, default=8, help="CPU cores per job (default 8)")
     run.add_argument("--slurm-mem", type=int, help="memory per job in GB (default: the partition's)")
-    run.add_argument("--slurm-executor", choices=("slurm", "local", "debug"), default="slurm",
-                     help="submitit's executor: slurm, or local/debug to try the jobs without a cluster")  # fmt: skip
+    run.add_argument(
+        "--slurm-executor",
+        choices=("slurm", "local", "debug"),
+        default="slurm",
+        help="submitit's executor: slurm, or local/debug to try the jobs without a cluster",
+    )
     run.add_argument("--wait", action="store_true", help="with slurm: wait for the jobs, then write the leaderboard")
 
 
@@ -325,12 +342,20 @@ def _config(args: argparse.Namespace, sequence: str | None = None):
     from benchmark.api import resolve_config
 
     return resolve_config(
-        args.profile, overrides=args.set, work_dir=args.work_dir, model=args.model, data_root=args.data_root,
-        general_heldout=args.general_heldout, sequence=sequence or args.sequence, matrix=args.matrix,
-        output_dir=args.output_dir, device=args.device, report_to=args.report_to,
+        args.profile,
+        overrides=args.set,
+        work_dir=args.work_dir,
+        model=args.model,
+        data_root=args.data_root,
+        general_heldout=args.general_heldout,
+        sequence=sequence or args.sequence,
+        matrix=args.matrix,
+        output_dir=args.output_dir,
+        device=args.device,
+        report_to=args.report_to,
         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods else None,
         seeds=_parse_seeds(args.seeds) if args.seeds else None,
-    )  # fmt: skip
+    )
 
 
 def _parse_seeds(text: str) -> tuple[int, ...]:
@@ -402,9 +427,13 @@ def _launch(args: argparse.Namespace, configs: list) -> int:
     from benchmark.tools.launch import SlurmOptions
 
     slurm = SlurmOptions(
-        partition=args.slurm_partition, time_min=args.slurm_time, gpus=args.slurm_gpus, cpus=args.slurm_cpus,
-        mem_gb=args.slurm_mem, executor=args.slurm_executor,
-    )  # fmt: skip
+        partition=args.slurm_partition,
+        time_min=args.slurm_time,
+        gpus=args.slurm_gpus,
+        cpus=args.slurm_cpus,
+        mem_gb=args.slurm_mem,
+        executor=args.slurm_executor,
+    )
     failed = launch_grid(configs, args.launcher, slurm=slurm, wait=args.wait, echo=print)
     out = Path(configs[0].output_dir)
     if failed and args.launcher.startswith("local"):
@@ -479,12 +508,20 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     given = {kind: getattr(args, f"{kind}_tolerance") for kind in ("score", "loss", "drift", "report")}
     tolerance = dataclasses.replace(DEFAULT_TOLERANCE, **{k: v for k, v in given.items() if v is not None})
     paths = {name: getattr(args, name) for name in ("model", "data_root", "general_heldout", "general_corpus")}
-    print(f"reproduce: re-running {args.record} from scratch (its method, seed and configuration), then comparing"
-          " every number it reports", flush=True)  # fmt: skip
+    print(
+        f"reproduce: re-running {args.record} from scratch (its method, seed and configuration), then comparing"
+        " every number it reports",
+        flush=True,
+    )
     result = reproduce(
-        args.record, output_dir=args.output_dir, paths=paths, overrides=args.set, threads=args.threads,
-        tolerance=tolerance, show_progress=not args.quiet,
-    )  # fmt: skip
+        args.record,
+        output_dir=args.output_dir,
+        paths=paths,
+        overrides=args.set,
+        threads=args.threads,
+        tolerance=tolerance,
+        show_progress=not args.quiet,
+    )
     record = result.record
     print(f"reproduced {_printable(record['method_label'])} seed {record['seed']} -> {result.path}")
     if result.threads:

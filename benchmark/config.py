@@ -163,8 +163,9 @@ class FinetuneConfig:
     max_length: int = setting(164, low=2)
     weight_decay: float = setting(0.01, low=0, high=1)
     adam_eps: float = setting(1e-6, low=0, low_open=True, high=1)
-    epochs: dict[str, float] = setting(factory=lambda: dict(PAPER_FINETUNE_EPOCHS), low=0, low_open=True, high=1000,
-                                       keys="end task")  # fmt: skip
+    epochs: dict[str, float] = setting(
+        factory=lambda: dict(PAPER_FINETUNE_EPOCHS), low=0, low_open=True, high=1000, keys="end task"
+    )
     """Epochs per end task (paper defaults); keys are end-task names (checked against the run's tasks)."""
     default_epochs: float = setting(3.0, low=0, low_open=True, high=1000)
     """Epochs of an end task that ``epochs`` does not name (custom suites)."""
@@ -269,8 +270,10 @@ def spelled_config(data: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in data.items():
         if key in sections and isinstance(value, Mapping):
             hints = get_type_hints(sections[key])
-            out[key] = {**out[key], **{k: coerce_value(f"{key}.{k}", hints[k], v) if k in hints else v
-                                        for k, v in value.items()}}  # fmt: skip
+            out[key] = {
+                **out[key],
+                **{k: coerce_value(f"{key}.{k}", hints[k], v) if k in hints else v for k, v in value.items()},
+            }
         elif key in (hints := get_type_hints(RunConfig)) and key not in sections:
             out[key] = coerce_value(key, hints[key], value)
         else:

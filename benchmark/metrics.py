@@ -315,8 +315,11 @@ def untrained_groups(domains: list[dict]) -> dict[str, float]:
     :data:`GATES_UNLEARNED_BELOW` of its gate decisions in every domain; each with the largest value it reached (empty
     where the record holds no sizes or gate reports)."""
     stalled = {group: value for group, value in largest_update_sizes(domains).items() if value < UNTRAINED_BELOW}
-    changed = [s["method_report"]["gate_decisions_changed"] for s in domains
-               if "gate_decisions_changed" in (s.get("method_report") or {})]  # fmt: skip
+    changed = [
+        s["method_report"]["gate_decisions_changed"]
+        for s in domains
+        if "gate_decisions_changed" in (s.get("method_report") or {})
+    ]
     if changed and max(changed) < GATES_UNLEARNED_BELOW:
         stalled[GATE_DECISIONS] = max(changed)
     return stalled

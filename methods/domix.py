@@ -68,8 +68,9 @@ def inject_domain_modules(model: nn.Module, count: int, config: DoMIXConfig) -> 
     targets = {id(m): out_axis(m) for layer in layer_modules(model) for m in layer.projections}
     names = [name for name, module in model.named_modules() if id(module) in targets]
     conv1d = 1 in targets.values()  # GPT-2's Conv1D projections keep weights as in x out
-    lora = LoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=0.0, target_modules=names,
-                      fan_in_fan_out=conv1d)  # fmt: skip
+    lora = LoraConfig(
+        r=config.rank, lora_alpha=config.alpha, lora_dropout=0.0, target_modules=names, fan_in_fan_out=conv1d
+    )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Already found a `peft_config`")
         for index in range(count):

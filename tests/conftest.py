@@ -53,13 +53,30 @@ def _tiny_decoder(world_root: Path, out: Path, architecture: str) -> Path:
     eos = tokenizer.eos_token_id
     torch.manual_seed(0)
     if architecture == "gpt2":
-        config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                            bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+        config = GPT2Config(
+            vocab_size=len(tokenizer),
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            bos_token_id=eos,
+            eos_token_id=eos,
+            pad_token_id=eos,
+        )
         model = GPT2LMHeadModel(config)
     else:
-        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
-                             bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=48,
+            max_position_embeddings=64,
+            bos_token_id=eos,
+            eos_token_id=eos,
+            pad_token_id=eos,
+        )
         model = LlamaForCausalLM(config)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -132,13 +149,27 @@ def report_records(world_root, tiny_model, tmp_path_factory) -> list[dict]:
     base = profile_config("synthetic")
     work = tmp_path_factory.mktemp("report-runs")
     config = dataclasses.replace(
-        base, model=str(tiny_model), data_root=str(world_root), general_heldout=str(world_root / "general_heldout.txt"),
-        sequence="alpha,beta", output_dir=str(work), work_dir=str(work / "work"),
-        dap=dataclasses.replace(base.dap, steps=3, batch_size=8, per_device_batch_size=4, heldout_chunks=12,
-                                probe_chunks=8, probe_batch_size=4, log_every=3),
-        finetune=dataclasses.replace(base.finetune, default_epochs=1, max_train_examples=16, max_test_examples=24,
-                                     batch_size=8),
-    )  # fmt: skip
+        base,
+        model=str(tiny_model),
+        data_root=str(world_root),
+        general_heldout=str(world_root / "general_heldout.txt"),
+        sequence="alpha,beta",
+        output_dir=str(work),
+        work_dir=str(work / "work"),
+        dap=dataclasses.replace(
+            base.dap,
+            steps=3,
+            batch_size=8,
+            per_device_batch_size=4,
+            heldout_chunks=12,
+            probe_chunks=8,
+            probe_batch_size=4,
+            log_every=3,
+        ),
+        finetune=dataclasses.replace(
+            base.finetune, default_epochs=1, max_train_examples=16, max_test_examples=24, batch_size=8
+        ),
+    )
     data = prepare_data(config)
     return [
         continual_run(config, data, method, seed, show_progress=False).execute()

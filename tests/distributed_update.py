@@ -30,12 +30,26 @@ def main(out: Path, model: str, data_root: Path, methods: list[str]) -> None:
     quiet_libraries()
     state = PartialState(cpu=True)  # gloo processes (what `benchmark.environment.process_state` makes on CPU)
     config = resolve_config(
-        "synthetic", model=model, data_root=str(data_root), general_heldout=str(data_root / "general_heldout.txt"),
-        sequence="alpha,beta", methods=methods, seeds=[3], output_dir=str(out / "run"),
-        overrides=["dap.steps=2", f"dap.batch_size={GLOBAL_BATCH}", f"dap.per_device_batch_size={MICRO_BATCH}",
-                   "dap.heldout_chunks=8", "dap.probe_chunks=8", "dap.probe_batch_size=4", "dap.log_every=1",
-                   "finetune.max_train_examples=8", "prompt_one.num_tokens=8"],
-    )  # fmt: skip
+        "synthetic",
+        model=model,
+        data_root=str(data_root),
+        general_heldout=str(data_root / "general_heldout.txt"),
+        sequence="alpha,beta",
+        methods=methods,
+        seeds=[3],
+        output_dir=str(out / "run"),
+        overrides=[
+            "dap.steps=2",
+            f"dap.batch_size={GLOBAL_BATCH}",
+            f"dap.per_device_batch_size={MICRO_BATCH}",
+            "dap.heldout_chunks=8",
+            "dap.probe_chunks=8",
+            "dap.probe_batch_size=4",
+            "dap.log_every=1",
+            "finetune.max_train_examples=8",
+            "prompt_one.num_tokens=8",
+        ],
+    )
     with state.main_process_first():
         data = prepare_data(config)
     stage = _digest_models_as_evaluated(out / "digests", state.process_index)

@@ -130,8 +130,18 @@ def test_a_recipe_base_model_is_built_once_and_a_missing_corpus_is_named(monkeyp
     from benchmark.data.pretrain import BaseModelSpec
 
     lines = [f"line {i} of the general text says the {w} thing ." for i in range(300) for w in ("same", "other")]
-    spec = BaseModelSpec(vocab_size=200, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, seq_len=16,
-                         steps=2, batch_size=4, causal=True, kv_heads=1)  # fmt: skip
+    spec = BaseModelSpec(
+        vocab_size=200,
+        hidden_size=16,
+        num_layers=1,
+        num_heads=2,
+        intermediate_size=32,
+        seq_len=16,
+        steps=2,
+        batch_size=4,
+        causal=True,
+        kv_heads=1,
+    )
     bases = _tiny_recipe(monkeypatch, tmp_path, lines, spec)
     said: list[str] = []
     first = bases.build_recipe("recipe:tiny", tmp_path / "work", echo=said.append)
@@ -163,8 +173,18 @@ def test_a_recipe_base_model_has_the_same_weights_whatever_instruction_set_the_c
     from benchmark.records.identity import FileHashCache, model_checksum
 
     lines = [f"passage {i} tells of the {w} river and {i % 7} hills ." for i in range(400) for w in ("north", "far")]
-    spec = BaseModelSpec(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seq_len=32,
-                         steps=6, batch_size=8, causal=True, kv_heads=2)  # fmt: skip
+    spec = BaseModelSpec(
+        vocab_size=300,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=64,
+        seq_len=32,
+        steps=6,
+        batch_size=8,
+        causal=True,
+        kv_heads=2,
+    )
     bases = _tiny_recipe(monkeypatch, tmp_path, lines, spec)
     checksums = set()
     for asked in ("avx512", "default"):
@@ -178,8 +198,17 @@ def test_a_recipe_base_model_has_the_same_weights_whatever_instruction_set_the_c
 def test_a_failed_recipe_build_is_named_and_caches_nothing(monkeypatch, tmp_path):
     from benchmark.data.pretrain import BaseModelSpec
 
-    spec = BaseModelSpec(vocab_size=50, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=16, seq_len=8,
-                         steps=2, batch_size=2, causal=True)  # fmt: skip
+    spec = BaseModelSpec(
+        vocab_size=50,
+        hidden_size=8,
+        num_layers=1,
+        num_heads=2,
+        intermediate_size=16,
+        seq_len=8,
+        steps=2,
+        batch_size=2,
+        causal=True,
+    )
     bases = _tiny_recipe(monkeypatch, tmp_path, [], spec)  # an empty corpus: nothing to train on
     with pytest.raises(DapbenchError, match="building the base model 'tiny' failed"):
         bases.build_recipe("recipe:tiny", tmp_path / "work", echo=lambda _: None)

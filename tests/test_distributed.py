@@ -46,9 +46,13 @@ def layouts(tiny_model, world_root, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("layouts")
     args = [str(tiny_model), str(world_root), *VERIFIED]  # with dropout: it is drawn per micro-batch too
     one = subprocess.run(
-        [sys.executable, str(HARNESS), str(root / "one"), *args], cwd=REPO, capture_output=True, text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900,
-    )  # fmt: skip
+        [sys.executable, str(HARNESS), str(root / "one"), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=900,
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     two = _torchrun(str(HARNESS), str(root / "two"), *args)
     assert two.returncode == 0, two.stderr[-3000:]
@@ -140,9 +144,13 @@ def test_a_two_process_run_gives_the_one_process_record_under_the_same_id(world_
     assert two.returncode == 0, two.stderr[-3000:]
     assert two.stdout.count("ncl seed 1: plasticity") == 1  # the main process speaks for both
     one = subprocess.run(
-        [sys.executable, *_run_args(world_root, tiny_model, tmp_path / "one", methods)], cwd=REPO,
-        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900,
-    )  # fmt: skip
+        [sys.executable, *_run_args(world_root, tiny_model, tmp_path / "one", methods)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=900,
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     for method in RECORD_METHODS:
         (single,) = (tmp_path / "one" / "results" / "synthetic").glob(f"{method}-*.json")
@@ -184,10 +192,16 @@ def test_fine_tunes_spread_over_processes_give_the_matrix_one_process_gives(worl
     from benchmark.api import planned_run_ids, resolve_config
 
     config = resolve_config(
-        "synthetic", model=str(tiny_model), data_root=str(world_root), sequence="alpha,beta", methods=["ncl"],
-        seeds=[1], general_heldout=str(world_root / "general_heldout.txt"), output_dir=str(single),
+        "synthetic",
+        model=str(tiny_model),
+        data_root=str(world_root),
+        sequence="alpha,beta",
+        methods=["ncl"],
+        seeds=[1],
+        general_heldout=str(world_root / "general_heldout.txt"),
+        output_dir=str(single),
         overrides=["dap.steps=4", "dap.per_device_batch_size=16", "finetune.default_epochs=1", "keep_checkpoints=true"],
-    )  # fmt: skip
+    )
     work = tmp_path / ".dapbench" / "runs" / spread["run_id"]
     copy = single / ".dapbench" / "runs" / planned_run_ids(config)[("ncl", 1)]
     shutil.copytree(work, copy)
@@ -273,9 +287,13 @@ def test_a_two_process_run_with_replay_gives_the_one_process_record(world_root, 
     two = _torchrun(*_run_args(world_root, tiny_model, tmp_path / "two", "ncl"), *extra)
     assert two.returncode == 0, two.stderr[-3000:]
     one = subprocess.run(
-        [sys.executable, *_run_args(world_root, tiny_model, tmp_path / "one", "ncl"), *extra], cwd=REPO,
-        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900,
-    )  # fmt: skip
+        [sys.executable, *_run_args(world_root, tiny_model, tmp_path / "one", "ncl"), *extra],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=900,
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     (single,) = (tmp_path / "one" / "results" / "synthetic").glob("ncl-*.json")
     (double,) = (tmp_path / "two" / "results" / "synthetic").glob("ncl-*.json")

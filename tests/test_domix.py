@@ -67,8 +67,9 @@ def test_a_domix_run_trains_one_module_per_domain_and_records_the_learned_bridge
     args += ["--data-root", str(world_root), "--general-heldout", str(world_root / "general_heldout.txt")]
     args += ["--sequence", "alpha,beta", "--methods", "domix", "--seeds", "1", "--output-dir", str(tmp_path)]
     args += ["--quiet", "--set", "dap.steps=4", "--set", "finetune.default_epochs=1"]
-    result = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    result = subprocess.run(
+        args, cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (path,) = (tmp_path / "results" / "synthetic").glob("domix-*.json")
     record = json.loads(path.read_text())

@@ -264,8 +264,9 @@ MEANINGLESS = [
 ]
 
 
-@pytest.mark.parametrize(("flags", "named"), MEANINGLESS, ids=["epoch_scale", "mlm_probability", "seq_len", "one_chunk",
-                                                                 "past_without_past"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flags", "named"), MEANINGLESS, ids=["epoch_scale", "mlm_probability", "seq_len", "one_chunk", "past_without_past"]
+)
 def test_a_setting_whose_measurement_means_nothing_is_refused_before_work(
     flags, named, world_root, tiny_model, tmp_path, capsys, started
 ):

@@ -81,8 +81,10 @@ def test_collator(benchmark):
     words = {f"w{i}": i + 3 for i in range(500)}
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer(models.WordLevel({"[PAD]": 0, "[MASK]": 1, "[UNK]": 2, **words}, unk_token="[UNK]")),
-        mask_token="[MASK]", pad_token="[PAD]", unk_token="[UNK]",
-    )  # fmt: skip
+        mask_token="[MASK]",
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+    )
     chunk = {"input_ids": torch.randint(3, 503, (128,)), "special_tokens_mask": torch.zeros(128, dtype=torch.long)}
     collate = SeededMasking(tokenizer, 0.15, seed=1, stage=0)
     index, batch = benchmark(collate, [(7, chunk)] * 32)

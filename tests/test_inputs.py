@@ -103,9 +103,12 @@ def test_interrupt_is_one_line_with_resume_advice_and_keeps_finished_work(
     # A shell starts background jobs with SIGINT ignored, and Python keeps an inherited "ignore": give the run
     # the default disposition, as a terminal would, so the test also holds when the suite runs in the background.
     process = subprocess.Popen(
-        args, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
+        args,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     ledger, deadline = None, time.time() + 120
     while time.time() < deadline and ledger is None and process.poll() is None:  # until training has started
         ledger = next(out.glob(".dapbench/runs/*/base-mlm-loss.json"), None)
@@ -160,9 +163,12 @@ def test_a_stop_signal_that_lands_in_a_finaliser_still_stops_the_run_quietly(sig
 
     done = subprocess.run(
         [sys.executable, "-c", STOP_IN_A_FINALISER.format(signame=signame)],
-        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     assert done.returncode == code, done.stderr
     assert "the work finished" not in done.stderr
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
@@ -212,9 +218,15 @@ def test_a_run_locked_by_another_process_is_skipped_with_a_message(world_root, t
     args += ["--general-heldout", str(world_root / "general_heldout.txt"), "--sequence", "alpha", "--methods", "ncl"]
     args += ["--seeds", "1", "--output-dir", str(tmp_path), "--quiet"]
     config = resolve_config(
-        "synthetic", model=str(tiny_model), data_root=str(world_root), sequence="alpha", methods=["ncl"], seeds=[1],
-        general_heldout=str(world_root / "general_heldout.txt"), output_dir=str(tmp_path),
-    )  # fmt: skip
+        "synthetic",
+        model=str(tiny_model),
+        data_root=str(world_root),
+        sequence="alpha",
+        methods=["ncl"],
+        seeds=[1],
+        general_heldout=str(world_root / "general_heldout.txt"),
+        output_dir=str(tmp_path),
+    )
     run_root = Path(config.work_dir) / "runs" / planned_run_ids(config)[("ncl", 1)]
     run_root.parent.mkdir(parents=True)
     holder = subprocess.Popen(  # another process holds the run's lock

@@ -32,14 +32,27 @@ def rungs(world_root, tiny_model, tmp_path_factory):
     base = profile_config("synthetic")
     out = tmp_path_factory.mktemp("ladder")
     config = dataclasses.replace(
-        base, model=str(tiny_model), data_root=str(world_root), general_heldout=str(world_root / "general_heldout.txt"),
-        general_corpus=str(world_root / "general.txt"), sequence="alpha,beta", output_dir=str(out),
+        base,
+        model=str(tiny_model),
+        data_root=str(world_root),
+        general_heldout=str(world_root / "general_heldout.txt"),
+        general_corpus=str(world_root / "general.txt"),
+        sequence="alpha,beta",
+        output_dir=str(out),
         work_dir=str(out / "work"),
-        dap=dataclasses.replace(base.dap, batch_size=8, per_device_batch_size=4, heldout_chunks=8, probe_chunks=8,
-                                probe_batch_size=4, log_every=2),
-        finetune=dataclasses.replace(base.finetune, default_epochs=1, max_train_examples=24, max_test_examples=24,
-                                     batch_size=8),
-    )  # fmt: skip
+        dap=dataclasses.replace(
+            base.dap,
+            batch_size=8,
+            per_device_batch_size=4,
+            heldout_chunks=8,
+            probe_chunks=8,
+            probe_batch_size=4,
+            log_every=2,
+        ),
+        finetune=dataclasses.replace(
+            base.finetune, default_epochs=1, max_train_examples=24, max_test_examples=24, batch_size=8
+        ),
+    )
     cases = [("rung-a", 2, 1e-4, ("none", "ncl", "one")), ("rung-b", 6, 1e-4, ("none", "ncl", "one"))]
     cases.append(("other-lr", 6, 3e-4, ("ncl",)))
     for profile, steps, lr, methods in cases:

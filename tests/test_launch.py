@@ -117,8 +117,9 @@ def test_the_synthetic_defaults_planned_ids_are_the_ids_its_grid_processes_write
     args = ["run", "--methods", "ncl", "--seeds", "1", "--sequence", "alpha,beta", "--output-dir", str(out), "--quiet"]
     args += [item for override in overrides for item in ("--set", override)]
     assert main([*args, "--launcher", "local:1"]) == 0
-    config = resolve_config("synthetic", methods=["ncl"], seeds=[1], sequence="alpha,beta", output_dir=str(out),
-                            overrides=overrides)  # fmt: skip
+    config = resolve_config(
+        "synthetic", methods=["ncl"], seeds=[1], sequence="alpha,beta", output_dir=str(out), overrides=overrides
+    )
     planned = planned_run_ids(config)
     written = {path.stem for path in (out / "results" / "synthetic").glob("*.json")}
     assert set(planned.values()) == written and len(written) == 1

@@ -185,8 +185,10 @@ def test_prompt_keeps_the_output_length_and_changes_the_outputs():
     hidden = encoder_of(prompted)(input_ids=batch["input_ids"])
     assert hidden.last_hidden_state.shape[:2] == batch["input_ids"].shape
     ones = torch.ones_like(batch["input_ids"])  # an all-ones mask (as padded inputs have) computes the same
-    assert torch.equal(encoder_of(prompted)(input_ids=batch["input_ids"], attention_mask=ones).last_hidden_state,
-                       hidden.last_hidden_state)  # fmt: skip
+    assert torch.equal(
+        encoder_of(prompted)(input_ids=batch["input_ids"], attention_mask=ones).last_hidden_state,
+        hidden.last_hidden_state,
+    )
     assert not torch.isclose(mlm_loss(prompted, batch), plain)
     ((name, vector),) = prompt_parameters(prompted)
     assert vector.shape == (5, 16)

@@ -56,7 +56,12 @@ def test_an_unknown_protocol_is_named_with_the_registered_ones(tiny_config):
 
 def test_label_words_read_each_label_and_refuse_labels_that_read_alike():
     assert label_words("x", ("CompareOrContrast", "USED-FOR", "+", "-", "SUBSTRATE_PRODUCT-OF")) == [
-        "compare or contrast", "used for", "positive", "negative", "substrate product of"]  # fmt: skip
+        "compare or contrast",
+        "used for",
+        "positive",
+        "negative",
+        "substrate product of",
+    ]
     with pytest.raises(DapbenchError, match="distinct label words"):
         label_words("x", ("used-for", "USED_FOR"))
 

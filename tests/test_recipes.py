@@ -187,9 +187,7 @@ def test_each_schedule_follows_its_formula_at_every_update(name):
     dap = DapConfig(lr=3e-4, warmup_ratio=0.1)
     schedule = ScheduleConfig(name=name, min_lr_ratio=0.1, decay_fraction=0.25)
     curve = learning_rate_curve(dap, schedule, [40, 40, 40])
-    expected = [
-        3e-4 * _formula(name, s, t, 40, 3, 0.1, 0.1, 0.25) for t in range(3) for s in range(40)
-    ]  # fmt: skip
+    expected = [3e-4 * _formula(name, s, t, 40, 3, 0.1, 0.1, 0.25) for t in range(3) for s in range(40)]
     assert curve == pytest.approx(expected, rel=1e-9, abs=1e-15)
     if name == "global":
         assert curve[40] < curve[39] and curve[0] == 0  # no re-warming at a domain's start
@@ -203,8 +201,9 @@ def test_each_schedule_follows_its_formula_at_every_update(name):
 
 def _cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "benchmark.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          env=env, timeout=900)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "benchmark.cli", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=900
+    )
 
 
 def test_recipe_options_label_the_row_enter_the_id_and_leave_defaults_ids_alone(tiny_config, tmp_path):
@@ -221,9 +220,15 @@ def _replayed_ncl_record(world_root: Path, model: Path, out: Path, schedule: str
     args = ["run", "--profile", "synthetic", "--model", str(model), "--data-root", str(world_root)]
     args += ["--general-heldout", str(world_root / "general_heldout.txt"), "--sequence", "alpha,beta"]
     args += ["--methods", "ncl", "--seeds", "1", "--output-dir", str(out), "--quiet"]
-    for setting in ("dap.steps=4", "dap.per_device_batch_size=16", "finetune.default_epochs=1",
-                    f"general_corpus={world_root / 'general.txt'}", "replay.general=0.25", "replay.past=0.25",
-                    f"schedule.name={schedule}"):  # fmt: skip
+    for setting in (
+        "dap.steps=4",
+        "dap.per_device_batch_size=16",
+        "finetune.default_epochs=1",
+        f"general_corpus={world_root / 'general.txt'}",
+        "replay.general=0.25",
+        "replay.past=0.25",
+        f"schedule.name={schedule}",
+    ):
         args += ["--set", setting]
     result = _cli(*args)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -274,8 +279,13 @@ def test_a_records_learning_rate_curve_is_its_schedule_and_plots(tmp_path):
     steps, domains = config.dap.steps, len(record["sequence"])
     rates = learning_rates(record)
     assert len(rates) == steps * domains and rates[:steps] == rates[steps : 2 * steps]  # re-warmed per domain
-    assert rates == pytest.approx([config.dap.lr * _formula("per_domain_linear", s, t, steps, domains, 0.1, 0, 0)
-                                   for t in range(domains) for s in range(steps)])  # fmt: skip
+    assert rates == pytest.approx(
+        [
+            config.dap.lr * _formula("per_domain_linear", s, t, steps, domains, 0.1, 0, 0)
+            for t in range(domains)
+            for s in range(steps)
+        ]
+    )
     out = plot_learning_rates([path], tmp_path / "lr.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

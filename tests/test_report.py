@@ -158,8 +158,10 @@ def test_the_best_dap_method_against_no_dap_is_one_the_tests_cover(records):
     (line,) = [x for x in end_task_reading(stats) if x.startswith("- DAP vs no DAP")]
     assert "best DAP method of more than one seed (`ncl`)" in line
     assert "1 one-seed row(s) are neither ranked nor tested" in line
-    ncl_gain = 100 * (stats.part.groupby("method")["final macro-F1"].mean()["ncl"]
-                      - stats.part.groupby("method")["final macro-F1"].mean()["none"])  # fmt: skip
+    ncl_gain = 100 * (
+        stats.part.groupby("method")["final macro-F1"].mean()["ncl"]
+        - stats.part.groupby("method")["final macro-F1"].mean()["none"]
+    )
     assert f"is {ncl_gain:+.2f} points" in line
 
 
@@ -182,9 +184,18 @@ def test_variant_reading_and_option_parents():
     rows = []
     for seed, noise in ((1, 0.0), (2, 0.01), (3, -0.01)):
         for label, forgetting in (("das", 0.2), ("das[x=1]", 0.1), ("ncl", 0.3)):
-            rows.append({"method": label, "seed": seed, "order": "seq0", "pair": f"seq0/{seed}",
-                         "run_id": f"{label}-{seed}", "forgetting": forgetting + noise, "general rise": 0.2,
-                         "plasticity": 0.3})  # fmt: skip
+            rows.append(
+                {
+                    "method": label,
+                    "seed": seed,
+                    "order": "seq0",
+                    "pair": f"seq0/{seed}",
+                    "run_id": f"{label}-{seed}",
+                    "forgetting": forgetting + noise,
+                    "general rise": 0.2,
+                    "plasticity": 0.3,
+                }
+            )
 
     stats = GroupStatistics(pd.DataFrame(rows), [], "variants", {})  # no records: no evaluation-sample test
     header, line = variant_reading(stats)
@@ -198,11 +209,26 @@ def test_the_variant_readings_q_values_are_over_every_option_pair_of_the_group()
     from scipy.stats import false_discovery_control, ttest_rel
 
     noise = {1: 0.0, 2: 0.012, 3: -0.011, 4: 0.004}
-    shifts = {"das": (0.0, 0.0, 0.0, 0.0), "das[x=1]": (-0.05, -0.04, -0.06, -0.055),
-              "das[x=2]": (0.01, -0.02, 0.0, 0.015), "das[x=3]": (-0.01, 0.01, 0.02, -0.02)}  # fmt: skip
-    rows = [{"method": label, "seed": seed, "order": "seq0", "pair": f"seq0/{seed}", "run_id": f"{label}-{seed}",
-             "forgetting": 0.2 + noise[seed] + shift[seed - 1], "general rise": 0.2, "plasticity": 0.3}
-            for label, shift in shifts.items() for seed in noise]  # fmt: skip
+    shifts = {
+        "das": (0.0, 0.0, 0.0, 0.0),
+        "das[x=1]": (-0.05, -0.04, -0.06, -0.055),
+        "das[x=2]": (0.01, -0.02, 0.0, 0.015),
+        "das[x=3]": (-0.01, 0.01, 0.02, -0.02),
+    }
+    rows = [
+        {
+            "method": label,
+            "seed": seed,
+            "order": "seq0",
+            "pair": f"seq0/{seed}",
+            "run_id": f"{label}-{seed}",
+            "forgetting": 0.2 + noise[seed] + shift[seed - 1],
+            "general rise": 0.2,
+            "plasticity": 0.3,
+        }
+        for label, shift in shifts.items()
+        for seed in noise
+    ]
 
     stats = GroupStatistics(pd.DataFrame(rows), [], "variants", {})  # no records: no evaluation-sample test
     header, *lines = variant_reading(stats)
@@ -223,13 +249,30 @@ def test_methods_under_the_same_options_are_tested_against_each_other_in_their_o
     from scipy.stats import false_discovery_control, ttest_rel
 
     noise = {1: 0.0, 2: 0.012, 3: -0.011, 4: 0.004}
-    shifts = {"ncl": 0.0, "das": -0.05, "ncl[x=1]": 0.1, "das[x=1]": 0.06, "ncl[x=2]": 0.0, "das[x=2]": 0.0,
-              "das[y=1]": 0.02}  # fmt: skip
+    shifts = {
+        "ncl": 0.0,
+        "das": -0.05,
+        "ncl[x=1]": 0.1,
+        "das[x=1]": 0.06,
+        "ncl[x=2]": 0.0,
+        "das[x=2]": 0.0,
+        "das[y=1]": 0.02,
+    }
     jitter = {"das[x=1]": (0.0, 0.01, -0.01, 0.004), "das[x=2]": (0.01, -0.02, 0.0, 0.015)}
-    rows = [{"method": label, "seed": seed, "order": "seq0", "pair": f"seq0/{seed}", "run_id": f"{label}-{seed}",
-             "forgetting": 0.2 + noise[seed] + shift + jitter.get(label, (0,) * 4)[seed - 1], "general rise": 0.2,
-             "plasticity": 0.3}
-            for label, shift in shifts.items() for seed in noise]  # fmt: skip
+    rows = [
+        {
+            "method": label,
+            "seed": seed,
+            "order": "seq0",
+            "pair": f"seq0/{seed}",
+            "run_id": f"{label}-{seed}",
+            "forgetting": 0.2 + noise[seed] + shift + jitter.get(label, (0,) * 4)[seed - 1],
+            "general rise": 0.2,
+            "plasticity": 0.3,
+        }
+        for label, shift in shifts.items()
+        for seed in noise
+    ]
 
     stats = GroupStatistics(pd.DataFrame(rows), [], "siblings", {"naive_continual": "ncl", "proposed": "das"})
     header, *lines = sibling_reading(stats)

@@ -18,9 +18,17 @@ LONGEST_FUNCTION = 60
 """A ratchet, not a target (issue #48): the longest function of the whole tree when the rule was set. A function may
 grow to it, none beyond; when the longest shrinks, lower this with it. Classes are not counted (a class is its
 functions: capping it pushed code out of the classes it belongs to), and the rule is the same in every package."""
-LONGEST_MODULE = 582
-"""The same ratchet for modules (``benchmark/cli.py`` when it was set), over the whole tree: the earlier 300-line cap
-held only in three subpackages, and bent the code there to fit."""
+LONGEST_MODULE = 619
+"""The same ratchet for modules (``benchmark/cli.py``), over the whole tree: the earlier 300-line cap held only in three
+subpackages, and bent the code there to fit. Set at 582, then moved once to 619 when the 80 ``# fmt: skip`` markers
+that packed lines under the old caps were removed and the formatter laid those lines out (issue #48); the code keeps
+no formatter exemption."""
+
+
+def test_no_line_is_exempted_from_the_formatter():
+    """Lines packed past the formatter to fit a size cap were the old caps' bends; none is left."""
+    marked = [str(p.relative_to(ROOT)) for p in TREE if "fmt: skip" in p.read_text() or "fmt: off" in p.read_text()]
+    assert not marked, marked
 
 
 def test_no_function_of_the_tree_is_longer_than_the_ratchet():

@@ -12,8 +12,15 @@ from methods._shared.units import gated, unit_shapes
 
 def llama():
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=12, max_position_embeddings=32)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=12,
+        max_position_embeddings=32,
+    )
     return LlamaForCausalLM(config)
 
 

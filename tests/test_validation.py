@@ -259,8 +259,14 @@ def test_random_settings_at_ten_times_the_examples(
 
 
 CORRUPTIONS = ("truncate", "flip_bytes", "invalid_utf8", "delete", "empty", "garbage_line", "json_field")
-FILES = ("alpha_train.jsonl", "alpha_test.jsonl", "beta.txt", "general_heldout.txt", "dapbench_suite.yaml",
-         "endtasks/beta_sup.yaml")  # fmt: skip
+FILES = (
+    "alpha_train.jsonl",
+    "alpha_test.jsonl",
+    "beta.txt",
+    "general_heldout.txt",
+    "dapbench_suite.yaml",
+    "endtasks/beta_sup.yaml",
+)
 
 
 def _corrupt(path: Path, how: str, rng: random.Random) -> None:

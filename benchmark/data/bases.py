@@ -135,7 +135,7 @@ RECIPES: dict[str, Recipe | Rounded] = {
             batch_size=16,
             lr=1e-3,
             causal=True,
-        ),  # fmt: skip
+        ),
         description="a Llama-style decoder (4 layers, hidden 256, 8 query / 2 key-value heads) trained on the general"
         " corpus: the base model of the mini-causal profile",
     ),

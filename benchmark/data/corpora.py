@@ -113,9 +113,15 @@ def validation_split(rest: list[str], max_lines: int | None, size: int) -> tuple
 
 
 def load_heldout_text(
-    name: str, source: str, tokenizer, seq_len: int, cache_dir: Path, max_lines: int | None = None,
-    causal: bool = False, last: int | None = None,
-):  # fmt: skip
+    name: str,
+    source: str,
+    tokenizer,
+    seq_len: int,
+    cache_dir: Path,
+    max_lines: int | None = None,
+    causal: bool = False,
+    last: int | None = None,
+):
     """A whole text file (or its ``last`` lines) as packed chunks (the general corpus), and its checksum."""
     lines = read_corpus_lines(source)[:max_lines]
     lines = lines[-last:] if last else lines

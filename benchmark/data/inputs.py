@@ -90,9 +90,16 @@ def prepare_data(config: RunConfig) -> RunData:
         spec = suite.domains[name]
         task = load_end_task(suite.end_tasks[spec.end_task], config.data_root, check_sizes=suite.source == "builtin")
         corpus = load_corpus(
-            name, sources[name], tokenizer, dap.seq_len, dap.heldout_fraction, dap.max_corpus_lines, cache_dir, causal,
+            name,
+            sources[name],
+            tokenizer,
+            dap.seq_len,
+            dap.heldout_fraction,
+            dap.max_corpus_lines,
+            cache_dir,
+            causal,
             validation=dap.evaluate_on == "validation",
-        )  # fmt: skip
+        )
         corpora[name], tasks[name] = corpus, encode_task(task, tokenizer, config.finetune)
         checksums[f"corpus/{name}"], checksums[f"task/{task.name}"] = corpus.checksum, task.checksum
     for name, corpus in corpora.items():
@@ -141,6 +148,11 @@ def _heldout_batches(dataset, tokenizer, dap: DapConfig, causal: bool) -> list[d
     if len(dataset) == 0:
         raise DapbenchError("a held-out corpus slice yields no full chunk", "lower dap.seq_len or use more text")
     return heldout_mlm_batches(
-        dataset, tokenizer, dap.heldout_chunks, dap.per_device_batch_size, dap.mlm_probability,
-        dap.heldout_mask_draws, causal,
-    )  # fmt: skip
+        dataset,
+        tokenizer,
+        dap.heldout_chunks,
+        dap.per_device_batch_size,
+        dap.mlm_probability,
+        dap.heldout_mask_draws,
+        causal,
+    )

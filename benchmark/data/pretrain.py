@@ -132,7 +132,7 @@ def _base_model(spec: BaseModelSpec, tokenizer):
             pad_token_id=eos,
             bos_token_id=eos,
             eos_token_id=eos,
-        )  # fmt: skip
+        )
     )
 
 

@@ -105,9 +105,15 @@ class StageMicroBatches(Sampler[list[tuple[int, int, int]]]):
     :class:`ReplayPlan`, the last positions of a micro-batch hold its replayed chunks instead."""
 
     def __init__(
-        self, size: int, micro: int, seed: int, stage: int, rank: int = 0, world: int = 1,
+        self,
+        size: int,
+        micro: int,
+        seed: int,
+        stage: int,
+        rank: int = 0,
+        world: int = 1,
         replay: ReplayPlan | None = None,
-    ):  # fmt: skip
+    ):
         self.size, self.micro, self.seed, self.stage, self.rank, self.world = size, micro, seed, stage, rank, world
         self.replay = replay
 

@@ -75,9 +75,14 @@ class GeneralProbe:
         if self._chunks is None:
             cache = Path(p.config.work_dir) / "cache"
             self._chunks, _ = load_heldout_text(
-                "general-train", p.config.general_corpus, p.data.tokenizer, dap.seq_len, cache,
-                max_lines=dap.max_corpus_lines, causal=p.data.causal,
-            )  # fmt: skip
+                "general-train",
+                p.config.general_corpus,
+                p.data.tokenizer,
+                dap.seq_len,
+                cache,
+                max_lines=dap.max_corpus_lines,
+                causal=p.data.causal,
+            )
         return self._chunks
 
     def __call__(self) -> DeviceBatches | None:
@@ -87,7 +92,12 @@ class GeneralProbe:
             return None
         if self._batches is None:
             self._batches = fixed_mlm_batches(
-                self.training_chunks(), p.data.tokenizer, dap.probe_chunks, dap.probe_batch_size,
-                dap.mlm_probability, seed=999, causal=p.data.causal,
-            )  # fmt: skip
+                self.training_chunks(),
+                p.data.tokenizer,
+                dap.probe_chunks,
+                dap.probe_batch_size,
+                dap.mlm_probability,
+                seed=999,
+                causal=p.data.causal,
+            )
         return DeviceBatches(self._batches, p.accelerator.device)

@@ -44,9 +44,14 @@ class RunProgress:
         self.label, self.position, self.domains = label, position, domains
         self.where = "starting"
         self._bar = tqdm(
-            desc=self.line(), total=phases, disable=not enabled, leave=False, file=file, mininterval=0,
+            desc=self.line(),
+            total=phases,
+            disable=not enabled,
+            leave=False,
+            file=file,
+            mininterval=0,
             bar_format="{desc} | {n_fmt}/{total_fmt} phases, {elapsed} elapsed, ~{remaining} left",
-        )  # fmt: skip
+        )
         self._stop = threading.Event()
         self._thread = None
         if enabled:

@@ -40,8 +40,15 @@ from benchmark.records.schema import RunRecord
 class ContinualRun:
     """Runs one method with one seed through the sequence, resumably, and builds its record."""
 
-    def __init__(self, config: RunConfig, data: RunData, cls: type[ContinualMethod], seed: int,
-                 show_progress: bool = True, position: RunPosition | None = None):  # fmt: skip
+    def __init__(
+        self,
+        config: RunConfig,
+        data: RunData,
+        cls: type[ContinualMethod],
+        seed: int,
+        show_progress: bool = True,
+        position: RunPosition | None = None,
+    ):
         """``cls``: the method's class (the API resolves a registered name: :func:`benchmark.api.continual_run`; the
         engine never imports the registry, which imports the methods, which use the engine)."""
         accelerator = make_accelerator(config)
@@ -49,11 +56,16 @@ class ContinualRun:
         self.run_id = self.identity.run_id(seed, config.sequence)
         env = RunEnv(len(data.domains), data.domains, seed, base_model=config.model)
         self.parts = RunParts(
-            config, data, build_method(cls, config.method_options.get(cls.name, {}), env), seed,
+            config,
+            data,
+            build_method(cls, config.method_options.get(cls.name, {}), env),
+            seed,
             RunLayout(Path(config.work_dir) / "runs" / self.run_id),
             StageSchedule(cls.capabilities, len(data.domains), config.dap.steps, config.matrix),
-            accelerator, RunTracker(accelerator, config.report_to, self.run_id, config.to_dict()), show_progress,
-        )  # fmt: skip
+            accelerator,
+            RunTracker(accelerator, config.report_to, self.run_id, config.to_dict()),
+            show_progress,
+        )
         p = self.parts
         self.method, self.layout, self.schedule, self.seed = p.method, p.layout, p.schedule, p.seed
         self.models, self.base = StageModels(p), BaseEvaluation(p)
@@ -120,12 +132,20 @@ def _record(run: ContinualRun, clock: RunClock) -> RunRecord:
         stats[t] = read_work_file(p.layout.domain_done(t), "domain progress file")
     present = [s for s in stats if s is not None]
     return build_record(
-        run_id=run.run_id, identity=run.identity, method=p.method, seed=p.seed, config=p.config, data=p.data,
-        stage_stats=stats, cells=run.end_tasks.matrices(), base_losses=run.base.losses(),
+        run_id=run.run_id,
+        identity=run.identity,
+        method=p.method,
+        seed=p.seed,
+        config=p.config,
+        data=p.data,
+        stage_stats=stats,
+        cells=run.end_tasks.matrices(),
+        base_losses=run.base.losses(),
         base_chunk_sums=run.base.chunk_sums(),
         base_anisotropy={name: round(anisotropy(v), 5) for name, v in run.base.features().items()},
-        timing=run_timing(clock, present, memory_kind()), environment=environment_facts(p.accelerator),
-    )  # fmt: skip
+        timing=run_timing(clock, present, memory_kind()),
+        environment=environment_facts(p.accelerator),
+    )
 
 
 def run_once(run: ContinualRun, path: Path, echo: Callable[[str], None], describe: Callable[[RunRecord], str]):

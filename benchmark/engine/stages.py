@@ -69,9 +69,14 @@ def _probe_batches(p: RunParts, t: int) -> list:
     """The fixed batches of domain ``t``'s training text a method may probe (importance, Fisher, ...)."""
     dap = p.config.dap
     return fixed_mlm_batches(
-        p.data.corpora[p.data.domains[t]].train, p.data.tokenizer, dap.probe_chunks, dap.probe_batch_size,
-        dap.mlm_probability, seed=1000 + t, causal=p.data.causal,
-    )  # fmt: skip
+        p.data.corpora[p.data.domains[t]].train,
+        p.data.tokenizer,
+        dap.probe_chunks,
+        dap.probe_batch_size,
+        dap.mlm_probability,
+        seed=1000 + t,
+        causal=p.data.causal,
+    )
 
 
 def _recomputed(model, dap):
@@ -134,8 +139,17 @@ class StageRunner:
         trainable = sum(q.numel() for _, q in p.method.trainable_parameters(model))
         with _recomputed(model, dap), hook_call(p.method, "before_domain"):
             p.method.before_domain(ctx)
-        trainer = DapTrainer(p.method, dap, p.data.tokenizer, p.accelerator, p.seed, p.tracker, p.show_progress,
-                             self.instrument, p.data.causal)  # fmt: skip
+        trainer = DapTrainer(
+            p.method,
+            dap,
+            p.data.tokenizer,
+            p.accelerator,
+            p.seed,
+            p.tracker,
+            p.show_progress,
+            self.instrument,
+            p.data.causal,
+        )
         sizes = UpdateSizes(model, p.method)  # after before_domain: what the stage's updates start from
         dataset = p.data.training_set(p.schedule.training_domains(t))
         plan = _stage_plan(p, t, self.general_probe)

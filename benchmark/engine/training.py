@@ -114,9 +114,14 @@ class DapTrainer:
         )
 
     def _loop(
-        self, ctx: StepContext, step_module, update: StageUpdate, batches: Iterator[tuple[int, dict]], accum: int,
+        self,
+        ctx: StepContext,
+        step_module,
+        update: StageUpdate,
+        batches: Iterator[tuple[int, dict]],
+        accum: int,
         desc: str,
-    ) -> list[dict]:  # fmt: skip
+    ) -> list[dict]:
         model, acc, dap = ctx.model, self.accelerator, self.dap
         tracking = self.tracker.active
         sums: dict[str, torch.Tensor] = {}
@@ -144,9 +149,19 @@ def training_stream(
     """This process's share of the stage's training stream (with ``replay``'s plan and pools, if any). Not prepared
     by accelerate: it shards itself across processes (:mod:`benchmark.data.sampling`)."""
     return stage_stream(
-        dataset, tokenizer, dap.per_device_batch_size, dap.mlm_probability, seed, stage, acc.process_index,
-        acc.num_processes, dap.loader_workers, pin_memory=acc.device.type == "cuda", causal=causal, replay=replay,
-    )  # fmt: skip
+        dataset,
+        tokenizer,
+        dap.per_device_batch_size,
+        dap.mlm_probability,
+        seed,
+        stage,
+        acc.process_index,
+        acc.num_processes,
+        dap.loader_workers,
+        pin_memory=acc.device.type == "cuda",
+        causal=causal,
+        replay=replay,
+    )
 
 
 def accumulate(

@@ -140,10 +140,18 @@ def lm_eval_scores(model, task, tokenizer, batch_size: int, device) -> dict:
         lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, device=str(device))
         with _lm_eval_bars_held_back():
             out = lm_eval.simple_evaluate(
-                model=lm, tasks=[name], task_manager=TaskManager(include_path=folder), num_fewshot=0,
-                log_samples=True, bootstrap_iters=0, random_seed=None, numpy_random_seed=None, torch_random_seed=None,
-                fewshot_random_seed=None, verbosity="ERROR",
-            )  # fmt: skip
+                model=lm,
+                tasks=[name],
+                task_manager=TaskManager(include_path=folder),
+                num_fewshot=0,
+                log_samples=True,
+                bootstrap_iters=0,
+                random_seed=None,
+                numpy_random_seed=None,
+                torch_random_seed=None,
+                fewshot_random_seed=None,
+                verbosity="ERROR",
+            )
     samples = sorted(out["samples"][name], key=lambda sample: sample["doc_id"])
     loglik = [[float(choice[0]) for choice in sample["filtered_resps"]] for sample in samples]
     if not all(math.isfinite(value) for row in loglik for value in row):

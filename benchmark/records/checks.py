@@ -61,8 +61,11 @@ def _type_problems(record: dict[str, Any]) -> list[str]:
 
     out, identity = [], record.get("identity") or {}
     if "method_options" in identity:
-        variant = ",".join(p for p in (options_label(identity["method_options"]), recipe_label(canonical_recipe(
-            record["config"]))) if p)  # fmt: skip
+        variant = ",".join(
+            p
+            for p in (options_label(identity["method_options"]), recipe_label(canonical_recipe(record["config"])))
+            if p
+        )
         label = f"{record['method']}[{variant}]" if variant else record["method"]
         if record["method_label"] != label:
             out.append(f"its method_label {record['method_label']!r} is not {label!r} (what its method, options give)")

@@ -40,8 +40,15 @@ REPLAY_VERSION = 2
 share below half a chunk per update replayed nothing."""
 
 LOCATION_FIELDS = (
-    "output_dir", "work_dir", "keep_checkpoints", "methods", "seeds", "device", "profile", "report_to",
-)  # fmt: skip
+    "output_dir",
+    "work_dir",
+    "keep_checkpoints",
+    "methods",
+    "seeds",
+    "device",
+    "profile",
+    "report_to",
+)
 """Config fields that say where or what to run, not what a run computes."""
 
 NUMERICS_NEUTRAL_FIELDS = {"dap": ("loader_workers", "sharding", "activation_checkpointing", "compile")}
@@ -80,8 +87,17 @@ class FileHashCache:
             self.changed = False
 
 
-MODEL_FILES = ("config.json", "*.safetensors", "*.bin", "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json",
-               "added_tokens.json", "*.model")  # fmt: skip
+MODEL_FILES = (
+    "config.json",
+    "*.safetensors",
+    "*.bin",
+    "tokenizer*",
+    "vocab*",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "*.model",
+)
 """The files of a model directory that determine what a run computes: weights, architecture config, tokenizer.
 Anything else (a training report with timings, a README) does not enter the checksum."""
 
@@ -148,8 +164,11 @@ def canonical_recipe(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def recipe_label(recipe: Mapping[str, Any]) -> str:
     """``replay.general=0.05,schedule.name=wsd``: the recipe options as a label writes them."""
-    return ",".join(f"{section}.{key}={value:g}" if isinstance(value, float) else f"{section}.{key}={value}"
-                    for section, values in sorted(recipe.items()) for key, value in sorted(values.items()))  # fmt: skip
+    return ",".join(
+        f"{section}.{key}={value:g}" if isinstance(value, float) else f"{section}.{key}={value}"
+        for section, values in sorted(recipe.items())
+        for key, value in sorted(values.items())
+    )
 
 
 def _without_defaults(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:

@@ -64,14 +64,18 @@ def _best(stats: GroupStatistics, naive: str, title: str, says: str, unit: str) 
     if learning:
         best = min(learning, key=lambda c: c.mean)
         cost = _learning(plasticity.get(best.label), naive) + _speed(stats, best.label, naive)
-        lines.append(f"{code(best.label)} {says} of the rows that learn each domain as well as {code(naive)}:"
-                     f" {abs(best.mean):.3f} nats {unit} than {code(naive)}{cost}")  # fmt: skip
+        lines.append(
+            f"{code(best.label)} {says} of the rows that learn each domain as well as {code(naive)}:"
+            f" {abs(best.mean):.3f} nats {unit} than {code(naive)}{cost}"
+        )
     else:
         lines.append(f"no row that learns as well as {code(naive)} is resolved better on {title}")
     overall = min(lower, key=lambda c: c.mean) if lower else None
     if overall is not None and overall not in learning:
-        lines.append(f"at any plasticity, {code(overall.label)}: {abs(overall.mean):.3f} nats {unit}"
-                     f"{_learning(plasticity.get(overall.label), naive)}")  # fmt: skip
+        lines.append(
+            f"at any plasticity, {code(overall.label)}: {abs(overall.mean):.3f} nats {unit}"
+            f"{_learning(plasticity.get(overall.label), naive)}"
+        )
     return lines
 
 
@@ -103,7 +107,9 @@ def _end_tasks(stats: GroupStatistics, none: str | None) -> list[str]:
     column = column_of("final macro-F1")
     better = [c for c in stats.comparisons(none, column) if c.resolved() and c.mean > 0]
     if not better:
-        return [f"on the end tasks ({stats.records[0]['config']['finetune'].get('protocol', 'finetune')}) no method's"
-                f" final macro-F1 is separated from no DAP ({code(none)}) at this budget"]  # fmt: skip
+        return [
+            f"on the end tasks ({stats.records[0]['config']['finetune'].get('protocol', 'finetune')}) no method's"
+            f" final macro-F1 is separated from no DAP ({code(none)}) at this budget"
+        ]
     named = ", ".join(f"{code(c.label)} (+{100 * c.mean:.2f} points)" for c in better)
     return [f"on the end tasks, final macro-F1 above no DAP ({code(none)}): {named}"]

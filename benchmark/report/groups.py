@@ -200,8 +200,12 @@ def _split_by_orders(group: Group, left_out: list[LeftOut]) -> list[Group]:
         labels = {label for label, have in covered.items() if orders <= have}
         members = [r for r in group.records if r["method_label"] in labels and order_of(r) in orders]
         if len(orders) > 1:
-            seeds = set.intersection(*({r["seed"] for r in members if (r["method_label"], order_of(r)) == cell}
-                                       for cell in {(label, o) for label in labels for o in orders}))  # fmt: skip
+            seeds = set.intersection(
+                *(
+                    {r["seed"] for r in members if (r["method_label"], order_of(r)) == cell}
+                    for cell in {(label, o) for label in labels for o in orders}
+                )
+            )
             members = [r for r in members if r["seed"] in seeds]
             complete_seeds[orders] = seeds
         if members:

@@ -142,8 +142,9 @@ def read_ladder(ladder: Ladder) -> LadderReading:
     rng = np.random.default_rng(int(ladder.key, 16))
     labels = ladder.labels()
     columns = ladder_columns()
-    samples = {c.title: [{lab: replicates(r.stats, lab, c, rng) for lab in labels} for r in ladder.rungs]
-               for c in columns}  # fmt: skip
+    samples = {
+        c.title: [{lab: replicates(r.stats, lab, c, rng) for lab in labels} for r in ladder.rungs] for c in columns
+    }
     means = {c.title: {lab: [_mean(r.stats, lab, c) for r in ladder.rungs] for lab in labels} for c in columns}
     pairs = [(i, i + 1) for i in range(len(ladder.rungs) - 1)]
     pairs += [(0, len(ladder.rungs) - 1)] if len(ladder.rungs) > 2 else []
@@ -215,10 +216,16 @@ def ladder_markdown(reading: LadderReading, plot: str | None) -> list[str]:
     for i in range(len(rungs) - 1):
         changes = [v for v in reading.verdicts if v.rungs == (i, i + 1)]
         counts = {kind: sum(v.change == kind for v in changes) for kind in ("kept", "flipped", "appeared")}
-        lines.append(f"From {rungs[i].steps} to {rungs[i + 1].steps} updates, resolved pairwise verdicts: "
-                     + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + ".")  # fmt: skip
-        lines += [f"- flipped: {v.column}: {code(v.better)} now better than {code(v.worse)}"
-                  for v in changes if v.change == "flipped"]  # fmt: skip
+        lines.append(
+            f"From {rungs[i].steps} to {rungs[i + 1].steps} updates, resolved pairwise verdicts: "
+            + ", ".join(f"{n} {kind}" for kind, n in counts.items())
+            + "."
+        )
+        lines += [
+            f"- flipped: {v.column}: {code(v.better)} now better than {code(v.worse)}"
+            for v in changes
+            if v.change == "flipped"
+        ]
     if plot:
         lines += ["", f"![metric against budget]({plot})"]
     return [*lines, ""]

@@ -111,8 +111,9 @@ def group_header(group: Group) -> list[str]:
     seeds = sorted({r["seed"] for r in records})
     orders = sorted({order_of(r) for r in records})
     commits = sorted({(r["environment"].get("git_commit") or "unknown")[:12] for r in records})
-    devices = sorted({f"{r['environment']['device_name']}, {r['environment']['torch_threads']} torch thread(s)"
-                      for r in records})  # fmt: skip
+    devices = sorted(
+        {f"{r['environment']['device_name']}, {r['environment']['torch_threads']} torch thread(s)" for r in records}
+    )
     versions = sorted({f"{r['method']} v{(r.get('identity') or {}).get('method_version', '?')}" for r in records})
     dap, ft = config["dap"], config["finetune"]
     wall = sum(r["timing"]["wall_seconds"] for r in records)

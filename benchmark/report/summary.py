@@ -37,8 +37,11 @@ def terminal_summary(run_records: list[dict], all_records: list[dict]) -> list[s
     why (e.g. a seed not yet run over every domain order of its part)."""
     ids = {r["run_id"] for r in run_records}
     groups, left_out = group_records(all_records)
-    lines = [f"{s.run_id}: left out of the leaderboard ({s.kind}): {printable(s.reason)}" for s in left_out
-             if s.run_id in ids]  # fmt: skip
+    lines = [
+        f"{s.run_id}: left out of the leaderboard ({s.kind}): {printable(s.reason)}"
+        for s in left_out
+        if s.run_id in ids
+    ]
     for group in (g for g in groups if ids & {r["run_id"] for r in g.records}):
         part = leaderboard_frame(group.records, group_of=lambda record, key=group.key: key)
         stats = GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))

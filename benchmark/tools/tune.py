@@ -52,9 +52,15 @@ def tune(
         rows.append({"value": candidate["value"], "label": label, "run_id": run.run_id, "losses": losses})
         rows[-1]["mean"] = _mean(losses)
     result = {
-        "method": method, "option": option, "profile": config.profile, "seed": seed, "sequence": config.sequence,
-        "criterion": CRITERION, "candidates": rows, "chosen": min(rows, key=lambda row: row["mean"])["value"],
-    }  # fmt: skip
+        "method": method,
+        "option": option,
+        "profile": config.profile,
+        "seed": seed,
+        "sequence": config.sequence,
+        "criterion": CRITERION,
+        "candidates": rows,
+        "chosen": min(rows, key=lambda row: row["mean"])["value"],
+    }
     name = f"{method}-{option.partition('.')[2]}-seed{seed}.json"
     atomic_write_json(path_inside(config.output_dir, "tuning", config.profile, name), result)
     return result

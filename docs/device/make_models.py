@@ -17,14 +17,28 @@ def main(out: str, tokenizer_dir: str) -> None:
     small = os.environ.get("SMALL") == "1"
     layers, hidden, heads, ffn = (int(os.environ.get("LAYERS", 2)), 64, 4, 128) if small else (12, 768, 12, 3072)
     roberta = RobertaConfig(
-        vocab_size=50265, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        intermediate_size=ffn, max_position_embeddings=514, type_vocab_size=1, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, architectures=["RobertaForMaskedLM"],
-    )  # fmt: skip
+        vocab_size=50265,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=ffn,
+        max_position_embeddings=514,
+        type_vocab_size=1,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        architectures=["RobertaForMaskedLM"],
+    )
     gpt2 = GPT2Config(
-        vocab_size=50257, n_positions=1024, n_embd=hidden, n_layer=layers, n_head=heads,
-        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id, architectures=["GPT2LMHeadModel"],
-    )  # fmt: skip
+        vocab_size=50257,
+        n_positions=1024,
+        n_embd=hidden,
+        n_layer=layers,
+        n_head=heads,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        architectures=["GPT2LMHeadModel"],
+    )
     torch.manual_seed(0)
     for name, model in (("rb", RobertaForMaskedLM(roberta)), ("gpt2s", GPT2LMHeadModel(gpt2))):
         model.save_pretrained(f"{out}/{name}")

@@ -23,10 +23,10 @@ VIEW_DROPOUT = 0.1
 def has_dropout(model: nn.Module) -> bool:
     """Whether any dropout of ``model`` is active (a module ``nn.Dropout`` with p > 0, or attention dropout)."""
     return any(
-        (isinstance(m, nn.Dropout) and m.p > 0) or (isinstance(getattr(m, "attention_dropout", None), float)
-                                                    and m.attention_dropout > 0)
+        (isinstance(m, nn.Dropout) and m.p > 0)
+        or (isinstance(getattr(m, "attention_dropout", None), float) and m.attention_dropout > 0)
         for m in model.modules()
-    )  # fmt: skip
+    )
 
 
 @contextlib.contextmanager
