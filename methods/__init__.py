@@ -21,4 +21,5 @@ BUILTIN_METHODS: dict[str, str] = {
     "hat_all": "methods.hat_all:HATAll",
     "domix": "methods.domix:DoMIX",
     "freeze_bottom": "methods.freeze_bottom:FreezeBottom",
+    "merge": "methods.merge:Merge",
 }
