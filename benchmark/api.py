@@ -306,6 +306,10 @@ def learning_rates(record: Mapping) -> list[float]:
     caps, domains, steps = record["capabilities"], len(record["sequence"]), config.dap.steps
     if not caps.get("pretrains", True):
         return []
+    if caps.get("retrains_on_seen"):  # every stage a run of its own from the base model
+        return [
+            lr for t in range(domains) for lr in learning_rate_curve(config.dap, config.schedule, [steps * (t + 1)])
+        ]
     stages = [steps * domains] if caps.get("joint_training") else [steps] * domains
     return learning_rate_curve(config.dap, config.schedule, stages)
 

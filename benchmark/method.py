@@ -84,6 +84,9 @@ class Capabilities:
     """Keeps raw data of earlier domains (replay)."""
     joint_training: bool = False
     """Trains one model on the union of all domains (non-continual reference)."""
+    retrains_on_seen: bool = False
+    """Every stage re-trains the base model on the union of the domains seen so far, with the budget a continual run
+    has spent by then ((t + 1) x ``dap.steps`` updates): the oracle that regret is measured against (TiC-LM)."""
 
 
 @dataclass

@@ -194,9 +194,10 @@ def check_recipe(config: RunConfig) -> None:
         caps = default_registry().get(name).capabilities
         if not caps.pretrains:
             raise DapbenchError(f"{name} does not pre-train: there is nothing to mix replay into", "drop replay.*")
-        if replay.past > 0 and (caps.joint_training or caps.independent_per_domain):
+        if replay.past > 0 and (caps.joint_training or caps.independent_per_domain or caps.retrains_on_seen):
             raise DapbenchError(
-                f"{name} trains every domain from the base model or all domains jointly: it has no past to replay",
+                f"{name} trains every stage from the base model (alone, or jointly on the domains so far): it has no"
+                " past to replay",
                 "drop replay.past for this method",
             )
 

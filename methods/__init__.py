@@ -22,4 +22,5 @@ BUILTIN_METHODS: dict[str, str] = {
     "domix": "methods.domix:DoMIX",
     "freeze_bottom": "methods.freeze_bottom:FreezeBottom",
     "merge": "methods.merge:Merge",
+    "oracle": "methods.oracle:Oracle",
 }

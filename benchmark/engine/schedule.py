@@ -34,29 +34,37 @@ class StageSchedule:
     def starts_fresh(self, t: int) -> bool:
         """Whether stage ``t`` starts from the base model (else from checkpoint ``t - 1``)."""
         caps = self.caps
-        return t == 0 or caps.independent_per_domain or caps.joint_training or not caps.pretrains
+        return (
+            t == 0 or caps.independent_per_domain or caps.joint_training or caps.retrains_on_seen or not caps.pretrains
+        )
 
     def carries_method_state(self, t: int) -> bool:
         """Whether a fresh stage ``t`` still restores the method state of checkpoint ``t - 1`` (per-domain
         methods keep their own state, e.g. a registry of per-domain adapters)."""
-        return t > 0 and not self.caps.joint_training
+        return t > 0 and not (self.caps.joint_training or self.caps.retrains_on_seen)
 
     def training_domains(self, t: int) -> list[int]:
-        """The domains whose corpora stage ``t`` trains on: its own, or all of them for joint training."""
-        return list(range(self.num_domains)) if self.caps.joint_training else [t]
+        """The domains whose corpora stage ``t`` trains on: its own, all of them for joint training, those seen so
+        far for the oracle."""
+        if self.caps.joint_training:
+            return list(range(self.num_domains))
+        return list(range(t + 1)) if self.caps.retrains_on_seen else [t]
 
-    def updates(self) -> int:
-        """Optimizer updates of one stage: joint training gets the whole sequence's budget, so it sees as many
-        tokens as a continual run."""
+    def updates(self, t: int) -> int:
+        """Optimizer updates of stage ``t``: joint training gets the whole sequence's budget, so it sees as many
+        tokens as a continual run; the oracle's stage t the budget of the continual run's stages 0..t."""
+        if self.caps.retrains_on_seen:
+            return self.steps_per_domain * (t + 1)
         return self.steps_per_domain * (self.num_domains if self.caps.joint_training else 1)
 
-    def total_updates(self) -> int:
-        """Optimizer updates of the whole sequence."""
-        return self.steps_per_domain * self.num_domains
+    def total_updates(self, t: int) -> int:
+        """Optimizer updates of the whole training run stage ``t`` belongs to: the sequence, or for the oracle the
+        stage's own run from the base model."""
+        return self.updates(t) if self.caps.retrains_on_seen else self.steps_per_domain * self.num_domains
 
     def step_offset(self, t: int) -> int:
-        """The global step count before stage ``t``."""
-        return 0 if self.caps.joint_training else t * self.steps_per_domain
+        """The global step count before stage ``t`` (0 where the stage is a run of its own from the base model)."""
+        return 0 if self.caps.joint_training or self.caps.retrains_on_seen else t * self.steps_per_domain
 
     def row_tasks(self, t: int) -> list[int]:
         """Columns k of row t that the matrix mode asks for. A per-domain method (the ONE family) scores each end

@@ -103,7 +103,7 @@ def _stage_plan(p: RunParts, t: int, general: GeneralProbe):
     """Stage ``t``'s updates, schedule and replay pools."""
     s = p.schedule
     return stage_plan(
-        p.config.dap, p.config.schedule, s.updates(), s.step_offset(t), s.total_updates(), replay_pools(p, t, general)
+        p.config.dap, p.config.schedule, s.updates(t), s.step_offset(t), s.total_updates(t), replay_pools(p, t, general)
     )
 
 
@@ -173,7 +173,7 @@ def evaluate_and_checkpoint(p: RunParts, base: BaseEvaluation, model, t: int, st
     view = _heldout_view(p, model)
     evaluation = heldout_evaluation(model, p.data.heldout_batches, device, view, p.accelerator)
     stats["mlm_loss"], stats["mlm_loss_chunks"] = evaluation.losses, evaluation.chunk_sums
-    p.tracker.log_values("heldout", evaluation.losses, step=p.schedule.step_offset(t) + p.schedule.updates())
+    p.tracker.log_values("heldout", evaluation.losses, step=p.schedule.step_offset(t) + p.schedule.updates(t))
     features = heldout_features(model, p.data.feature_batches(), device, view, p.accelerator)
     stats["representation"] = representation_drift(base.features(), features)
     stats["peak_memory_mb"] = peak_memory_mb()

@@ -136,6 +136,7 @@ FLAGS = {
     "stores_past_data": "replay",
     "independent_per_domain": "per-domain",
     "joint_training": "joint",
+    "retrains_on_seen": "oracle",
 }
 
 

@@ -1,0 +1,33 @@
+"""oracle (issue #50): every stage re-trains the base model on the union of the domains seen so far with the budget a
+continual run has spent by then; its schedule, its run and its learning-rate curve say so."""
+
+import dataclasses
+
+from benchmark.api import learning_rates, run_benchmark
+from benchmark.engine.schedule import StageSchedule
+from benchmark.method import Capabilities
+
+
+def test_the_oracle_stage_t_starts_from_the_base_and_trains_on_domains_0_to_t_for_t_plus_1_budgets():
+    schedule = StageSchedule(Capabilities(retrains_on_seen=True), num_domains=3, steps_per_domain=10, matrix="full")
+    assert schedule.stages() == [0, 1, 2] and all(schedule.starts_fresh(t) for t in range(3))
+    assert [schedule.training_domains(t) for t in range(3)] == [[0], [0, 1], [0, 1, 2]]
+    assert [schedule.updates(t) for t in range(3)] == [10, 20, 30]
+    assert [schedule.step_offset(t) for t in range(3)] == [0, 0, 0]  # each stage a run of its own
+    assert schedule.total_updates(2) == 30 and not schedule.carries_method_state(1)
+    assert schedule.row_tasks(2) == [0, 1, 2]  # a full matrix, as a continual method's
+    continual = StageSchedule(Capabilities(), num_domains=3, steps_per_domain=10, matrix="full")
+    assert [continual.updates(t) for t in range(3)] == [10, 10, 10] and continual.step_offset(2) == 20
+
+
+def test_an_oracle_run_records_its_growing_budget_and_a_full_loss_matrix(tiny_config):
+    config = dataclasses.replace(tiny_config, methods=("oracle",))
+    (record,) = run_benchmark(config, write_leaderboard=False)
+    data = record.to_dict() if hasattr(record, "to_dict") else record
+    steps = tiny_config.dap.steps
+    assert [stage["steps"] for stage in data["domains"]] == [steps, 2 * steps]
+    assert [stage["tokens"] for stage in data["domains"]][1] == 2 * data["domains"][0]["tokens"]
+    after = data["mlm_loss"]["after_domain"]
+    assert all(after[t][domain] is not None for t in range(2) for domain in data["sequence"][: t + 1])
+    assert data["mlm_loss"]["metrics"]["forgetting"] is not None
+    assert len(learning_rates(data)) == steps + 2 * steps  # one curve per stage, each its own run
