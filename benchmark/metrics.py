@@ -323,3 +323,12 @@ def untrained_groups(domains: list[dict]) -> dict[str, float]:
     if changed and max(changed) < GATES_UNLEARNED_BELOW:
         stalled[GATE_DECISIONS] = max(changed)
     return stalled
+
+
+def mean_regret(after: np.ndarray, oracle_after: np.ndarray) -> np.ndarray:
+    """Mean regret against the oracle (TiC-LM): the mean over the cells L[t][k], k <= t, that both loss matrices hold,
+    of L[t][k] - L*[t][k], the loss after stage t minus the oracle's (trained on domains 0..t with the same budget).
+    ``after`` and ``oracle_after`` are (B x) T x K domain-column losses (NaN where a matrix has no cell)."""
+    rows, columns = np.tril_indices(after.shape[-2], m=after.shape[-1])
+    cells = (after - oracle_after)[..., rows, columns]
+    return np.nanmean(cells, axis=-1)

@@ -3,6 +3,8 @@ continual run has spent by then; its schedule, its run and its learning-rate cur
 
 import dataclasses
 
+import pytest
+
 from benchmark.api import learning_rates, run_benchmark
 from benchmark.engine.schedule import StageSchedule
 from benchmark.method import Capabilities
@@ -23,11 +25,35 @@ def test_the_oracle_stage_t_starts_from_the_base_and_trains_on_domains_0_to_t_fo
 def test_an_oracle_run_records_its_growing_budget_and_a_full_loss_matrix(tiny_config):
     config = dataclasses.replace(tiny_config, methods=("oracle",))
     (record,) = run_benchmark(config, write_leaderboard=False)
-    data = record.to_dict() if hasattr(record, "to_dict") else record
     steps = tiny_config.dap.steps
-    assert [stage["steps"] for stage in data["domains"]] == [steps, 2 * steps]
-    assert [stage["tokens"] for stage in data["domains"]][1] == 2 * data["domains"][0]["tokens"]
-    after = data["mlm_loss"]["after_domain"]
-    assert all(after[t][domain] is not None for t in range(2) for domain in data["sequence"][: t + 1])
-    assert data["mlm_loss"]["metrics"]["forgetting"] is not None
-    assert len(learning_rates(data)) == steps + 2 * steps  # one curve per stage, each its own run
+    assert [stage["steps"] for stage in record["domains"]] == [steps, 2 * steps]
+    assert [stage["tokens"] for stage in record["domains"]][1] == 2 * record["domains"][0]["tokens"]
+    after = record["mlm_loss"]["after_domain"]
+    assert all(after[t][domain] is not None for t in range(2) for domain in record["sequence"][: t + 1])
+    assert record["mlm_loss"]["metrics"]["forgetting"] is not None
+    assert len(learning_rates(record)) == steps + 2 * steps  # one curve per stage, each its own run
+
+
+def test_the_report_shows_each_rows_regret_against_the_oracle_of_its_seed(tiny_config, tmp_path):
+    import json
+
+    import numpy as np
+
+    from benchmark.metrics import mean_regret
+    from benchmark.report.frame import served_losses
+
+    config = dataclasses.replace(tiny_config, methods=("ncl", "oracle", "one"), output_dir=str(tmp_path / "out"))
+    records = {r["method"]: r for r in run_benchmark(config)}
+    oracle = served_losses(records["oracle"])
+    ncl = served_losses(records["ncl"])
+    expected = np.mean([ncl[t, k] - oracle[t, k] for t in range(2) for k in range(t + 1)])
+    assert float(mean_regret(ncl, oracle)) == pytest.approx(expected)
+    one = served_losses(records["one"])
+    assert one[1, 0] == one[0, 0]  # a per-domain method serves domain 0 with its own model at every stage
+    board = (tmp_path / "out" / "leaderboard.md").read_text()
+    header = next(line for line in board.splitlines() if line.startswith("| method | n | plasticity"))
+    assert "mean regret ↓" in header
+    ncl_row = next(line for line in board.splitlines() if line.startswith("| `ncl` |"))
+    column = header.split(" | ").index("mean regret ↓")
+    assert ncl_row.split(" | ")[column].startswith(f"{expected:.3f}")
+    json.dumps(records["oracle"])

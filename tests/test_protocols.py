@@ -27,15 +27,14 @@ def test_lm_eval_fills_the_end_task_matrix_of_a_decoder_offline(tiny_config, tin
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     (record,) = run_benchmark(_config(tiny_config, "lm_eval", tiny_gpt2), write_leaderboard=False)
-    data = record.to_dict() if hasattr(record, "to_dict") else record
-    acc = data["matrices"]["acc"]
-    assert data["config"]["finetune"]["protocol"] == "lm_eval"
+    acc = record["matrices"]["acc"]
+    assert record["config"]["finetune"]["protocol"] == "lm_eval"
     filled = [cell for row in acc for cell in row if cell is not None]
     assert len(filled) == 3 and all(0.0 <= cell <= 1.0 for cell in filled)  # the lower triangle of 2 domains
-    tasks = list(data["test_labels"])  # end tasks in domain order
-    for key, predictions in data["predictions"].items():
+    tasks = list(record["test_labels"])  # end tasks in domain order
+    for key, predictions in record["predictions"].items():
         t, k = map(int, key.split("/"))
-        labels = data["test_labels"][tasks[k]]["labels"]
+        labels = record["test_labels"][tasks[k]]["labels"]
         hits = sum(p == y for p, y in zip(predictions, labels, strict=True)) / len(labels)
         assert hits == pytest.approx(acc[t][k])  # the recorded score is lm-eval's, from these predictions
 
@@ -90,10 +89,9 @@ def test_a_protocol_is_added_by_one_registration_and_runs_through_a_run(tiny_con
         (record,) = run_benchmark(_config(tiny_config, "toy_majority"), write_leaderboard=False)
     finally:
         del PROTOCOLS["toy_majority"]
-    data = record.to_dict() if hasattr(record, "to_dict") else record
-    assert data["config"]["finetune"]["protocol"] == "toy_majority"
-    scores = [cell for row in data["matrices"]["acc"] for cell in row if cell is not None]
+    assert record["config"]["finetune"]["protocol"] == "toy_majority"
+    scores = [cell for row in record["matrices"]["acc"] for cell in row if cell is not None]
     assert scores and all(0 < s <= 1 for s in scores)
     with pytest.raises(ValueError, match="already registered"):
         register_protocol(type("Again", (EndTaskProtocol,), {"name": "linear_probe"}))
-    json.dumps(data)  # the record is plain JSON
+    json.dumps(record)  # the record is plain JSON

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from benchmark.metrics import GATE_DECISIONS, LOSS_METRIC_REGISTRY, record_loss_metrics, untrained_groups
+from benchmark.metrics import (
+    GATE_DECISIONS,
+    LOSS_METRIC_REGISTRY,
+    mean_regret,
+    record_loss_metrics,
+    untrained_groups,
+)
 from benchmark.report.groups import order_of, pairing_unit
 
 
@@ -159,6 +165,46 @@ def _amount(group: str, value: float) -> str:
     return f"{100 * value:.1f}%" if group == GATE_DECISIONS else f"{value:.1e}"
 
 
+REGRET = Column("mean regret", lambda record: None, False, "num", "regret")
+"""Mean regret against the group's oracle of the same seed and order (:func:`benchmark.metrics.mean_regret`); a
+column only of groups that hold an oracle (:func:`group_loss_columns`), its values set by :func:`leaderboard_frame`."""
+
+
+def group_loss_columns(part: pd.DataFrame) -> list[Column]:
+    """The continual table's columns for one group's rows: :func:`loss_columns`, and :data:`REGRET` where the group
+    holds an oracle."""
+    has_regret = REGRET.title in part and part[REGRET.title].notna().any()
+    return [*loss_columns(), REGRET] if has_regret else loss_columns()
+
+
+def group_columns(part: pd.DataFrame) -> list[Column]:
+    """Every column of one group's tables: :func:`group_loss_columns`, the cost and the end-task columns."""
+    return group_loss_columns(part) + COST_COLUMNS + END_TASK_COLUMNS
+
+
+def served_losses(record: dict) -> np.ndarray:
+    """T x T: the held-out loss of domain k of the model that serves it after stage t (NaN where none is measured):
+    L[t][k]; for a per-domain method domain k's own model, L[k][k], at every t >= k."""
+    domains, rows = record["sequence"], record["mlm_loss"]["after_domain"]
+    out = np.full((len(domains), len(domains)), np.nan)
+    for t, row in enumerate(rows):
+        for k, domain in enumerate(domains):
+            if row is not None and row.get(domain) is not None:
+                out[t, k] = row[domain]
+    if record["capabilities"].get("independent_per_domain"):
+        diagonal = np.diag(out).copy()
+        out = np.where(np.tril(np.ones_like(out)) > 0, diagonal[None, :], np.nan)
+    return out
+
+
+def oracle_partners(records: list[dict], group_of: Callable[[dict], str]) -> dict[int, dict]:
+    """Each record's oracle: the record of the same group, seed and domain order whose method re-trains on every
+    domain seen (``Capabilities.retrains_on_seen``); keyed by ``id(record)``, absent where the group has none."""
+    oracles = {(group_of(r), pairing_unit(r)): r for r in records if r["capabilities"].get("retrains_on_seen", False)}
+    found = {id(r): oracles.get((group_of(r), pairing_unit(r))) for r in records}
+    return {key: oracle for key, oracle in found.items() if oracle is not None}
+
+
 def leaderboard_frame(records: list[dict], group_of: Callable[[dict], str] | None = None) -> pd.DataFrame:
     """One row per record: ``group`` (``group_of(record)``, else the group key of its own content), ``method`` (its
     label), ``seed``, ``run_id``, every column of :func:`all_columns`, trainable parameters and flags."""
@@ -168,7 +214,7 @@ def leaderboard_frame(records: list[dict], group_of: Callable[[dict], str] | Non
         groups, _ = group_records(records)
         keys = {id(r): g.key for g in groups for r in g.records}
         group_of = lambda record: keys.get(id(record), "left out")  # noqa: E731 - a lookup, named once
-    rows, columns = [], all_columns()
+    rows, columns, oracles = [], all_columns(), oracle_partners(records, group_of)
     for record in records:
         row = {"group": group_of(record), "method": record["method_label"], "seed": record["seed"]}
         row["order"], row["pair"] = order_of(record), pairing_unit(record)
@@ -176,6 +222,9 @@ def leaderboard_frame(records: list[dict], group_of: Callable[[dict], str] | Non
         for column in columns:
             value = column.value(record)
             row[column.title] = np.nan if value is None else float(value)
+        oracle = oracles.get(id(record))
+        if oracle is not None:
+            row[REGRET.title] = float(mean_regret(served_losses(record), served_losses(oracle)))
         row["trainable params"] = record["trainable_parameters"]
         row["flags"] = flags(record["capabilities"])
         rows.append(row)

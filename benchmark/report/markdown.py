@@ -21,7 +21,7 @@ from benchmark.report.frame import (
     Column,
     all_columns,
     format_number,
-    loss_columns,
+    group_loss_columns,
     untrained_flag,
 )
 from benchmark.report.groups import Group, LeftOut, order_of
@@ -45,7 +45,9 @@ HEADER = [
     "model's mean-pooled features of held-out inputs (1 = same geometry). Verdicts: F = forgetting, G = general rise,",
     "P = plasticity; ↓/↑ = lower/higher than the named reference (naive continual training, the paper's method DAS,",
     "no DAP) where both a paired t-test over seeds and a paired bootstrap over the held-out chunks resolve it",
-    "(Benjamini-Hochberg over methods, q < 0.05 each).",
+    "(Benjamini-Hochberg over methods, q < 0.05 each). Mean regret (groups with an `oracle`, TiC-LM): the mean over",
+    "k ≤ t of L[t][k] − L*[t][k], L* the loss matrix of the oracle of the same seed (the base model trained on domains",
+    "0..t with the same budget).",
     "",
     "**End-task table**: scores in percent. Forgetting is n/a for per-domain methods and joint training. Flags:",
     "domain-id = needs the end task's domain id at fine-tuning; replay = stores past data; per-domain = one model per",
@@ -77,7 +79,7 @@ def leaderboard_markdown(
     for group, stats, plots in sections:
         lines += [f"## {text(group.title)}", "", *group_header(group), ""]
         lines += ["### Continual ({}, {})".format(*loss_unit(group.records[0])), ""]
-        lines += table(stats, loss_columns(), "final gain", verdicts(stats), trailing=COST_COLUMNS)
+        lines += table(stats, group_loss_columns(stats.part), "final gain", verdicts(stats), trailing=COST_COLUMNS)
         lines += ["", "### End tasks", "", *table(stats, END_TASK_COLUMNS, "final macro-F1"), ""]
         lines += order_tables(stats)
         lines += plot_links(plots)

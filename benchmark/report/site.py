@@ -27,10 +27,10 @@ from benchmark.protocols import protocol_phrase
 from benchmark.report.answer import short_answer
 from benchmark.report.frame import (
     FLAGS,
-    all_columns,
     by_label,
     format_number,
-    loss_columns,
+    group_columns,
+    group_loss_columns,
     mean_over_seeds,
     mean_score_matrix,
     method_colours,
@@ -86,8 +86,8 @@ def site_files(
             "group.html.j2",
             view=view,
             charts=charts,
-            columns=all_columns(),
-            verdict_after=len(loss_columns()),
+            columns=group_columns(view.stats.part),
+            verdict_after=len(group_loss_columns(view.stats.part)),
             reading=_markdown(view.reading),
         )
         files[f"data/{view.key}.csv"] = _table_csv(view)
@@ -194,7 +194,7 @@ def _row(stats: GroupStatistics, label: str, role: str | None, cells: dict, colo
     runs = stats.part[stats.part["method"] == label]
     records = [r for r in stats.records if r["method_label"] == label]
     values = {}
-    for column in all_columns():
+    for column in group_columns(stats.part):
         found = stats.interval(label, column)
         values[column.title] = None if found is None else {"mean": found[0], "se": found[1], "n": found[2]}
     capabilities = records[0]["capabilities"]
@@ -299,7 +299,7 @@ def _table_csv(view: GroupView) -> str:
     rows = []
     for row in view.rows:
         out = {"method": row["method"], "role": row["role"] or "", "n": row["n"]}
-        for column in all_columns():
+        for column in group_columns(view.stats.part):
             value = row["values"][column.title] or {}
             out[column.title] = value.get("mean")
             out[f"{column.title} se"] = value.get("se")
