@@ -93,34 +93,36 @@ def tiny_llama(world_root, tmp_path_factory) -> Path:
     return _tiny_decoder(world_root, tmp_path_factory.mktemp("llama") / "model", "llama")
 
 
-@pytest.fixture
-def tiny_config(world_root, tiny_model, tmp_path) -> RunConfig:
-    """Two domains, a few steps, small fine-tunes: the whole runner in seconds."""
+def world_config(world_root: Path, model: Path, out: Path, dap: dict, finetune: dict, **fields) -> RunConfig:
+    """The synthetic profile on the test world over ``alpha,beta`` with ``model``, writing under ``out``, with the DAP
+    and fine-tune settings ``dap`` and ``finetune`` and any other ``fields`` replaced: the tiny runs of the tests."""
     base = profile_config("synthetic")
-    return dataclasses.replace(
-        base,
-        model=str(tiny_model),
+    settings = dict(
+        model=str(model),
         data_root=str(world_root),
         general_heldout=str(world_root / "general_heldout.txt"),
         general_corpus=str(world_root / "general.txt"),
         sequence="alpha,beta",
-        seeds=(3,),
-        output_dir=str(tmp_path),
-        work_dir=str(tmp_path / "work"),
-        dap=dataclasses.replace(
-            base.dap,
-            steps=4,
-            batch_size=8,
-            per_device_batch_size=4,
-            heldout_chunks=8,
-            probe_chunks=8,
-            probe_batch_size=4,
-            log_every=2,
-        ),
-        finetune=dataclasses.replace(
-            base.finetune, default_epochs=1, max_train_examples=24, max_test_examples=24, batch_size=8
-        ),
+        output_dir=str(out),
+        work_dir=str(out / "work"),
+        dap=dataclasses.replace(base.dap, **dap),
+        finetune=dataclasses.replace(base.finetune, **finetune),
     )
+    return dataclasses.replace(base, **{**settings, **fields})
+
+
+TINY_DAP = dict(
+    batch_size=8, per_device_batch_size=4, heldout_chunks=8, probe_chunks=8, probe_batch_size=4, log_every=2
+)
+"""The DAP settings of the tiny runs (with ``steps``)."""
+TINY_FINETUNE = dict(default_epochs=1, max_train_examples=24, max_test_examples=24, batch_size=8)
+"""The end-task settings of the tiny runs."""
+
+
+@pytest.fixture
+def tiny_config(world_root, tiny_model, tmp_path) -> RunConfig:
+    """Two domains, a few steps, small fine-tunes: the whole runner in seconds."""
+    return world_config(world_root, tiny_model, tmp_path, {**TINY_DAP, "steps": 4}, TINY_FINETUNE, seeds=(3,))
 
 
 def requires_shared_data():
@@ -146,30 +148,12 @@ def report_records(world_root, tiny_model, tmp_path_factory) -> list[dict]:
     from benchmark.api import continual_run
     from benchmark.data.inputs import prepare_data
 
-    base = profile_config("synthetic")
     work = tmp_path_factory.mktemp("report-runs")
-    config = dataclasses.replace(
-        base,
-        model=str(tiny_model),
-        data_root=str(world_root),
-        general_heldout=str(world_root / "general_heldout.txt"),
-        sequence="alpha,beta",
-        output_dir=str(work),
-        work_dir=str(work / "work"),
-        dap=dataclasses.replace(
-            base.dap,
-            steps=3,
-            batch_size=8,
-            per_device_batch_size=4,
-            heldout_chunks=12,
-            probe_chunks=8,
-            probe_batch_size=4,
-            log_every=3,
-        ),
-        finetune=dataclasses.replace(
-            base.finetune, default_epochs=1, max_train_examples=16, max_test_examples=24, batch_size=8
-        ),
-    )
+    dap = {**TINY_DAP, "steps": 3, "heldout_chunks": 12, "log_every": 3}
+    finetune = {**TINY_FINETUNE, "max_train_examples": 16}
+    # no general training text: these records keep the numbers the report tests were written against
+    general = profile_config("synthetic").general_corpus
+    config = world_config(world_root, tiny_model, work, dap, finetune, general_corpus=general)
     data = prepare_data(config)
     return [
         continual_run(config, data, method, seed, show_progress=False).execute()

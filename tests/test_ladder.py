@@ -7,9 +7,9 @@ import dataclasses
 
 import numpy as np
 import pytest
+from conftest import TINY_DAP, TINY_FINETUNE, world_config
 
 from benchmark.api import continual_run
-from benchmark.config import profile_config
 from benchmark.data.inputs import prepare_data
 from benchmark.io import atomic_write_json
 from benchmark.report.ladder import kendall_tau
@@ -29,30 +29,8 @@ def test_kendall_tau_is_one_for_the_same_order_minus_one_reversed_and_counts_dis
 def rungs(world_root, tiny_model, tmp_path_factory):
     """none, ncl and one at 2 and 6 updates per domain, seeds 1 and 2, written as two profiles' records; and one
     ncl group at another learning rate (not a rung: it differs in more than the budget)."""
-    base = profile_config("synthetic")
     out = tmp_path_factory.mktemp("ladder")
-    config = dataclasses.replace(
-        base,
-        model=str(tiny_model),
-        data_root=str(world_root),
-        general_heldout=str(world_root / "general_heldout.txt"),
-        general_corpus=str(world_root / "general.txt"),
-        sequence="alpha,beta",
-        output_dir=str(out),
-        work_dir=str(out / "work"),
-        dap=dataclasses.replace(
-            base.dap,
-            batch_size=8,
-            per_device_batch_size=4,
-            heldout_chunks=8,
-            probe_chunks=8,
-            probe_batch_size=4,
-            log_every=2,
-        ),
-        finetune=dataclasses.replace(
-            base.finetune, default_epochs=1, max_train_examples=24, max_test_examples=24, batch_size=8
-        ),
-    )
+    config = world_config(world_root, tiny_model, out, TINY_DAP, TINY_FINETUNE)
     cases = [("rung-a", 2, 1e-4, ("none", "ncl", "one")), ("rung-b", 6, 1e-4, ("none", "ncl", "one"))]
     cases.append(("other-lr", 6, 3e-4, ("ncl",)))
     for profile, steps, lr, methods in cases:
