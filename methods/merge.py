@@ -58,7 +58,7 @@ class Merge(ContinualMethod):
     """Per-domain DAP from the base model; the evaluated model merges the per-domain models seen so far."""
 
     name: ClassVar[str] = "merge"
-    multi_process: ClassVar[bool] = False
+    multi_process: ClassVar[bool] = True
     fsdp_refusal: ClassVar[str] = "its merge reads whole weight tensors, which FSDP2 shards"
     config_cls: ClassVar[type[MethodConfig]] = MergeConfig
     config: MergeConfig

@@ -18,6 +18,6 @@ class Oracle(ContinualMethod):
     """Plain DAP of the base model on the union of the domains seen so far, re-trained at every stage."""
 
     name: ClassVar[str] = "oracle"
-    multi_process: ClassVar[bool] = False
+    multi_process: ClassVar[bool] = True
     fsdp_refusal: ClassVar[str] = "it has not been run through the sharded equivalence test (tests/test_sharding.py)"
     capabilities: ClassVar[Capabilities] = Capabilities(retrains_on_seen=True)
