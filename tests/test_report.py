@@ -580,3 +580,14 @@ def test_a_loss_metric_is_added_by_registering_one_function_and_older_records_sh
         assert f"{expected:.3f} ±" in row
     finally:
         LOSS_METRIC_REGISTRY.pop("best_domain_gain", None)  # the registration is this test's own
+
+
+def test_a_group_of_one_row_says_it_has_no_paired_difference_not_that_its_records_are_old(records):
+    from benchmark.report.reading import _evaluation_error
+
+    (group,), _ = group_records([r for r in records if r["method"] == "none"])
+    assert _evaluation_error(_statistics(group)) == [
+        "- The group holds one row: there is no paired difference to put an evaluation-sample error on."
+    ]
+    (both,), _ = group_records([r for r in records if r["method"] in ("none", "ncl")])
+    assert "Evaluation sample: the standard error" in _evaluation_error(_statistics(both))[0]
