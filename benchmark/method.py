@@ -198,6 +198,14 @@ class FinetuneContext:
     """The end task's domain index; None unless the method declares ``needs_domain_id_at_finetune``."""
 
 
+CLASSIFIER = "classifier"
+"""What an end-task protocol scores (``EndTaskProtocol.scores``): the method's end-task classifier
+(:meth:`ContinualMethod.end_task_model` returns ``finetune_model``)."""
+LANGUAGE_MODEL = "language_model"
+"""What an end-task protocol scores: the stage's language model itself, as the method serves the end task's domain
+(inside its ``heldout_view``, as the held-out losses are measured)."""
+
+
 class MethodDeclaration:
     """What a method declares about itself (class attributes) and how its records are labelled."""
 
@@ -305,7 +313,7 @@ class ContinualMethod(MethodDeclaration, TrainedParameters):
         """The model an end-task protocol scores (:mod:`benchmark.protocols`): for ``scores="classifier"``
         :meth:`finetune_model`; for ``scores="language_model"`` the stage's DAP model itself (the protocol scores it
         inside :meth:`heldout_view` of the task's domain). A method that serves end tasks otherwise overrides this."""
-        return ctx.model if scores == "language_model" else self.finetune_model(ctx)
+        return ctx.model if scores == LANGUAGE_MODEL else self.finetune_model(ctx)
 
     def finetune_model(self, ctx: FinetuneContext) -> nn.Module:
         """The classification model for end-task fine-tuning (default: a fresh head on checkpoint t)."""

@@ -325,6 +325,18 @@ def untrained_groups(domains: list[dict]) -> dict[str, float]:
     return stalled
 
 
+def served_losses(after: np.ndarray, independent_per_domain: bool) -> np.ndarray:
+    """(B x) T x T: the loss of domain k of the model that serves it after stage t, from ``after`` (L[t][k], NaN where
+    unmeasured): ``after`` itself, or for a per-domain method domain k's own model, L[k][k], at every t >= k (NaN
+    above the diagonal)."""
+    if not independent_per_domain:
+        return after
+    size = after.shape[-1]
+    diagonal = after[..., np.arange(size), np.arange(size)]
+    lower = np.tril(np.ones((size, size))) > 0
+    return np.where(lower, diagonal[..., None, :], np.nan)
+
+
 def mean_regret(after: np.ndarray, oracle_after: np.ndarray) -> np.ndarray:
     """Mean regret against the oracle (TiC-LM): the mean over the cells L[t][k], k <= t, that both loss matrices hold,
     of L[t][k] - L*[t][k], the loss after stage t minus the oracle's (trained on domains 0..t with the same budget).

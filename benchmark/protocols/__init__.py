@@ -12,7 +12,8 @@ returns the cell's scores and test predictions. Adding one is a module with a su
 from __future__ import annotations
 
 from benchmark.errors import DapbenchError
-from benchmark.protocols.base import CLASSIFIER, LANGUAGE_MODEL, EndTaskProtocol
+from benchmark.method import CLASSIFIER, LANGUAGE_MODEL
+from benchmark.protocols.base import EndTaskProtocol, test_sizes
 
 PROTOCOLS: dict[str, EndTaskProtocol] = {}
 """Every registered end-task protocol by name (``finetune.protocol`` accepts exactly these)."""
@@ -37,22 +38,11 @@ def get_protocol(name: str) -> EndTaskProtocol:
     return PROTOCOLS[name]
 
 
-def protocol_words(name: str) -> str:
-    """A protocol's name in words (``linear probe``) for progress lines and tables; a record's protocol that is not
-    installed here reads as its name."""
-    return PROTOCOLS[name].words if name in PROTOCOLS else name
-
-
 def protocol_phrase(ft: dict) -> str:
     """How a record's end tasks were scored, in one phrase (its ``config.finetune``; a protocol not installed here
     reads as its name and sample sizes)."""
     name = ft.get("protocol", "finetune")
-    return PROTOCOLS[name].describe(ft) if name in PROTOCOLS else EndTaskProtocol.describe(_Unknown(name), ft)
-
-
-class _Unknown(EndTaskProtocol):
-    def __init__(self, name: str):
-        self.words = name
+    return PROTOCOLS[name].describe(ft) if name in PROTOCOLS else f"{name}, {test_sizes(ft)}"
 
 
 def protocol_short(ft: dict) -> str:

@@ -6,11 +6,7 @@ from typing import ClassVar
 
 from torch import nn
 
-CLASSIFIER = "classifier"
-"""A protocol that scores the method's end-task classifier (``ContinualMethod.end_task_model``: ``finetune_model``)."""
-LANGUAGE_MODEL = "language_model"
-"""A protocol that scores the stage's language model itself, as the method serves the end task's domain (inside its
-``heldout_view``, as the held-out losses are measured)."""
+from benchmark.method import CLASSIFIER
 
 
 def test_sizes(ft: dict) -> str:
@@ -29,7 +25,7 @@ class EndTaskProtocol:
     short: ClassVar[str]
     """A few words for group headings (``probe``)."""
     scores: ClassVar[str] = CLASSIFIER
-    """What it scores: :data:`CLASSIFIER` or :data:`LANGUAGE_MODEL`."""
+    """What it scores: :data:`benchmark.method.CLASSIFIER` or :data:`benchmark.method.LANGUAGE_MODEL`."""
     trains: ClassVar[bool] = False
     """Whether it trains the scored model (its scores then depend on the fine-tune seed)."""
 

@@ -20,6 +20,9 @@ from benchmark.metrics import (
     record_loss_metrics,
     untrained_groups,
 )
+from benchmark.metrics import (
+    served_losses as served,
+)
 from benchmark.report.groups import order_of, pairing_unit
 
 
@@ -183,26 +186,23 @@ def group_columns(part: pd.DataFrame) -> list[Column]:
 
 
 def served_losses(record: dict) -> np.ndarray:
-    """T x T: the held-out loss of domain k of the model that serves it after stage t (NaN where none is measured):
-    L[t][k]; for a per-domain method domain k's own model, L[k][k], at every t >= k."""
+    """T x T: the held-out loss of domain k of the model that serves it after stage t (NaN where none is measured),
+    as :func:`benchmark.metrics.served_losses` reads a record's L[t][k]."""
     domains, rows = record["sequence"], record["mlm_loss"]["after_domain"]
-    out = np.full((len(domains), len(domains)), np.nan)
+    after = np.full((len(domains), len(domains)), np.nan)
     for t, row in enumerate(rows):
         for k, domain in enumerate(domains):
             if row is not None and row.get(domain) is not None:
-                out[t, k] = row[domain]
-    if record["capabilities"].get("independent_per_domain"):
-        diagonal = np.diag(out).copy()
-        out = np.where(np.tril(np.ones_like(out)) > 0, diagonal[None, :], np.nan)
-    return out
+                after[t, k] = row[domain]
+    return served(after, record["capabilities"].get("independent_per_domain", False))
 
 
-def oracle_partners(records: list[dict], group_of: Callable[[dict], str]) -> dict[int, dict]:
+def oracle_partners(records: list[dict], group_of: Callable[[dict], str]) -> dict[str, dict]:
     """Each record's oracle: the record of the same group, seed and domain order whose method re-trains on every
-    domain seen (``Capabilities.retrains_on_seen``); keyed by ``id(record)``, absent where the group has none."""
+    domain seen (``Capabilities.retrains_on_seen``); keyed by the record's run id, absent where the group has none."""
     oracles = {(group_of(r), pairing_unit(r)): r for r in records if r["capabilities"].get("retrains_on_seen", False)}
-    found = {id(r): oracles.get((group_of(r), pairing_unit(r))) for r in records}
-    return {key: oracle for key, oracle in found.items() if oracle is not None}
+    found = {r["run_id"]: oracles.get((group_of(r), pairing_unit(r))) for r in records}
+    return {run_id: oracle for run_id, oracle in found.items() if oracle is not None}
 
 
 def leaderboard_frame(records: list[dict], group_of: Callable[[dict], str] | None = None) -> pd.DataFrame:
@@ -222,7 +222,7 @@ def leaderboard_frame(records: list[dict], group_of: Callable[[dict], str] | Non
         for column in columns:
             value = column.value(record)
             row[column.title] = np.nan if value is None else float(value)
-        oracle = oracles.get(id(record))
+        oracle = oracles.get(record["run_id"])
         if oracle is not None:
             row[REGRET.title] = float(mean_regret(served_losses(record), served_losses(oracle)))
         row["trainable params"] = record["trainable_parameters"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from benchmark.metrics import loss_metric_arrays, mean_regret
+from benchmark.metrics import loss_metric_arrays, mean_regret, served_losses
 from benchmark.report.frame import oracle_partners
 
 REPLICATES = 1000
@@ -41,9 +41,8 @@ class EvaluationSample:
         self._served: dict[str, np.ndarray] = {}
         self.values = {r["run_id"]: {**self._loss_replicates(r), **self._score_replicates(r)} for r in records}
         for run_id, oracle in oracle_partners(records, lambda record: "").items():
-            mine = next(r["run_id"] for r in records if id(r) == run_id)
-            if mine in self._served and oracle["run_id"] in self._served:
-                self.values[mine]["regret"] = mean_regret(self._served[mine], self._served[oracle["run_id"]])
+            if run_id in self._served and oracle["run_id"] in self._served:
+                self.values[run_id]["regret"] = mean_regret(self._served[run_id], self._served[oracle["run_id"]])
 
     def of(self, run_id: str, metric: str) -> np.ndarray | None:
         """The replicates (length B) of ``metric`` (a loss metric name, or ``acc/final``-style summary) of a record."""
@@ -75,7 +74,8 @@ class EvaluationSample:
                 if row is not None:
                     after[:, t, j] = weights @ np.asarray(row[column][: self.chunk_limit]) / tokens
         caps = record["capabilities"]
-        self._served[record["run_id"]] = _served(after[:, :, : len(record["sequence"])], caps)
+        domains = after[:, :, : len(record["sequence"])]
+        self._served[record["run_id"]] = served_losses(domains, caps.get("independent_per_domain", False))
         arrays = loss_metric_arrays(
             base,
             after,
@@ -93,17 +93,6 @@ class EvaluationSample:
         tasks = record["end_tasks"]
         weights = {task: self._weights(self._example_weights, task, len(labels[task]["labels"])) for task in tasks}
         return score_replicates(record, weights, self.replicates)
-
-
-def _served(after: np.ndarray, caps: dict) -> np.ndarray:
-    """B x T x T replicates of :func:`benchmark.report.frame.served_losses` (a per-domain method's domain k is served
-    by its own model at every t >= k)."""
-    if not caps.get("independent_per_domain", False):
-        return after
-    size = after.shape[1]
-    diagonal = after[:, np.arange(size), np.arange(size)]
-    lower = np.tril(np.ones((size, size))) > 0
-    return np.where(lower[None], diagonal[:, None, :], np.nan)
 
 
 def score_replicates(record: dict, weights: dict[str, np.ndarray], replicates: int) -> dict[str, np.ndarray]:
