@@ -23,20 +23,25 @@ def world_root(tmp_path_factory) -> Path:
     return write_world(build_world(seed=1), tmp_path_factory.mktemp("world") / "data")
 
 
+TINY_BASE = BaseModelSpec(
+    vocab_size=600,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    intermediate_size=64,
+    seq_len=32,
+    steps=10,
+    batch_size=16,
+    lr=1e-3,
+)
+"""The tiny masked base model's recipe (pre-trained on the test world's general text in a second)."""
+
+
 @pytest.fixture(scope="session")
 def tiny_model(world_root, tmp_path_factory) -> Path:
-    spec = BaseModelSpec(
-        vocab_size=600,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=4,
-        intermediate_size=64,
-        seq_len=32,
-        steps=10,
-        batch_size=16,
-        lr=1e-3,
+    return pretrain_synthetic_base(
+        world_root, tmp_path_factory.mktemp("model") / "tiny", TINY_BASE, show_progress=False
     )
-    return pretrain_synthetic_base(world_root, tmp_path_factory.mktemp("model") / "tiny", spec, show_progress=False)
 
 
 def _tiny_decoder(world_root: Path, out: Path, architecture: str) -> Path:

@@ -4,6 +4,8 @@ import dataclasses
 import json
 import shutil
 
+from conftest import TINY_BASE
+
 from benchmark.api import planned_run_ids
 from benchmark.config import apply_overrides
 
@@ -72,6 +74,16 @@ def test_changed_model_weights_give_a_new_id(tiny_config, tmp_path):
     weights[name] = weights[name] + torch.ones_like(weights[name]) * 1e-3
     save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
     assert _ids(config, ("ncl",)) != before
+
+
+def test_the_same_recipe_on_the_same_text_gives_the_same_base_model_byte_for_byte(world_root, tmp_path):
+    """The WordPiece trainer numbers its alphabet in hash order; unfixed, every pre-training gave other token ids,
+    so another model checksum, another run id and other numbers."""
+    from benchmark.data.synthetic import pretrain_synthetic_base
+
+    built = [pretrain_synthetic_base(world_root, tmp_path / name, TINY_BASE, show_progress=False) for name in "ab"]
+    for name in ("tokenizer.json", "model.safetensors"):
+        assert (built[0] / name).read_bytes() == (built[1] / name).read_bytes(), name
 
 
 def test_the_recorded_commit_is_dirty_for_changed_code_not_for_generated_results(tmp_path):

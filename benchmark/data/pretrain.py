@@ -70,6 +70,11 @@ def train_tokenizer(corpora: list[str], vocab_size: int, max_length: int):
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     lines = [line for path in corpora for line in read_corpus_lines(path)]
     tok.train_from_iterator(lines, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS))
+    # The trainer numbers its alphabet in hash-map order, which changes from one process to the next: the same corpus
+    # gave different token ids, so a different model and different numbers. WordPiece matches tokens by their text,
+    # never by id, so numbering the learned vocabulary in a fixed order changes no tokenization.
+    learned = sorted(t for t in tok.get_vocab() if t not in SPECIAL_TOKENS)
+    tok.model = models.WordPiece({t: i for i, t in enumerate([*SPECIAL_TOKENS, *learned])}, unk_token="[UNK]")
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
