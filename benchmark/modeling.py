@@ -2,8 +2,9 @@
 unit-level methods act on, and the loss at the positions a batch names.
 
 Model kinds: a **masked** LM (BERT, RoBERTa: ``AutoModelForMaskedLM``) predicts masked tokens from both sides; a
-**causal** LM (GPT-2, Llama, Qwen, Mistral: ``AutoModelForCausalLM``) predicts every next token. The kind is read
-from the model's configuration (:func:`model_kind`), never from a flag. Batches of both kinds name the positions
+**causal** LM (GPT-2, Llama, Qwen, Mistral: ``AutoModelForCausalLM``) predicts every next token. Each kind is a
+model family (:mod:`benchmark.families`), read from the model's configuration (:func:`benchmark.families.family_of`),
+never from a flag. Batches of both kinds name the positions
 whose outputs the loss reads (``mlm_positions``, flat indices) and their targets (``mlm_targets``): the masked
 positions and the original tokens for a masked LM, every position but each chunk's last and the next token for a
 causal LM. So one forward (:func:`mlm_forward`: backbone, then the LM head on those positions only) serves both.
@@ -33,21 +34,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmark.errors import DapbenchError
-
-MASKED, CAUSAL = "masked", "causal"
-"""The model kinds (:func:`model_kind`)."""
-ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "deberta", "deberta-v2", "camembert")
-
-
-def model_kind(config) -> str:
-    """``masked`` or ``causal``, read from a model configuration: its architectures (``*ForMaskedLM`` against
-    ``*ForCausalLM``/``*LMHeadModel``), else its type (BERT-style encoders are masked, every other LM causal)."""
-    for architecture in getattr(config, "architectures", None) or ():
-        if architecture.endswith("ForMaskedLM"):
-            return MASKED
-        if architecture.endswith(("ForCausalLM", "LMHeadModel")):
-            return CAUSAL
-    return MASKED if config.model_type in ENCODER_TYPES else CAUSAL
 
 
 @dataclass(frozen=True)
@@ -176,7 +162,8 @@ def model_mode(model: nn.Module, training: bool) -> Iterator[None]:
 
 
 def load_lm(name_or_path: str, require_complete: bool = True):
-    """Load a language model of either kind (:func:`model_kind`; in float32) and its tokenizer from a hub id or a
+    """Load a language model of its family's kind (:func:`benchmark.families.family_of`; in float32) and its
+    tokenizer from a hub id or a
     local directory. A causal LM's tokenizer without a padding token pads with its end-of-sequence token (classifiers
     and batched inference need one; packed training chunks are never padded).
 
@@ -187,7 +174,9 @@ def load_lm(name_or_path: str, require_complete: bool = True):
     run. DAP checkpoints of methods that rename modules (peft) pass False and restore every tensor with
     :func:`restore_checkpoint_weights`.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers import AutoConfig
+
+    from benchmark.families import family_of
 
     local = Path(name_or_path)
     if not local.exists() and (name_or_path.startswith((".", "/")) or name_or_path.count("/") > 1):
@@ -197,8 +186,7 @@ def load_lm(name_or_path: str, require_complete: bool = True):
         )
     try:
         tokenizer = load_tokenizer(name_or_path)
-        kind = model_kind(AutoConfig.from_pretrained(name_or_path))
-        auto = AutoModelForMaskedLM if kind == MASKED else AutoModelForCausalLM
+        auto = family_of(AutoConfig.from_pretrained(name_or_path)).auto_class()
         with quiet_transformers():
             model, info = auto.from_pretrained(name_or_path, dtype=torch.float32, output_loading_info=True)
     except (OSError, ValueError) as exc:

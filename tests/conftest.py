@@ -50,11 +50,12 @@ def _tiny_decoder(world_root: Path, out: Path, architecture: str) -> Path:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    from benchmark.data.pretrain import train_bpe_tokenizer
+    from benchmark.data.corpora import read_corpus_lines
     from benchmark.data.synthetic import DOMAINS
+    from benchmark.families import CAUSAL_LM
 
-    corpora = [str(world_root / "general.txt")] + [str(world_root / f"{d}.txt") for d in DOMAINS]
-    tokenizer = train_bpe_tokenizer(corpora, 600, 64)
+    corpora = [world_root / "general.txt"] + [world_root / f"{d}.txt" for d in DOMAINS]
+    tokenizer = CAUSAL_LM.train_tokenizer([line for c in corpora for line in read_corpus_lines(str(c))], 600, 64)
     eos = tokenizer.eos_token_id
     torch.manual_seed(0)
     if architecture == "gpt2":

@@ -17,11 +17,11 @@ def test_counted_flops_of_an_mlm_update_equal_the_hand_count(tiny_model):
     (gradients of input and weight); attention's backward is 2.5 times, as torch counts a fused kernel's (five
     products: the scores are recomputed). CPU attention is counted through the formula ``benchmark.tools.bench``
     registers."""
-    from benchmark.modeling import load_masked_lm, mlm_loss
+    from benchmark.modeling import load_lm, mlm_loss
     from benchmark.tools.bench import _count_cpu_attention
 
     _count_cpu_attention()
-    model, tokenizer = load_masked_lm(str(tiny_model))
+    model, tokenizer = load_lm(str(tiny_model))
     c = model.config
     d, f, layers, vocab = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
     batch_size, length = 3, 16

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -193,6 +194,31 @@ def test_a_recipe_base_model_has_the_same_weights_whatever_instruction_set_the_c
         built = bases.build_recipe("recipe:tiny", tmp_path / f"work-{asked}", echo=lambda _: None)
         checksums.add(model_checksum(str(built), FileHashCache(tmp_path / f"hashes-{asked}.json")))
     assert len(checksums) == 1
+
+
+def test_the_synthetic_base_model_is_built_with_pinned_arithmetic_whatever_threads_the_run_has(
+    world_root, monkeypatch, tmp_path
+):
+    """The synthetic profile's base model is built in a pinned child (one thread, AVX2 kernels), so a run at two
+    threads and one at one build the same weights, and the tokenizer covers the domain corpora as well."""
+    from transformers import AutoTokenizer
+
+    from benchmark.data import synthetic
+    from benchmark.data.bases import pretrain_pinned
+    from benchmark.records.identity import FileHashCache, model_checksum
+
+    spec = dataclasses.replace(synthetic.synthetic_base_spec(), vocab_size=400, hidden_size=16, steps=4, batch_size=8)
+    general, vocabulary = synthetic.synthetic_base_corpora(world_root)
+    checksums = set()
+    for threads in ("1", "2"):
+        monkeypatch.setenv("OMP_NUM_THREADS", threads)
+        out = tmp_path / f"base-{threads}"
+        pretrain_pinned(general, out, spec, vocabulary)
+        checksums.add(model_checksum(str(out), FileHashCache(tmp_path / f"hashes-{threads}.json")))
+    assert len(checksums) == 1
+    domain_only = {w for w in (world_root / "alpha.txt").read_text().split()} - set(general.read_text().split())
+    vocab = AutoTokenizer.from_pretrained(tmp_path / "base-1").get_vocab()
+    assert domain_only and any(w.lower() in vocab for w in domain_only)  # the vocabulary read the domain text too
 
 
 def test_a_failed_recipe_build_is_named_and_caches_nothing(monkeypatch, tmp_path):

@@ -11,7 +11,7 @@ from transformers import DataCollatorWithPadding
 from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
 from benchmark.method import ContinualMethod, FinetuneContext
-from benchmark.modeling import load_masked_lm
+from benchmark.modeling import load_lm
 from benchmark.protocols.linear_probe import encoder_features
 from benchmark.registry import default_registry
 
@@ -75,7 +75,7 @@ def _only_declared_parameters_change(run, base_path):
     trained = run.models.load(run.schedule.stages()[0])  # also restores the method state of domain 0
     declared = {n.replace(".base_layer", "") for n, _ in run.method.trainable_parameters(trained)}
     trained_params = {n.replace(".base_layer", ""): p for n, p in trained.named_parameters()}
-    base, _ = load_masked_lm(base_path)
+    base, _ = load_lm(base_path)
     base_params = dict(base.named_parameters())
     for name, param in base_params.items():
         if name not in declared:

@@ -11,7 +11,7 @@ from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
 from benchmark.errors import DapbenchError
 from benchmark.method import Capabilities, FinetuneContext
-from benchmark.modeling import encoder_of, layer_modules, load_masked_lm, mlm_loss
+from benchmark.modeling import encoder_of, layer_modules, load_lm, mlm_loss
 from methods._shared.adapters import activate_adapter, adapter_parameters, inject_ffn_adapters
 from methods._shared.hat import anneal_s, attention_regularizer, compensate_embedding_gradient, mask_hat_gradients
 from methods._shared.prompts import attach_prompt, prompt_parameters
@@ -70,7 +70,7 @@ def test_hat_leaves_units_of_earlier_domains_unchanged(tiny_config):
     config = dataclasses.replace(tiny_config, keep_checkpoints=True)
     run = continual_run(config, prepare_data(config), "hat", 3, show_progress=False)
     run.execute()
-    first, second = (load_masked_lm(str(run.layout.checkpoint(t)), require_complete=False)[0] for t in (0, 1))
+    first, second = (load_lm(str(run.layout.checkpoint(t)), require_complete=False)[0] for t in (0, 1))
     run.method.load_state_dict(torch.load(run.layout.checkpoint(0) / "method_state.pt", weights_only=False))
     used = run.method.previous["head"] == 1.0  # exactly 1 in float32 at s = smax for most units
     assert used.any() and not used.all()

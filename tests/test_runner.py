@@ -144,9 +144,9 @@ def test_packed_chunks_carry_no_attention_mask_and_train_as_with_an_all_ones_mas
     from transformers import AutoTokenizer
 
     from benchmark.data.masking import MlmCollator
-    from benchmark.modeling import load_masked_lm, mlm_forward
+    from benchmark.modeling import load_lm, mlm_forward
 
-    model, _ = load_masked_lm(str(tiny_model))
+    model, _ = load_lm(str(tiny_model))
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     ids = tokenizer(["the cat was very happy today and we left"] * 4, return_special_tokens_mask=True)
     batch = MlmCollator(tokenizer, 0.3, generator=torch.Generator().manual_seed(0))(

@@ -94,7 +94,7 @@ def test_tests_and_benchmarks_use_no_private_member_of_the_runner():
 
 LAYERS = [
     ("benchmark.errors",),
-    ("benchmark.settings", "benchmark.io", "benchmark.modeling"),
+    ("benchmark.settings", "benchmark.io", "benchmark.modeling", "benchmark.families"),
     ("benchmark.config", "benchmark.method", "benchmark.metrics", "benchmark.schedules"),
     ("benchmark.records",),
     ("benchmark.data",),

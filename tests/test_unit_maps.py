@@ -5,7 +5,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from benchmark.modeling import CAUSAL, MASKED, layer_modules, model_kind
+from benchmark.families import CAUSAL_LM, MASKED_LM, family_of
+from benchmark.modeling import layer_modules
 from methods._shared.softmask import soft_mask_gradients
 from methods._shared.units import gated, unit_shapes
 
@@ -44,11 +45,14 @@ def _zero(grad: torch.Tensor) -> torch.Tensor:
     return (grad == 0).nonzero().tolist()
 
 
-def test_model_kinds_are_read_from_the_configuration():
-    assert model_kind(llama().config) == CAUSAL and model_kind(gpt2().config) == CAUSAL
+def test_model_families_are_read_from_the_configuration():
+    assert family_of(llama().config) is CAUSAL_LM and family_of(gpt2().config) is CAUSAL_LM
     from model_helpers import tiny_mlm
 
-    assert model_kind(tiny_mlm().config) == MASKED and model_kind(tiny_mlm("roberta").config) == MASKED
+    assert family_of(tiny_mlm().config) is MASKED_LM and family_of(tiny_mlm("roberta").config) is MASKED_LM
+    unnamed = tiny_mlm().config
+    unnamed.architectures = None  # no architecture named: the model type decides
+    assert family_of(unnamed) is MASKED_LM
 
 
 def test_a_llama_head_owns_its_query_rows_its_key_value_heads_rows_and_its_output_columns():

@@ -69,25 +69,39 @@ class Recipe:
         return {"corpus": self.corpus, **asdict(self.spec), "numerics": PINNED_NUMERICS}
 
     def build(self, name: str, source: Path, out: Path, show_progress: bool, echo: Callable[[str], None]) -> None:
-        """Pre-train the model at ``out`` in a child process with pinned arithmetic (:func:`pinned_numerics_env`).
-
-        Why a child: ATen picks its kernels' instruction set and MKL its code path once per process, from the
-        environment, before the first operation; a run that has already computed cannot change them any more.
-        """
+        """Pre-train the model at ``out`` in a child process with pinned arithmetic (:func:`pretrain_pinned`)."""
         echo(f"{name}: pre-training {self.description} (once; {self.spec.steps} updates on one thread)")
-        job = json.dumps({"corpus": str(source), "out": str(out), "spec": asdict(self.spec), "progress": show_progress})
-        done = subprocess.run(
-            [sys.executable, "-m", "benchmark.data.bases", job],
-            env={**os.environ, **pinned_numerics_env()},
-            stderr=None if show_progress else subprocess.PIPE,
-            text=True,
+        pretrain_pinned(source, out, self.spec, name=name, show_progress=show_progress)
+
+
+def pretrain_pinned(
+    corpus: Path,
+    out: Path,
+    spec: BaseModelSpec,
+    vocab_corpora: list[Path] | None = None,
+    name: str = "base model",
+    show_progress: bool = False,
+) -> None:
+    """``dapbench pretrain-base`` of ``corpus`` into ``out``, run in a child process with pinned arithmetic
+    (:func:`pinned_numerics_env`), so that every machine of one architecture builds the same weights.
+
+    Why a child: ATen picks its kernels' instruction set and MKL its code path once per process, from the
+    environment, before the first operation; a run that has already computed cannot change them any more.
+    """
+    job = {"corpus": str(corpus), "out": str(out), "spec": asdict(spec), "progress": show_progress}
+    job["vocab_corpora"] = [str(c) for c in vocab_corpora] if vocab_corpora else None
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmark.data.bases", json.dumps(job)],
+        env={**os.environ, **pinned_numerics_env()},
+        stderr=None if show_progress else subprocess.PIPE,
+        text=True,
+    )
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or "").strip().splitlines()[-15:]) or "(its output is above)"
+        raise DapbenchError(
+            f"building the base model {name!r} failed (exit {done.returncode}):\n{tail}",
+            f"fix the cause and run again; nothing was cached, so the next run rebuilds {Path(out).name}",
         )
-        if done.returncode != 0:
-            tail = "\n".join((done.stderr or "").strip().splitlines()[-15:]) or "(its output is above)"
-            raise DapbenchError(
-                f"building the base model {name!r} failed (exit {done.returncode}):\n{tail}",
-                f"fix the cause and run again; nothing was cached, so the next run rebuilds {out.name}",
-            )
 
 
 @dataclass(frozen=True)
@@ -197,7 +211,12 @@ def _build_in_this_process(job: dict) -> None:
     numerics = {key: os.environ[key] for key in sorted(pinned_numerics_env()) if key in os.environ}
     torch.set_num_threads(1)
     pretrain_base(
-        job["corpus"], job["out"], BaseModelSpec(**job["spec"]), show_progress=job["progress"], provenance=numerics
+        job["corpus"],
+        job["out"],
+        BaseModelSpec(**job["spec"]),
+        vocab_corpora=job.get("vocab_corpora"),
+        show_progress=job["progress"],
+        provenance=numerics,
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from benchmark.data.suite import require_data_root
 from benchmark.errors import CorruptStateError, DapbenchError
+from benchmark.families import MASKED_LM, ModelFamily
 from benchmark.io import verify_manifest, write_manifest
 
 
@@ -68,10 +69,10 @@ def load_corpus(
     heldout_fraction: float,
     max_lines: int | None,
     cache_dir: Path,
-    causal: bool = False,
+    family: ModelFamily = MASKED_LM,
     validation: bool = False,
 ) -> Corpus:
-    """Split lines (first ``heldout_fraction`` held out), tokenise and pack (:func:`encode_documents`); cached on
+    """Split lines (first ``heldout_fraction`` held out), tokenise and pack (the family's documents); cached on
     disk by content. With ``validation``, the corpus's ``heldout`` part is its validation slice instead
     (:func:`validation_split`): as many lines as the held-out part, disjoint from it and from the training lines."""
     lines = read_corpus_lines(source)
@@ -87,13 +88,12 @@ def load_corpus(
     if validation:
         train_lines, heldout_lines = validation_split(lines[n_heldout:], max_lines, n_heldout)
     checksum = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
-    kind = "|causal" if causal else ""  # masked entries keep the keys they had before causal LMs existed
-    kind += "|validation" if validation else ""
+    kind = family.cache_tag + ("|validation" if validation else "")
     key = hashlib.sha256(
         f"{checksum}|{_tokenizer_id(tokenizer)}|{seq_len}|{heldout_fraction}|{max_lines}{kind}".encode()
     ).hexdigest()[:20]
-    train = _packed_dataset(train_lines, tokenizer, seq_len, cache_dir / f"{name}-train-{key}", causal)
-    heldout = _packed_dataset(heldout_lines, tokenizer, seq_len, cache_dir / f"{name}-heldout-{key}", causal)
+    train = _packed_dataset(train_lines, tokenizer, seq_len, cache_dir / f"{name}-train-{key}", family)
+    heldout = _packed_dataset(heldout_lines, tokenizer, seq_len, cache_dir / f"{name}-heldout-{key}", family)
     if len(train) == 0:
         raise DapbenchError(
             f"corpus {name} yields no {seq_len}-token chunk for training",
@@ -119,16 +119,16 @@ def load_heldout_text(
     seq_len: int,
     cache_dir: Path,
     max_lines: int | None = None,
-    causal: bool = False,
+    family: ModelFamily = MASKED_LM,
     last: int | None = None,
 ):
     """A whole text file (or its ``last`` lines) as packed chunks (the general corpus), and its checksum."""
     lines = read_corpus_lines(source)[:max_lines]
     lines = lines[-last:] if last else lines
     checksum = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
-    kind = "|causal" if causal else ""
-    key = hashlib.sha256(f"{checksum}|{_tokenizer_id(tokenizer)}|{seq_len}{kind}".encode()).hexdigest()[:20]
-    return _packed_dataset(lines, tokenizer, seq_len, cache_dir / f"{name}-eval-{key}", causal), checksum
+    key = f"{checksum}|{_tokenizer_id(tokenizer)}|{seq_len}{family.cache_tag}"
+    key = hashlib.sha256(key.encode()).hexdigest()[:20]
+    return _packed_dataset(lines, tokenizer, seq_len, cache_dir / f"{name}-eval-{key}", family), checksum
 
 
 def _tokenizer_id(tokenizer) -> str:
@@ -136,7 +136,7 @@ def _tokenizer_id(tokenizer) -> str:
     return hashlib.sha256(f"{type(tokenizer).__name__}|{vocab}".encode()).hexdigest()[:16]
 
 
-def _packed_dataset(lines: list[str], tokenizer, seq_len: int, cache_path: Path, causal: bool = False):
+def _packed_dataset(lines: list[str], tokenizer, seq_len: int, cache_path: Path, family: ModelFamily = MASKED_LM):
     """Tokenise every line with special tokens, concatenate, cut into ``seq_len`` chunks (datasets, cached)."""
     from datasets import load_from_disk
     from filelock import FileLock
@@ -147,7 +147,7 @@ def _packed_dataset(lines: list[str], tokenizer, seq_len: int, cache_path: Path,
         if cache_path.is_dir() and not _intact(cache_path):
             shutil.rmtree(cache_path)
         if not cache_path.is_dir():
-            packed = _build_packed(lines, tokenizer, seq_len, cache_path, causal)
+            packed = _build_packed(lines, tokenizer, seq_len, cache_path, family)
             if packed is not None:  # no chunk: nothing worth caching, and the caller names what is missing
                 return packed.with_format("torch")
         return load_from_disk(str(cache_path)).with_format("torch")
@@ -163,36 +163,19 @@ def _intact(cache_path: Path) -> bool:
     return True
 
 
-def encode_documents(tokenizer, lines: list[str], causal: bool) -> dict[str, list[list[int]]]:
-    """Token ids and special-token marks of each line: a masked LM's tokenizer adds its special tokens (``[CLS]
-    ... [SEP]``); for a causal LM each document is its tokens followed by the end-of-sequence token, which marks the
-    boundary between documents once they are packed (no padding, no start token)."""
-    if not causal:
-        return tokenizer(lines, return_special_tokens_mask=True, verbose=False)
-    if tokenizer.eos_token_id is None:
-        raise DapbenchError(
-            f"tokenizer {type(tokenizer).__name__} has no end-of-sequence token to mark document boundaries",
-            "use a causal LM's tokenizer (it defines eos_token)",
-        )
-    ids = [
-        row + [tokenizer.eos_token_id] for row in tokenizer(lines, add_special_tokens=False, verbose=False)["input_ids"]
-    ]
-    return {"input_ids": ids, "special_tokens_mask": [[0] * (len(row) - 1) + [1] for row in ids]}
-
-
 PACK_BATCH = 1000
 """Lines tokenised and packed together; the tokens left over at the end of each batch are dropped (the chunking
 every cache entry and committed record was made with)."""
 
 
-def _build_packed(lines: list[str], tokenizer, seq_len: int, cache_path: Path, causal: bool = False):
+def _build_packed(lines: list[str], tokenizer, seq_len: int, cache_path: Path, family: ModelFamily = MASKED_LM):
     """Write the packed chunks of ``lines`` to ``cache_path`` through a temporary folder (the caller holds the lock);
     an empty result is returned instead (datasets cannot save and reload a table without rows)."""
     from datasets import Dataset
 
     columns: dict[str, list[list[int]]] = {"input_ids": [], "special_tokens_mask": []}
     for start in range(0, len(lines), PACK_BATCH):  # packed per batch of lines, each remainder dropped
-        encoded = encode_documents(tokenizer, lines[start : start + PACK_BATCH], causal)
+        encoded = family.encode_documents(tokenizer, lines[start : start + PACK_BATCH])
         for key, chunks in columns.items():
             chunks += _pack(encoded[key], seq_len)
     packed = Dataset.from_dict(columns)

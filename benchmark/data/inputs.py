@@ -16,6 +16,7 @@ from benchmark.data.endtasks import EncodedTask, encode_task, load_end_task
 from benchmark.data.masking import batches_checksum, chunk_token_counts, heldout_mlm_batches
 from benchmark.data.suite import TaskSuite, load_suite
 from benchmark.errors import DapbenchError
+from benchmark.families import MASKED_LM, ModelFamily, family_of
 from benchmark.records.identity import FileHashCache, file_checksum, model_checksum, shared_cache_path
 
 GENERAL = "general"
@@ -39,8 +40,8 @@ class RunData:
     """Mask draws per held-out chunk (``dap.heldout_mask_draws``)."""
     feature_chunks: int | None = None
     """Held-out chunks per set whose features measure representation drift (``dap.feature_chunks``; None: all)."""
-    causal: bool = False
-    """Whether the base model is a causal LM (batches predict next tokens; nothing is masked)."""
+    family: ModelFamily = MASKED_LM
+    """The base model's family (:mod:`benchmark.families`): what its batches predict and how its documents read."""
 
     def training_set(self, domain_indices: list[int]) -> Dataset:
         """The training chunks of the given domains (one domain, or the union for joint training)."""
@@ -67,17 +68,17 @@ class RunData:
 
 
 def prepare_data(config: RunConfig) -> RunData:
-    """Load the suite, tokenizer, corpora (packed, cached) and end tasks (re-split, encoded), for the model's kind."""
+    """Load the suite, tokenizer, corpora (packed, cached) and end tasks (re-split, encoded), for the model's family."""
     from transformers import AutoConfig
 
-    from benchmark.modeling import CAUSAL, load_tokenizer, model_kind
+    from benchmark.modeling import load_tokenizer
 
     suite = load_suite(config.data_root)
     domains = suite.sequence(config.sequence)
     sources = {name: resolve_corpus_path(suite.domains[name].corpus, config.data_root) for name in domains}
     try:
         tokenizer = load_tokenizer(config.model)
-        causal = model_kind(AutoConfig.from_pretrained(config.model)) == CAUSAL
+        family = family_of(AutoConfig.from_pretrained(config.model))
     except (OSError, ValueError) as exc:
         raise DapbenchError(
             f"cannot load the tokenizer of {config.model!r}: {exc}",
@@ -97,22 +98,22 @@ def prepare_data(config: RunConfig) -> RunData:
             dap.heldout_fraction,
             dap.max_corpus_lines,
             cache_dir,
-            causal,
+            family,
             validation=dap.evaluate_on == "validation",
         )
         corpora[name], tasks[name] = corpus, encode_task(task, tokenizer, config.finetune)
         checksums[f"corpus/{name}"], checksums[f"task/{task.name}"] = corpus.checksum, task.checksum
     for name, corpus in corpora.items():
-        heldout[name] = _heldout_batches(corpus.heldout, tokenizer, dap, causal)
+        heldout[name] = _heldout_batches(corpus.heldout, tokenizer, dap, family)
     if config.general_heldout:
         source, last = _general_evaluation_text(config)
         general, checksums[f"corpus/{GENERAL}"] = load_heldout_text(
-            GENERAL, source, tokenizer, dap.seq_len, cache_dir, causal=causal, last=last
+            GENERAL, source, tokenizer, dap.seq_len, cache_dir, family=family, last=last
         )
-        heldout[GENERAL] = _heldout_batches(general, tokenizer, dap, causal)
+        heldout[GENERAL] = _heldout_batches(general, tokenizer, dap, family)
     checksums.update(_file_checksums(config))
-    draws = 1 if causal else dap.heldout_mask_draws  # a causal LM's evaluation has nothing to draw
-    return RunData(suite, domains, tokenizer, corpora, heldout, tasks, checksums, draws, dap.feature_chunks, causal)
+    draws = family.heldout_draws(dap.heldout_mask_draws)
+    return RunData(suite, domains, tokenizer, corpora, heldout, tasks, checksums, draws, dap.feature_chunks, family)
 
 
 def _general_evaluation_text(config: RunConfig) -> tuple[str, int | None]:
@@ -144,7 +145,7 @@ def _file_checksums(config: RunConfig) -> dict[str, str]:
     return out
 
 
-def _heldout_batches(dataset, tokenizer, dap: DapConfig, causal: bool) -> list[dict]:
+def _heldout_batches(dataset, tokenizer, dap: DapConfig, family: ModelFamily) -> list[dict]:
     if len(dataset) == 0:
         raise DapbenchError("a held-out corpus slice yields no full chunk", "lower dap.seq_len or use more text")
     return heldout_mlm_batches(
@@ -154,5 +155,5 @@ def _heldout_batches(dataset, tokenizer, dap: DapConfig, causal: bool) -> list[d
         dap.per_device_batch_size,
         dap.mlm_probability,
         dap.heldout_mask_draws,
-        causal,
+        family,
     )

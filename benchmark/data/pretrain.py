@@ -1,6 +1,6 @@
 """``dapbench pretrain-base``: build a small general base model from any corpus: a masked LM (WordPiece tokenizer +
 BERT) or, with ``causal``, a Llama-style decoder (byte-level BPE tokenizer + Llama with grouped-query attention and a
-gated MLP).
+gated MLP): each kind's recipe is its model family's (:mod:`benchmark.families`).
 
 Users without hub access make their own base model with it; the synthetic profile uses the same
 code. Training uses the benchmark's own packing, collator and selected-position loss.
@@ -18,11 +18,11 @@ from torch.utils.data import DataLoader
 from benchmark.data.corpora import load_corpus, read_corpus_lines
 from benchmark.data.masking import MlmCollator, fixed_mlm_batches
 from benchmark.errors import DapbenchError
+from benchmark.families import CAUSAL_LM, MASKED_LM, ModelFamily
+from benchmark.families.masked import SPECIAL_TOKENS
 from benchmark.io import atomic_directory, atomic_write_json, mark_owned, owned_folder, require_replaceable
 from benchmark.modeling import mlm_loss
 from benchmark.settings import check_settings, setting
-
-SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,14 @@ class BaseModelSpec:
     lr: float = setting(5e-4, low=0, low_open=True, high=1)
     seed: int = 0
     causal: bool = False
-    """A Llama-style decoder (next-token loss) instead of a BERT masked LM."""
+    """A Llama-style decoder (next-token loss) instead of a BERT masked LM (``--causal``; see :attr:`family`)."""
     kv_heads: int = setting(0, low=0, high=1_024)
     """Key/value heads of the decoder (grouped-query attention); 0: as many as query heads."""
+
+    @property
+    def family(self) -> ModelFamily:
+        """The kind of model the spec builds: its tokenizer recipe, its architecture and its objective."""
+        return CAUSAL_LM if self.causal else MASKED_LM
 
     def __post_init__(self):
         check_settings("pretrain-base", self)
@@ -60,61 +65,9 @@ class BaseModelSpec:
             )
 
 
-def train_tokenizer(corpora: list[str], vocab_size: int, max_length: int):
-    """An uncased WordPiece tokenizer trained on the given text files (the BERT recipe)."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    lines = [line for path in corpora for line in read_corpus_lines(path)]
-    tok.train_from_iterator(lines, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS))
-    # The trainer numbers its alphabet in hash-map order, which changes from one process to the next: the same corpus
-    # gave different token ids, so a different model and different numbers. WordPiece matches tokens by their text,
-    # never by id, so numbering the learned vocabulary in a fixed order changes no tokenization.
-    learned = sorted(t for t in tok.get_vocab() if t not in SPECIAL_TOKENS)
-    tok.model = models.WordPiece({t: i for i, t in enumerate([*SPECIAL_TOKENS, *learned])}, unk_token="[UNK]")
-    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-        model_max_length=max_length,
-    )
-
-
-def train_bpe_tokenizer(corpora: list[str], vocab_size: int, max_length: int):
-    """A byte-level BPE tokenizer trained on the given text files (the GPT-2 / Llama recipe), whose one special
-    token ``<|endoftext|>`` ends documents and pads."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    lines = [line for path in corpora for line in read_corpus_lines(path)]
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(lines, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, model_max_length=max_length)
-
-
-EOS = "<|endoftext|>"
-
-
-def _base_model(spec: BaseModelSpec, tokenizer):
-    """A fresh model of the spec's kind sized to the tokenizer."""
-    sizes = {
+def _sizes(spec: BaseModelSpec, tokenizer) -> dict[str, int]:
+    """The spec's sizes in transformers' configuration names, the vocabulary the tokenizer's."""
+    return {
         "vocab_size": len(tokenizer),
         "hidden_size": spec.hidden_size,
         "num_hidden_layers": spec.num_layers,
@@ -122,23 +75,6 @@ def _base_model(spec: BaseModelSpec, tokenizer):
         "intermediate_size": spec.intermediate_size,
         "max_position_embeddings": max(spec.seq_len, 64),
     }
-    if not spec.causal:
-        from transformers import BertConfig, BertForMaskedLM
-
-        return BertForMaskedLM(BertConfig(**sizes, pad_token_id=tokenizer.pad_token_id))
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    eos = tokenizer.eos_token_id
-    return LlamaForCausalLM(
-        LlamaConfig(
-            **sizes,
-            num_key_value_heads=spec.kv_heads or spec.num_heads,
-            tie_word_embeddings=True,
-            pad_token_id=eos,
-            bos_token_id=eos,
-            eos_token_id=eos,
-        )
-    )
 
 
 def pretrain_base(
@@ -163,19 +99,20 @@ def pretrain_base(
         raise DapbenchError(f"corpus not found: {corpus}", "pass a text file with one passage per line")
     _require_free_outputs(out_dir)
     set_seed(spec.seed)
-    train = train_bpe_tokenizer if spec.causal else train_tokenizer
-    tokenizer = train(vocab_corpora or [corpus], spec.vocab_size, spec.seq_len)
-    model = _base_model(spec, tokenizer)
+    family = spec.family
+    lines = [line for path in vocab_corpora or [corpus] for line in read_corpus_lines(path)]
+    tokenizer = family.train_tokenizer(lines, spec.vocab_size, spec.seq_len)
+    model = family.new_model(_sizes(spec, tokenizer), tokenizer, spec.kv_heads)
     with _scratch(out_dir) as scratch:
-        data = load_corpus("base", corpus, tokenizer, spec.seq_len, 0.02, None, scratch, causal=spec.causal)
+        data = load_corpus("base", corpus, tokenizer, spec.seq_len, 0.02, None, scratch, family=family)
     loader = DataLoader(
         data.train,
         batch_size=spec.batch_size,
         shuffle=True,
-        collate_fn=MlmCollator(tokenizer, causal=spec.causal),
+        collate_fn=MlmCollator(tokenizer, family=family),
         drop_last=len(data.train) >= spec.batch_size,
     )
-    heldout = fixed_mlm_batches(data.heldout, tokenizer, 128, 64, 0.15, causal=spec.causal)
+    heldout = fixed_mlm_batches(data.heldout, tokenizer, 128, 64, 0.15, family=family)
     start = time.perf_counter()
     _train_mlm(model, loader, spec, show_progress)
     reinitialised = _reinitialise_unseen_tokens(model, tokenizer, read_corpus_lines(corpus))

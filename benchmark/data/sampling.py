@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from benchmark.data.masking import MlmCollator
+from benchmark.families import MASKED_LM, ModelFamily
 
 SHUFFLE, MASKS, DROPOUT, REPLAY = 0, 1, 2, 3
 """What a derived seed is for (part of its derivation, so no two share a stream)."""
@@ -153,8 +154,8 @@ class SeededMasking:
     """Collate a micro-batch into ``(global index, masked batch)``, its masks drawn from
     ``(seed, stage, MASKS, global index)``."""
 
-    def __init__(self, tokenizer, mlm_probability: float, seed: int, stage: int, causal: bool = False):
-        self.collator = MlmCollator(tokenizer, mlm_probability, causal=causal)
+    def __init__(self, tokenizer, mlm_probability: float, seed: int, stage: int, family: ModelFamily = MASKED_LM):
+        self.collator = MlmCollator(tokenizer, mlm_probability, family=family)
         self.seed, self.stage = seed, stage
 
     def __call__(self, tagged: list[tuple[int, dict]]) -> tuple[int, dict[str, torch.Tensor]]:
@@ -175,7 +176,7 @@ def stage_stream(
     world: int,
     workers: int = 0,
     pin_memory: bool = False,
-    causal: bool = False,
+    family: ModelFamily = MASKED_LM,
     replay: tuple[ReplayPlan, tuple[Dataset, ...]] | None = None,
 ) -> DataLoader:
     """This process's share of the stage's training stream: ``(global index, masked micro-batch)`` on the host,
@@ -185,7 +186,7 @@ def stage_stream(
     return DataLoader(
         _Tagged(dataset, pools),
         batch_sampler=StageMicroBatches(len(dataset), micro, seed, stage, rank, world, plan),
-        collate_fn=SeededMasking(tokenizer, mlm_probability, seed, stage, causal),
+        collate_fn=SeededMasking(tokenizer, mlm_probability, seed, stage, family),
         num_workers=workers,
         pin_memory=pin_memory,
         prefetch_factor=4 if workers else None,

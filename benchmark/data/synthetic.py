@@ -30,8 +30,10 @@ from benchmark.config import RunConfig
 from benchmark.data.suite import SUITE_FILE
 from benchmark.io import atomic_directory, built_once
 
-VERSION = 1
-"""Bump when the generator changes: cached worlds and base models live under a versioned folder."""
+VERSION = 2
+"""Bump when the generator or the base model's build changes: cached worlds and base models live under a versioned
+folder (2: the base model built with pinned arithmetic and a tokenizer numbered in a fixed order, so that every
+machine builds the same one)."""
 DOMAINS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")
 NUM_LABELS = (3, 3, 4, 2, 4, 2)
 INTENSIFIERS = ("very", "really", "quite")
@@ -154,19 +156,12 @@ def write_world(world: dict, root: str | Path) -> Path:
     return atomic_directory(root, fill)
 
 
-def pretrain_synthetic_base(
-    data_root: str | Path, out_dir: str | Path, spec=None, show_progress: bool = True, causal: bool = False
-) -> Path:
-    """Pre-train the synthetic world's base model on its general corpus only: a tiny BERT, or with ``causal`` a
-    tiny Llama-style decoder (grouped-query attention) of the same budget.
+def synthetic_base_spec(causal: bool = False):
+    """The synthetic world's base model: a tiny BERT, or with ``causal`` a tiny Llama-style decoder (grouped-query
+    attention) of the same budget."""
+    from benchmark.data.pretrain import BaseModelSpec
 
-    The tokenizer's vocabulary also covers the domain corpora (segmentation carries no knowledge),
-    so domain words are whole tokens whose embeddings the base model never trained.
-    """
-    from benchmark.data.pretrain import BaseModelSpec, pretrain_base
-
-    root = Path(data_root)
-    spec = spec or BaseModelSpec(
+    return BaseModelSpec(
         vocab_size=2000,
         hidden_size=64,
         num_layers=2,
@@ -179,8 +174,29 @@ def pretrain_synthetic_base(
         causal=causal,
         kv_heads=2 if causal else 0,
     )
-    corpora = [str(root / "general.txt")] + [str(root / f"{d}.txt") for d in DOMAINS]
-    return pretrain_base(str(root / "general.txt"), out_dir, spec, vocab_corpora=corpora, show_progress=show_progress)
+
+
+def synthetic_base_corpora(data_root: str | Path) -> tuple[Path, list[Path]]:
+    """What the base model reads: the general corpus it trains on, and the corpora its tokenizer's vocabulary
+    covers (the general and every domain corpus: segmentation carries no knowledge, so domain words are whole
+    tokens whose embeddings the base model never trained)."""
+    root = Path(data_root)
+    return root / "general.txt", [root / "general.txt"] + [root / f"{d}.txt" for d in DOMAINS]
+
+
+def pretrain_synthetic_base(
+    data_root: str | Path, out_dir: str | Path, spec=None, show_progress: bool = True, causal: bool = False
+) -> Path:
+    """Pre-train a base model on the synthetic world's general corpus only, in this process (``spec``, default
+    :func:`synthetic_base_spec`); runs of the synthetic profile build theirs with pinned arithmetic instead
+    (:func:`materialise`)."""
+    from benchmark.data.pretrain import pretrain_base
+
+    general, vocabulary = synthetic_base_corpora(data_root)
+    spec = spec or synthetic_base_spec(causal)
+    return pretrain_base(
+        str(general), out_dir, spec, vocab_corpora=[str(c) for c in vocabulary], show_progress=show_progress
+    )
 
 
 def _sequences() -> dict[str, list[str]]:
@@ -200,7 +216,7 @@ def materialise(config: RunConfig, show_progress: bool = False, echo: Callable[[
     """``config`` with its inputs in place, each built once and cached in the work folder: the synthetic world and
     its tiny base model (``--model synthetic`` or ``synthetic-causal`` with the synthetic data), or a base model
     made by a recipe (``--model recipe:<name>``, :mod:`benchmark.data.bases`); any other config as it is."""
-    from benchmark.data.bases import RECIPE, build_recipe
+    from benchmark.data.bases import RECIPE, build_recipe, pretrain_pinned
 
     if config.model.startswith(RECIPE):
         return dataclasses.replace(config, model=str(build_recipe(config.model, config.work_dir, show_progress, echo)))
@@ -212,9 +228,10 @@ def materialise(config: RunConfig, show_progress: bool = False, echo: Callable[[
     built_once(data_root, lambda: write_world(build_world(seed=0), data_root))
 
     def pretrain() -> None:
-        kind = "causal" if causal else "masked"
-        echo(f"synthetic: pre-training the tiny {kind} base model on the general text (once)")
-        pretrain_synthetic_base(data_root, model_dir, show_progress=show_progress, causal=causal)
+        spec = synthetic_base_spec(causal)
+        echo(f"synthetic: pre-training the tiny {spec.family.name} base model on the general text (once, one thread)")
+        general, vocabulary = synthetic_base_corpora(data_root)
+        pretrain_pinned(general, model_dir, spec, vocabulary, "synthetic", show_progress)
 
     built_once(model_dir, pretrain)
     return dataclasses.replace(

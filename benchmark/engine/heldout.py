@@ -16,7 +16,7 @@ from benchmark.engine.evaluation import DeviceBatches, heldout_evaluation, heldo
 from benchmark.engine.workfiles import finished, read_work_file, write_work_file
 from benchmark.errors import CorruptStateError
 from benchmark.io import atomic_write_bytes
-from benchmark.modeling import load_masked_lm
+from benchmark.modeling import load_lm
 
 
 class BaseEvaluation:
@@ -49,7 +49,7 @@ class BaseEvaluation:
         layout, data, device = self.parts.layout, self.parts.data, self.parts.accelerator.device
         main = self.parts.accelerator.is_main_process
         if not (finished(layout.base_losses, "base MLM-loss file", main) and layout.base_features.exists()):
-            model, _ = load_masked_lm(self.parts.config.model)
+            model, _ = load_lm(self.parts.config.model)
             model, processes = model.to(device), self.parts.accelerator
             features = heldout_features(model, data.feature_batches(), device, processes=processes)
             losses = heldout_evaluation(model, data.heldout_batches, device, processes=processes)
@@ -81,7 +81,7 @@ class GeneralProbe:
                 dap.seq_len,
                 cache,
                 max_lines=dap.max_corpus_lines,
-                causal=p.data.causal,
+                family=p.data.family,
             )
         return self._chunks
 
@@ -98,6 +98,6 @@ class GeneralProbe:
                 dap.probe_batch_size,
                 dap.mlm_probability,
                 seed=999,
-                causal=p.data.causal,
+                family=p.data.family,
             )
         return DeviceBatches(self._batches, p.accelerator.device)

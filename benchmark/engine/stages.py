@@ -20,7 +20,7 @@ from benchmark.engine.training import DapTrainer
 from benchmark.engine.updates import UpdateSizes
 from benchmark.engine.workfiles import write_work_file
 from benchmark.method import DomainContext
-from benchmark.modeling import load_masked_lm, mlm_loss, restore_checkpoint_weights
+from benchmark.modeling import load_lm, mlm_loss, restore_checkpoint_weights
 
 
 class StageModels:
@@ -36,7 +36,7 @@ class StageModels:
     def fresh(self, t: int):
         """The base model after the method's surgery, with the method state of checkpoint t-1 where it carries."""
         p = self.parts
-        model, _ = load_masked_lm(p.config.model)
+        model, _ = load_lm(p.config.model)
         model = p.method.setup(model.to(p.accelerator.device))
         if p.schedule.carries_method_state(t):
             p.method.load_state_dict(p.layout.method_state(t - 1))
@@ -50,7 +50,7 @@ class StageModels:
         p, weights = self.parts, full_state_dict(sharded)
         devices = [p.accelerator.device] if p.accelerator.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):  # building a model draws initial weights: leave the RNG as it was
-            model, _ = load_masked_lm(p.config.model)
+            model, _ = load_lm(p.config.model)
             model = p.method.setup(model.to(p.accelerator.device))
         model.load_state_dict(weights)
         return model.train(sharded.training)  # the mode training left it in (a method's after-domain work reads it)
@@ -58,7 +58,7 @@ class StageModels:
     def load(self, t: int):
         """The model of checkpoint ``t`` after the method's surgery, with the method state saved with it."""
         p, checkpoint = self.parts, self.parts.layout.verified_checkpoint(t)
-        model, _ = load_masked_lm(str(checkpoint), require_complete=False)
+        model, _ = load_lm(str(checkpoint), require_complete=False)
         model = p.method.setup(model.to(p.accelerator.device))
         restore_checkpoint_weights(model, checkpoint)
         p.method.load_state_dict(p.layout.method_state(t))
@@ -75,7 +75,7 @@ def _probe_batches(p: RunParts, t: int) -> list:
         dap.probe_batch_size,
         dap.mlm_probability,
         seed=1000 + t,
-        causal=p.data.causal,
+        family=p.data.family,
     )
 
 
@@ -148,7 +148,7 @@ class StageRunner:
             p.tracker,
             p.show_progress,
             self.instrument,
-            p.data.causal,
+            p.data.family,
         )
         sizes = UpdateSizes(model, p.method)  # after before_domain: what the stage's updates start from
         dataset = p.data.training_set(p.schedule.training_domains(t))

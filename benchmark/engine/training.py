@@ -31,6 +31,7 @@ from benchmark.engine.recipe import StagePlan
 from benchmark.engine.recompute import activation_checkpointing
 from benchmark.engine.sharding import accumulating
 from benchmark.errors import NonFiniteError
+from benchmark.families import MASKED_LM, ModelFamily
 from benchmark.method import ContinualMethod, StepContext, StepOutput
 from benchmark.modeling import mlm_forward
 
@@ -61,14 +62,17 @@ def _prepared_step(model, method: ContinualMethod, acc, optimizer, replicated):
     return acc.prepare(DapStep(model, method), optimizer)
 
 
-def _log_entry(sums: dict[str, torch.Tensor], count: int, acc, method: str, step: int, bar, causal: bool) -> dict:
+def _log_entry(
+    sums: dict[str, torch.Tensor], count: int, acc, method: str, step: int, bar, family: ModelFamily
+) -> dict:
     """The log entry of the ``count`` updates since the last one: each loss term's mean over every process's
-    micro-batches (as in one), shown on the progress bar too (the language-model term under the name of what it is:
-    ``next-token`` for a decoder, ``mlm`` for a masked LM; the record keeps the key ``mlm`` for both)."""
+    micro-batches (as in one), shown on the progress bar too (the language-model term under the name of what it is,
+    the family's ``loss_name``: ``next-token`` for a decoder, ``mlm`` for a masked LM; the record keeps the key
+    ``mlm`` for every family)."""
     if acc.num_processes > 1:
         sums = {k: acc.reduce(v, "mean") for k, v in sums.items()}
     means = finite_means(sums, count, f"{method}: DAP loss term(s)", step)  # the loop's only host sync
-    shown = {("next-token" if causal and k == "mlm" else k): f"{v:.3f}" for k, v in means.items()}
+    shown = {(family.loss_name if k == "mlm" else k): f"{v:.3f}" for k, v in means.items()}
     bar.set_postfix(shown)
     return {"step": step, **{k: round(v, 5) for k, v in means.items()}}
 
@@ -89,8 +93,8 @@ class DapTrainer:
     instrument: Callable[[], contextlib.AbstractContextManager] | None = None
     """Makes a context entered around the stage's updates only (not its setup or evaluation): ``dapbench bench``
     counts FLOPs (``torch.utils.flop_counter``) and records ``torch.profiler`` traces with it."""
-    causal: bool = False
-    """Whether the model is a causal LM (its stream predicts next tokens instead of masked ones)."""
+    family: ModelFamily = MASKED_LM
+    """The model's family: what its stream's batches predict (masked tokens, next tokens)."""
 
     def train(self, model, dataset: Dataset, plan: StagePlan, t: int, desc: str) -> dict:
         """Run ``plan.steps`` updates on ``dataset`` (and its replay pools) and return the stage's statistics."""
@@ -99,7 +103,7 @@ class DapTrainer:
         (optimizer, *extra), schedules, clipped = stage_optimizers(self.method, model, dap, plan, acc)
         accum = max(1, dap.batch_size // (dap.per_device_batch_size * acc.num_processes))
         replay = plan.replay_plan(dap.per_device_batch_size, accum * acc.num_processes)
-        stream = training_stream(dataset, self.tokenizer, dap, self.seed, t, acc, self.causal, replay)
+        stream = training_stream(dataset, self.tokenizer, dap, self.seed, t, acc, self.family, replay)
         step, optimizer = _prepared_step(model, self.method, acc, optimizer, replicated)
         ctx = StepContext(model, t, 0, steps, plan.step_offset, acc, optimizer)
         update = StageUpdate(optimizer, extra, schedules, clipped, self.method, dap.max_grad_norm, replicated)
@@ -138,13 +142,20 @@ class DapTrainer:
             if tracking:
                 self.tracker.log_update(ctx.global_step + 1, terms, lr)
             if (step + 1) % dap.log_every == 0 or step + 1 == ctx.total_domain_steps:
-                log.append(_log_entry(sums, step + 1 - last_logged, acc, self.method.name, step + 1, bar, self.causal))
+                log.append(_log_entry(sums, step + 1 - last_logged, acc, self.method.name, step + 1, bar, self.family))
                 last_logged = step + 1
         return log
 
 
 def training_stream(
-    dataset: Dataset, tokenizer, dap: DapConfig, seed: int, stage: int, acc, causal: bool = False, replay=None
+    dataset: Dataset,
+    tokenizer,
+    dap: DapConfig,
+    seed: int,
+    stage: int,
+    acc,
+    family: ModelFamily = MASKED_LM,
+    replay=None,
 ) -> DataLoader:
     """This process's share of the stage's training stream (with ``replay``'s plan and pools, if any). Not prepared
     by accelerate: it shards itself across processes (:mod:`benchmark.data.sampling`)."""
@@ -159,7 +170,7 @@ def training_stream(
         acc.num_processes,
         dap.loader_workers,
         pin_memory=acc.device.type == "cuda",
-        causal=causal,
+        family=family,
         replay=replay,
     )
 

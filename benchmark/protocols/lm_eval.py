@@ -57,9 +57,10 @@ class LmEval(EndTaskProtocol):
 
     def check(self, config, data) -> None:
         """A decoder, lm-eval installed, and label words that tell every task's labels apart."""
-        if not data.causal:
+        if not data.family.scores_continuations:
             raise DapbenchError(
-                f"finetune.protocol=lm_eval scores a decoder's log-likelihoods; model {config.model!r} is a masked LM",
+                f"finetune.protocol=lm_eval scores a decoder's log-likelihoods; model {config.model!r} is a"
+                f" {data.family.name} LM, which does not score text left to right",
                 "use finetune.protocol=linear_probe or finetune for a masked LM, or pass --model a causal LM",
             )
         try:

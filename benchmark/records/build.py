@@ -57,7 +57,7 @@ def build_record(
         "capabilities": dataclasses.asdict(caps),
         "comparison_role": None if method.variant() or identity.recipe else method.comparison_role,
         "leaderboard_note": method.leaderboard_note,
-        "model_kind": "causal" if data.causal else "masked",
+        "model_kind": data.family.name,
         "seed": seed,
         "profile": config.profile,
         "sequence": list(data.domains),

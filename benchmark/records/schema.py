@@ -125,8 +125,9 @@ class RunRecord(TypedDict):
     leaderboard_note: str
     """What the method says its numbers mean (printed once per method by the leaderboard's reading)."""
     model_kind: str
-    """``masked``: a masked LM, its held-out loss the MLM loss at the masked positions; ``causal``: a causal LM, its
-    held-out loss the next-token loss at every position (nats per token)."""
+    """The base model's family (:mod:`benchmark.families`): ``masked``, a masked LM, its held-out loss the MLM loss at
+    the masked positions; ``causal``, a causal LM, its held-out loss the next-token loss at every position (nats per
+    token); or a registered plugin family's name."""
     seed: int
     profile: str
     sequence: list[str]

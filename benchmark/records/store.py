@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmark.errors import DapbenchError
+from benchmark.families import MASKED_LM
 from benchmark.io import read_json, safe_name
 from benchmark.records.schema import REQUIRED, SCHEMA_VERSION, RunRecord, portable_config
 
@@ -65,7 +66,13 @@ def _from_schema_1(record: dict[str, Any]) -> dict[str, Any]:
 def _from_schema_2(record: dict[str, Any]) -> dict[str, Any]:
     """Schema 2 -> 3: no per-chunk losses (the evaluation sample's error is unknown for it); the method's
     comparison role and note from the installed plugin where the record's label is the method at its defaults."""
-    record = {**record, "schema": SCHEMA_VERSION, "model_kind": "masked", "predictions": None, "test_labels": None}
+    record = {
+        **record,
+        "schema": SCHEMA_VERSION,
+        "model_kind": MASKED_LM.name,
+        "predictions": None,
+        "test_labels": None,
+    }
     record["mlm_loss"] = {**record["mlm_loss"], "chunks": None}
     cls = installed_method(record["method"])  # a plugin not installed here: the record keeps no role and no note
     role = cls.comparison_role if cls and record["method_label"] == record["method"] else None

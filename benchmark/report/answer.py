@@ -9,6 +9,7 @@ no DAP (``none``'s role), as in the group's own reading; rows flagged as untrain
 
 from __future__ import annotations
 
+from benchmark.families import MASKED_LM
 from benchmark.report.escape import code
 from benchmark.report.frame import tokens_per_domain, untrained_flag
 from benchmark.report.reading import column_of
@@ -44,7 +45,11 @@ def short_answer(sections: list[tuple]) -> list[str]:
 
 def _answers(group) -> bool:
     first = group.records[0]
-    return first["profile"] not in NOT_AN_ANSWER and first.get("model_kind", "masked") == "masked" and not group.orders
+    return (
+        first["profile"] not in NOT_AN_ANSWER
+        and first.get("model_kind", MASKED_LM.name) == MASKED_LM.name
+        and not group.orders
+    )
 
 
 def _trained(stats: GroupStatistics, label: str) -> bool:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from benchmark.families import FAMILIES, MASKED_LM, ModelFamily
 from benchmark.metrics import GATES_UNLEARNED_BELOW, UNTRAINED_BELOW
 from benchmark.protocols import protocol_phrase
 from benchmark.report.end_task_reading import end_task_reading
@@ -159,14 +160,23 @@ def _absent_methods_line(group: Group) -> list[str]:
     return [f"- registered methods without a record in this group: {', '.join(code(m) for m in absent)} ({why})"]
 
 
+def record_family(record: dict) -> ModelFamily | None:
+    """The family of the record's base model (:mod:`benchmark.families`; records made before the field existed are
+    of masked models); None for a family this process has not registered (a plugin's, not imported)."""
+    return FAMILIES.get(record.get("model_kind", MASKED_LM.name))
+
+
 def is_decoder(record: dict) -> bool:
-    """Whether the record's base model is a causal LM (its held-out losses are next-token losses)."""
-    return record.get("model_kind") == "causal"
+    """Whether the record's base model scores text left to right (a causal LM: its held-out losses are next-token
+    losses per token, so their exponent is a perplexity)."""
+    family = record_family(record)
+    return bool(family and family.scores_continuations)
 
 
 def loss_unit(record: dict) -> tuple[str, str]:
-    """What the record's held-out losses measure, and their unit."""
-    return ("held-out next-token loss", "nats per token") if is_decoder(record) else ("held-out loss", "nats")
+    """What the record's held-out losses measure, and their unit, as its family says them."""
+    family = record_family(record)
+    return family.heldout_reading if family else (f"held-out loss of a {record['model_kind']} model", "nats")
 
 
 def _decoder_line(record: dict) -> list[str]:

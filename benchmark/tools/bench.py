@@ -31,6 +31,7 @@ from benchmark.data.inputs import RunData, prepare_data
 from benchmark.engine.environment import make_accelerator
 from benchmark.engine.optimizers import fused_adamw
 from benchmark.engine.runner import ContinualRun
+from benchmark.families import MASKED_LM
 
 BENCH_SCHEMA = 1
 """Version of the JSON ``dapbench bench --save`` writes under ``results/bench/``."""
@@ -70,7 +71,7 @@ def bench(
         "precision": precision,
         "torch_threads": torch.get_num_threads(),
         "model": _portable(config.model),
-        "model_kind": "causal" if data.causal else "masked",
+        "model_kind": data.family.name,
         "compiled": cfg.dap.compile,
         "activation_checkpointing": cfg.dap.activation_checkpointing,
         "micro_batch": cfg.dap.per_device_batch_size,
@@ -223,14 +224,14 @@ def encoder_share(cfg: RunConfig, data: RunData, device: torch.device | None = N
     paper's shape."""
     from benchmark.data.masking import table_rows
     from benchmark.data.sampling import SeededMasking
-    from benchmark.modeling import encoder_of, load_masked_lm, mlm_loss
+    from benchmark.modeling import encoder_of, load_lm, mlm_loss
 
     device = device or torch.device("cpu")
-    model, _ = load_masked_lm(cfg.model)
+    model, _ = load_lm(cfg.model)
     model.to(device)
     train = data.corpora[data.domains[0]].train
     micro = min(cfg.dap.per_device_batch_size, len(train))
-    masking = SeededMasking(data.tokenizer, cfg.dap.mlm_probability, 0, 0, causal=data.causal)
+    masking = SeededMasking(data.tokenizer, cfg.dap.mlm_probability, 0, 0, family=data.family)
     _, batch = masking([(0, row) for row in table_rows(train, 0, micro)])
     batch = {k: v.to(device) for k, v in batch.items()}
     encoder = encoder_of(model)
@@ -255,14 +256,17 @@ def plain_step(cfg: RunConfig, data: RunData, updates: int, accelerator) -> dict
     from transformers import DataCollatorForLanguageModeling
 
     from benchmark.engine.environment import peak_memory_mb, reset_peak_memory
-    from benchmark.modeling import load_masked_lm
+    from benchmark.modeling import load_lm
 
     dap, tokenizer = cfg.dap, data.tokenizer
-    model, _ = load_masked_lm(cfg.model)
+    model, _ = load_lm(cfg.model)
     fused = fused_adamw(accelerator.device, accelerator.mixed_precision) or None
     optimizer = torch.optim.AdamW(model.parameters(), lr=dap.lr, fused=fused)
     model, optimizer = accelerator.prepare(model, optimizer)
-    collate = DataCollatorForLanguageModeling(tokenizer, mlm=not data.causal, mlm_probability=dap.mlm_probability)
+    # transformers' collator knows the two built-in families: masking for the masked one, next tokens otherwise
+    collate = DataCollatorForLanguageModeling(
+        tokenizer, mlm=data.family is MASKED_LM, mlm_probability=dap.mlm_probability
+    )
     train = data.corpora[data.domains[0]].train
     micro, accum = dap.per_device_batch_size, max(1, dap.batch_size // dap.per_device_batch_size)
     chunks = [{"input_ids": train[i % len(train)]["input_ids"]} for i in range(micro * accum)]

@@ -26,13 +26,13 @@ def importance_similarity(config: RunConfig, seed: int = 0) -> dict:
     from transformers import set_seed
 
     from benchmark.data.masking import fixed_mlm_batches
-    from benchmark.modeling import load_masked_lm
+    from benchmark.modeling import load_lm
     from methods._shared.importance import gate_importance, kl_proxy_loss
     from methods._shared.softmask import normalize_importance
     from methods._shared.units import UNIT_TYPES
 
     data: RunData = prepare_data(config)
-    model, _ = load_masked_lm(config.model)
+    model, _ = load_lm(config.model)
     dap = config.dap
     vectors = {}
     for name in data.domains:
@@ -74,13 +74,13 @@ def importance_stability(config: RunConfig, sizes: tuple[int, ...] = (64, 256), 
     from transformers import set_seed
 
     from benchmark.data.masking import fixed_mlm_batches
-    from benchmark.modeling import load_masked_lm
+    from benchmark.modeling import load_lm
     from methods._shared.importance import gate_importance, mlm_importance_loss
     from methods._shared.softmask import NORMALISATIONS, normalize_importance
     from methods._shared.units import UNIT_TYPES
 
     data: RunData = prepare_data(config)
-    model, _ = load_masked_lm(config.model)
+    model, _ = load_lm(config.model)
     corpus, dap = data.corpora[data.domains[0]].train, config.dap
 
     def within_layers(a: torch.Tensor, b: torch.Tensor) -> float:
