@@ -176,7 +176,7 @@ def is_decoder(record: dict) -> bool:
 def loss_unit(record: dict) -> tuple[str, str]:
     """What the record's held-out losses measure, and their unit, as its family says them."""
     family = record_family(record)
-    return family.heldout_reading if family else (f"held-out loss of a {record['model_kind']} model", "nats")
+    return family.heldout_reading if family else (f"held-out loss ({record['model_kind']} model)", "nats")
 
 
 def _decoder_line(record: dict) -> list[str]:
