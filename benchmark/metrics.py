@@ -233,7 +233,7 @@ def loss_metric_arrays(
 
 def record_loss_metrics(record: Mapping) -> dict[str, float | None]:
     """:func:`loss_metrics` of a run record, from its raw held-out losses and capabilities (older records too)."""
-    losses, caps = record["mlm_loss"], record["capabilities"]
+    losses, caps = record["lm_loss"], record["capabilities"]
     return loss_metrics(
         losses["base"],
         losses["after_domain"],

@@ -38,7 +38,7 @@ def test_a_schema_1_record_is_migrated_on_load(tmp_path):
     record = load_record(copy)
     assert record["schema"] == SCHEMA_VERSION and record["identity"] is None
     assert record["config"]["finetune"]["protocol"] == "finetune"
-    assert set(record["mlm_loss"]["metrics"]) >= {"plasticity", "forgetting", "general_rise"}
+    assert set(record["lm_loss"]["metrics"]) >= {"plasticity", "forgetting", "general_rise"}
     assert "output_dir" not in record["config"] and record["config"]["model"] == "local:small"
     assert migrate_results(tmp_path / "results") == [copy]
     assert json.loads(copy.read_text())["schema"] == SCHEMA_VERSION and migrate_results(tmp_path / "results") == []

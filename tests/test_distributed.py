@@ -133,7 +133,7 @@ NCL, DAS and DER++; loss logs within 1e-5 (one rounding unit)."""
 
 def _numbers(path: Path) -> dict:
     record = json.loads(path.read_text())
-    return {k: record[k] for k in ("run_id", "matrices", "mlm_loss", "summary")}
+    return {k: record[k] for k in ("run_id", "matrices", "lm_loss", "summary")}
 
 
 def test_a_two_process_run_gives_the_one_process_record_under_the_same_id(world_root, tiny_model, tmp_path):

@@ -39,7 +39,7 @@ def test_a_model_family_is_added_by_one_module_and_runs_through_a_run(tiny_confi
     finally:
         unregister_family("every-fourth")
     assert record["model_kind"] == "every-fourth"
-    base, last = record["mlm_loss"]["base"], record["mlm_loss"]["after_domain"][-1]
+    base, last = record["lm_loss"]["base"], record["lm_loss"]["after_domain"][-1]
     assert all(math.isfinite(v) for v in [*base.values(), *last.values()])
     assert base != last  # it trained on the toy objective
     assert loss_unit(record) == ("held-out loss (every-fourth model)", "nats")  # not registered here: said so

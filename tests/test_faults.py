@@ -29,7 +29,7 @@ from benchmark.io import atomic_write_bytes, atomic_write_json
 
 pytestmark = pytest.mark.faults
 REPO = Path(__file__).resolve().parents[1]
-NUMBERS = ("run_id", "matrices", "summary", "mlm_loss", "representation", "majority_class")
+NUMBERS = ("run_id", "matrices", "summary", "lm_loss", "representation", "majority_class")
 """What a resumed or rebuilt record must share with an undisturbed run's (timing and invocations differ)."""
 
 
@@ -226,7 +226,7 @@ def _nan_loss(path: Path) -> None:
 
 def _edited_loss(path: Path) -> None:
     stored = json.loads(path.read_text())
-    stored["content"]["mlm_loss"]["alpha"] += 0.5  # a plausible, wrong number
+    stored["content"]["lm_loss"]["alpha"] += 0.5  # a plausible, wrong number
     path.write_text(json.dumps(stored))
 
 

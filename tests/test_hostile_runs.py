@@ -245,9 +245,9 @@ def test_an_edited_record_field_is_named_when_read_and_never_written(edit, named
 
 def test_a_record_with_a_non_finite_number_is_never_written(tmp_path):
     record = json.loads(_copy_records(tmp_path, "ci", 1)[0].read_text())
-    record["mlm_loss"]["base"]["general"] = math.nan
+    record["lm_loss"]["base"]["general"] = math.nan
     fresh = tmp_path / "fresh" / f"{record['run_id']}.json"
-    with pytest.raises(DapbenchError, match="mlm_loss.base.general is nan"):
+    with pytest.raises(DapbenchError, match="lm_loss.base.general is nan"):
         write_record(fresh, record)
     assert not fresh.exists()
 
@@ -349,7 +349,7 @@ def test_loss_terms_are_accepted_exactly_when_every_one_is_a_scalar(shapes):
 @settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(position=st.floats(0, 1, exclude_max=True), replacement=st.characters(codec="ascii"))
 def test_a_work_file_edited_anywhere_is_refused_or_reads_the_same(position, replacement, tmp_path):
-    content = {"mlm_loss": {"alpha": 3.25, "general": 4.5}, "predictions": [0, 1, 1], "acc": 0.5}
+    content = {"lm_loss": {"alpha": 3.25, "general": 4.5}, "predictions": [0, 1, 1], "acc": 0.5}
     path = tmp_path / "domain-0.json"
     write_work_file(path, content)
     text = path.read_text()

@@ -15,7 +15,7 @@ from benchmark.errors import DapbenchError
 from benchmark.tools import launch
 from benchmark.tools.launch import GridRun, expand_sequences
 
-NUMBERS = ("matrices", "summary", "mlm_loss", "representation")
+NUMBERS = ("matrices", "summary", "lm_loss", "representation")
 
 
 def _args(world_root: Path, model: Path, out: Path, methods: str, seeds: str) -> list[str]:

@@ -28,7 +28,7 @@ def test_hats_gate_decisions_change_during_a_domain_and_its_first_domain_is_lear
     assert first["method_report"]["gate_decisions_changed"] > 0.02
     assert first["update_sizes"]["task_embeddings"]["relative"] > UNTRAINED_BELOW
     domain = record["sequence"][0]
-    plasticity = record["mlm_loss"]["base"][domain] - record["mlm_loss"]["after_domain"][0][domain]
+    plasticity = record["lm_loss"]["base"][domain] - record["lm_loss"]["after_domain"][0][domain]
     assert plasticity >= 0, plasticity
     assert not untrained_groups(record["domains"])
 
@@ -130,9 +130,9 @@ def test_the_leaderboard_flags_and_explains_a_row_whose_masks_did_not_learn(tiny
 def test_a_record_made_before_update_sizes_reproduces_without_them_and_one_with_them_is_compared_on_them():
     from benchmark.records.reproduce import CI_TOLERANCE, compare_records
 
-    old = {"domains": [{"steps": 4, "mlm_loss": {"general": 5.0}}]}
+    old = {"domains": [{"steps": 4, "lm_loss": {"general": 5.0}}]}
     sizes = {"weights": {"parameters": 10, "start_norm": 3.0, "change_norm": 0.1, "relative": 0.0333}}
-    new = {"domains": [{"steps": 4, "mlm_loss": {"general": 5.0}, "update_sizes": sizes}]}
+    new = {"domains": [{"steps": 4, "lm_loss": {"general": 5.0}, "update_sizes": sizes}]}
     assert compare_records(old, new, CI_TOLERANCE) == []
     moved = {"domains": [{**new["domains"][0], "update_sizes": {"weights": {**sizes["weights"], "relative": 0.5}}}]}
     assert [m.name for m in compare_records(new, moved, CI_TOLERANCE)] == ["domains/0/update_sizes/weights/relative"]

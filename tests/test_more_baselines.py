@@ -98,7 +98,7 @@ def test_hat_measures_each_trained_domain_with_its_own_mask_and_the_rest_with_th
             gates[index] = method._gate("head", 0)
             assert (gates[index] is None) == (index is None)  # the full network has no gate
             gates[index] = None if gates[index] is None else gates[index].detach().clone()
-    assert record["mlm_loss"]["after_domain"][1]["alpha"] == views[0]  # alpha through alpha's own mask
+    assert record["lm_loss"]["after_domain"][1]["alpha"] == views[0]  # alpha through alpha's own mask
     # A 4-update run can saturate both domains' gates (nearly) alike, and then their losses agree to the record's
     # rounding (seen in 2 of 12 freshly built worlds); where the masks differ materially, so must the losses.
     if (gates[0] - gates[1]).abs().max() > 1e-2:
@@ -106,7 +106,7 @@ def test_hat_measures_each_trained_domain_with_its_own_mask_and_the_rest_with_th
     assert method.domain == 1 and method.gating  # the view is restored after the block
     general = {"general": data.heldout_batches["general"]}
     with method.heldout_view(model, None):
-        assert record["mlm_loss"]["after_domain"][1]["general"] == heldout_losses(model, general, "cpu")["general"]
+        assert record["lm_loss"]["after_domain"][1]["general"] == heldout_losses(model, general, "cpu")["general"]
 
 
 def test_an_undeclared_domain_id_fails_at_fine_tuning(tiny_config):
@@ -210,4 +210,4 @@ def test_pool_trains_once_on_the_union_with_the_whole_budget(tiny_config):
     assert acc[0] == [None, None] and None not in acc[1]
     assert record["summary"]["acc"]["final"] == pytest.approx(sum(acc[1]) / 2)
     assert record["summary"]["acc"]["forgetting"] is None
-    assert record["mlm_loss"]["after_domain"][0] is None and record["mlm_loss"]["after_domain"][1]
+    assert record["lm_loss"]["after_domain"][0] is None and record["lm_loss"]["after_domain"][1]

@@ -28,9 +28,9 @@ def test_an_oracle_run_records_its_growing_budget_and_a_full_loss_matrix(tiny_co
     steps = tiny_config.dap.steps
     assert [stage["steps"] for stage in record["domains"]] == [steps, 2 * steps]
     assert [stage["tokens"] for stage in record["domains"]][1] == 2 * record["domains"][0]["tokens"]
-    after = record["mlm_loss"]["after_domain"]
+    after = record["lm_loss"]["after_domain"]
     assert all(after[t][domain] is not None for t in range(2) for domain in record["sequence"][: t + 1])
-    assert record["mlm_loss"]["metrics"]["forgetting"] is not None
+    assert record["lm_loss"]["metrics"]["forgetting"] is not None
     assert len(learning_rates(record)) == steps + 2 * steps  # one curve per stage, each its own run
 
 

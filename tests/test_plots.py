@@ -56,10 +56,10 @@ def _loss_record(method: str, seed: int, shift: float, caps: dict | None = None,
         "seed": seed,
         "sequence": ["a", "b"],
         "capabilities": caps or {},
-        "mlm_loss": {"base": base, "after_domain": after},
+        "lm_loss": {"base": base, "after_domain": after},
         "domains": [{"method_report": {"mask": mask}} if mask else {"method_report": {}}] * 2,
     }
-    record["mlm_loss"]["metrics"] = record_loss_metrics(record)
+    record["lm_loss"]["metrics"] = record_loss_metrics(record)
     return record
 
 
@@ -114,7 +114,7 @@ def test_an_outlier_is_drawn_at_the_edge_and_does_not_collapse_the_axes(tmp_path
     figures = _drawn(monkeypatch)
     records = _roles([_loss_record(m, 1, shift) for m, shift in (("ncl", 0.0), ("none", 0.6), ("ewc", 0.2))])
     outlier = _loss_record("broken", 1, 0.0)
-    outlier["mlm_loss"]["metrics"]["plasticity"] = -5.0
+    outlier["lm_loss"]["metrics"]["plasticity"] = -5.0
     plot_stability_plasticity([*records, outlier], tmp_path / "sp.png")
     (ax,) = figures[0].axes
     assert ax.get_xlim()[0] > -1.0  # the bulk keeps its scale
@@ -131,7 +131,7 @@ def test_loss_curves_are_small_multiples_with_the_naive_reference_behind_each(tm
     figures = _drawn(monkeypatch)
     records = _roles([_loss_record(m, 1, 0.1 * i) for i, m in enumerate(("ncl", "none", "ewc", "kd"))])
     for record in records:
-        record["mlm_loss"]["columns"] = ["a", "b", "general"]
+        record["lm_loss"]["columns"] = ["a", "b", "general"]
     plot_heldout_losses(records, tmp_path / "curves.png")
     panels = [ax for ax in figures[0].axes if ax.get_visible() and ax.lines]
     assert [ax.get_title() for ax in panels] == ["ncl ★", "none ★", "ewc", "kd"]  # references first, one per panel
@@ -146,7 +146,7 @@ def test_the_forgetting_plot_leads_with_the_held_out_loss_as_the_tables_do(tmp_p
     records = _roles([_loss_record(m, s, 0.0) for m in ("ncl", "ewc") for s in (1, 2)])
     for record in records:
         record["summary"] = {"macro_f1": {"forgetting": 0.01}}
-        record["mlm_loss"]["metrics"]["forgetting"] = 0.2 if record["method"] == "ncl" else 0.1
+        record["lm_loss"]["metrics"]["forgetting"] = 0.2 if record["method"] == "ncl" else 0.1
     plot_forgetting(records, tmp_path / "forgetting.png")
     left, right = figures[0].axes
     assert "held-out loss" in left.get_title() and "end-task" in right.get_title()

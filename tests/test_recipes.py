@@ -263,7 +263,7 @@ def test_tensorboard_event_files_hold_every_update_and_the_stage_results(world_r
     assert [step for step, _ in scalars["dap/lr"]] == list(range(1, 9)) and scalars["dap/lr"][0][1] >= 0
     logged = [value for step, value in scalars["dap/mlm"] if step in (2, 4)]
     assert logged and all(math.isfinite(v) for v in logged)
-    losses = record["mlm_loss"]["after_domain"]
+    losses = record["lm_loss"]["after_domain"]
     assert scalars["heldout/alpha"][-1][1] == pytest.approx(losses[-1]["alpha"], abs=1e-5)
     assert [step for step, _ in scalars["heldout/alpha"]] == [4, 8]  # at each stage's last update
     assert any(tag.startswith("end_task/") for tag in scalars) and any(tag.startswith("final/") for tag in scalars)
@@ -355,7 +355,7 @@ def test_schedule_free_trains_with_its_own_optimizer_and_is_evaluated_at_its_ave
 def test_a_schedule_free_run_ends_with_finite_numbers(world_root, tiny_model, tmp_path):
     record = _replayed_ncl_record(world_root, tiny_model, tmp_path, "schedule_free")
     assert record["method_label"].endswith(",schedule.name=schedule_free]")
-    assert all(math.isfinite(v) for row in record["mlm_loss"]["after_domain"] for v in row.values())
+    assert all(math.isfinite(v) for row in record["lm_loss"]["after_domain"] for v in row.values())
 
 
 @pytest.mark.parametrize("name", ["das", "hat", "prompt_one"])

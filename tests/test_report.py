@@ -77,7 +77,7 @@ def test_a_second_record_of_one_label_and_seed_is_superseded_by_the_newer_method
 def test_records_that_measured_the_base_model_differently_form_their_own_group(records):
     moved = copy.deepcopy(records[3:6])  # ncl on another device: the base losses differ
     for record in moved:
-        record["mlm_loss"]["base"]["general"] += 0.04
+        record["lm_loss"]["base"]["general"] += 0.04
         record["environment"]["device_name"] = "NVIDIA H100"
     groups, _ = group_records([*records, *moved])
     assert sorted(len(g.records) for g in groups) == [3, 9]
@@ -102,7 +102,7 @@ def test_loss_replicates_are_centred_on_the_recorded_metrics(records):
             assert replicates.shape == (1000,) and np.isfinite(replicates).all()
             assert abs(np.mean(replicates) - recorded[name]) < 4 * np.std(replicates) + 1e-3
     # the resample is shared: every record's replicate b reads the same chunks, so differences stay paired
-    assert sample._chunk_weights["alpha"].shape == (1000, len(records[0]["mlm_loss"]["chunks"]["counts"]["alpha"]))
+    assert sample._chunk_weights["alpha"].shape == (1000, len(records[0]["lm_loss"]["chunks"]["counts"]["alpha"]))
 
 
 def test_a_verdict_needs_both_the_seeds_and_the_evaluation_sample(records):
@@ -341,9 +341,9 @@ def test_symbolic_links_in_the_results_folder_are_refused(records, tmp_path):
 
 def test_an_edited_record_is_named_when_read(records, tmp_path):
     record = copy.deepcopy(records[4])
-    record["mlm_loss"]["metrics"]["plasticity"] = 0.5
+    record["lm_loss"]["metrics"]["plasticity"] = 0.5
     _write(tmp_path, [record])
-    with pytest.raises(DapbenchError, match="mlm_loss.metrics.plasticity 0.5 is not what its held-out losses give"):
+    with pytest.raises(DapbenchError, match="lm_loss.metrics.plasticity 0.5 is not what its held-out losses give"):
         load_records(tmp_path / "results")
     renamed = copy.deepcopy(records[4])
     path = tmp_path / "other" / "results" / "x" / "ncl-alpha-seed7-0000000000.json"
@@ -464,8 +464,8 @@ def test_a_decoder_group_names_its_next_token_loss_and_the_base_perplexity(recor
     (group,), _ = group_records(decoders)
     board = leaderboard_markdown([(group, _statistics(group), {})])
     assert "### Continual (held-out next-token loss, nats per token)" in board
-    base = decoders[0]["mlm_loss"]["base"]
-    for column in decoders[0]["mlm_loss"]["columns"]:
+    base = decoders[0]["lm_loss"]["base"]
+    for column in decoders[0]["lm_loss"]["columns"]:
         assert f"{text(column)} {np.exp(base[column]):.1f}" in board
     page = run_tables(decoders[3])
     assert "## held-out next-token loss (nats per token)" in page and "## perplexity (exp of the loss)" in page
@@ -548,10 +548,10 @@ def test_the_report_fills_a_readmes_marked_answer_block_and_touches_no_other_rea
 
 def test_a_record_made_before_a_metric_existed_shows_it_computed_from_its_losses(records):
     older = copy.deepcopy(records[4])
-    del older["mlm_loss"]["metrics"]["max_forgetting"]  # as if the metric had been added after the run
+    del older["lm_loss"]["metrics"]["max_forgetting"]  # as if the metric had been added after the run
     frame = leaderboard_frame([older, records[4]], group_of=lambda record: "g")
     values = frame["max forgetting"].tolist()
-    assert values[0] == pytest.approx(values[1]) and values[1] == records[4]["mlm_loss"]["metrics"]["max_forgetting"]
+    assert values[0] == pytest.approx(values[1]) and values[1] == records[4]["lm_loss"]["metrics"]["max_forgetting"]
 
 
 def test_a_loss_metric_is_added_by_registering_one_function_and_older_records_show_it(records):
@@ -567,13 +567,13 @@ def test_a_loss_metric_is_added_by_registering_one_function_and_older_records_sh
             """The largest fall of one domain's loss when it was learned."""
             return None if view.final_row_only else np.max(view.start - view.diagonal, axis=-1)
 
-        assert all("best_domain_gain" not in r["mlm_loss"]["metrics"] for r in records)  # made before it existed
+        assert all("best_domain_gain" not in r["lm_loss"]["metrics"] for r in records)  # made before it existed
         (group,), _ = group_records(records)
         board = leaderboard_markdown([(group, _statistics(group), {})])
         header = next(line for line in board.splitlines() if line.startswith("| method | n | plasticity"))
         assert "| best domain gain ↑ | CKA to base |" in header
         ncl = [r for r in records if r["method"] == "ncl"]
-        losses = [r["mlm_loss"] for r in ncl]
+        losses = [r["lm_loss"] for r in ncl]
         gains = [[m["base"][d] - m["after_domain"][k][d] for k, d in enumerate(ncl[0]["sequence"])] for m in losses]
         expected = np.mean([max(gain) for gain in gains])
         row = next(line for line in board.splitlines() if line.startswith("| `ncl` | 3 |"))

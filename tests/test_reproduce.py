@@ -23,7 +23,7 @@ def fake_record() -> dict:
     return {
         "summary": {"acc": {"final": 0.5, "forgetting": 0.1, "bwt": -0.1}, "macro_f1": None},
         "matrices": {"acc": [[0.6, None], [0.5, 0.5]]},
-        "mlm_loss": {"base": {"general": 4.0}, "after_domain": [None, {"general": 4.5}]},
+        "lm_loss": {"base": {"general": 4.0}, "after_domain": [None, {"general": 4.5}]},
         "data_checksums": {"corpus/a": "x", "task/t": "y"},
     }
 
@@ -37,36 +37,36 @@ def test_key_numbers_flatten_every_reported_number():
         "matrices/acc/0/0": 0.6,
         "matrices/acc/1/0": 0.5,
         "matrices/acc/1/1": 0.5,
-        "mlm_loss/base/general": 4.0,
-        "mlm_loss/after_domain/1/general": 4.5,
+        "lm_loss/base/general": 4.0,
+        "lm_loss/after_domain/1/general": 4.5,
     }
 
 
 def test_compare_records_uses_the_tolerance_of_each_kind():
     expected, actual = fake_record(), copy.deepcopy(fake_record())
     actual["matrices"]["acc"][1][1] = 0.52  # a score off by 0.02
-    actual["mlm_loss"]["after_domain"][1]["general"] = 4.504  # a loss off by 0.004
+    actual["lm_loss"]["after_domain"][1]["general"] = 4.504  # a loss off by 0.004
     assert compare_records(expected, actual, Tolerance(score=0.03, loss=0.01)) == []
     names = [m.name for m in compare_records(expected, actual, Tolerance(score=0.01, loss=0.001))]
-    assert names == ["matrices/acc/1/1", "mlm_loss/after_domain/1/general"]
+    assert names == ["lm_loss/after_domain/1/general", "matrices/acc/1/1"]
     del actual["matrices"]["acc"][1][0:1]  # a number missing on one side is a mismatch too
     assert any(m.actual is None or m.expected is None for m in compare_records(expected, actual, Tolerance(1, 1)))
 
 
 def test_one_rounding_unit_is_within_a_tolerance_of_one_unit_and_two_are_not():
     expected, actual = fake_record(), copy.deepcopy(fake_record())
-    expected["mlm_loss"]["after_domain"][1]["general"] = 6.26021  # stored decimals: 6.26022 - 6.26021 > 1e-5 in floats
-    actual["mlm_loss"]["after_domain"][1]["general"] = 6.26022
+    expected["lm_loss"]["after_domain"][1]["general"] = 6.26021  # stored decimals: 6.26022 - 6.26021 > 1e-5 in floats
+    actual["lm_loss"]["after_domain"][1]["general"] = 6.26022
     assert compare_records(expected, actual, Tolerance(score=0.0, loss=1e-5)) == []
-    actual["mlm_loss"]["after_domain"][1]["general"] = 6.26023
+    actual["lm_loss"]["after_domain"][1]["general"] = 6.26023
     assert [m.name for m in compare_records(expected, actual, Tolerance(score=0.0, loss=1e-5))] == [
-        "mlm_loss/after_domain/1/general"
+        "lm_loss/after_domain/1/general"
     ]
 
 
 def test_a_chunk_sum_may_differ_by_one_unit_of_its_stored_last_place_unless_the_tolerance_is_zero():
     def record(chunk_sum: float) -> dict:
-        return {"mlm_loss": {"chunks": {"counts": {"alpha": [2]}, "after_domain": [{"alpha": [chunk_sum]}]}}}
+        return {"lm_loss": {"chunks": {"counts": {"alpha": [2]}, "after_domain": [{"alpha": [chunk_sum]}]}}}
 
     loose, exact = Tolerance(score=0.0, loss=1e-5), Tolerance(score=0.0, loss=0.0)
     assert compare_records(record(25.4616), record(25.4617), loose) == []  # 2 tokens x 1e-5 < 1e-4, its last place
@@ -80,10 +80,10 @@ def test_largest_differences_per_kind():
     assert set(same) == {"score", "loss"} and all(diff == 0.0 for _, diff in same.values())
     actual["matrices"]["acc"][1][0] = 0.53
     actual["summary"]["acc"]["final"] = 0.51
-    actual["mlm_loss"]["base"]["general"] = 4.002
+    actual["lm_loss"]["base"]["general"] = 4.002
     largest = largest_differences(expected, actual)
     assert largest["score"] == ("matrices/acc/1/0", pytest.approx(0.03))
-    assert largest["loss"] == ("mlm_loss/base/general", pytest.approx(0.002))
+    assert largest["loss"] == ("lm_loss/base/general", pytest.approx(0.002))
 
 
 def test_config_round_trips_through_its_dict():
@@ -191,7 +191,7 @@ def test_a_record_whose_headline_was_edited_is_refused_when_read(tmp_path):
 
     from benchmark.records.store import load_record
 
-    for field, value in (("mlm_loss/metrics/plasticity", 0.5), ("summary/acc/final", 0.99), ("matrices/acc/0/0", 0.9)):
+    for field, value in (("lm_loss/metrics/plasticity", 0.5), ("summary/acc/final", 0.99), ("matrices/acc/0/0", 0.9)):
         record = _committed("ncl")
         _set_path(record, field, value)
         path = tmp_path / f"{record['run_id']}.json"

@@ -18,9 +18,9 @@ def test_runner_over_two_domains_writes_a_complete_record(tiny_config):
     acc = record["matrices"]["acc"]
     assert acc[0][1] is None and all(v is not None for v in (acc[0][0], acc[1][0], acc[1][1]))
     assert record["summary"]["acc"]["forgetting"] == pytest.approx(acc[0][0] - acc[1][0])
-    assert record["mlm_loss"]["columns"] == ["alpha", "beta", "general"]
-    assert len(record["mlm_loss"]["after_domain"]) == 2
-    assert all(math.isfinite(v) for row in record["mlm_loss"]["after_domain"] for v in row.values())
+    assert record["lm_loss"]["columns"] == ["alpha", "beta", "general"]
+    assert len(record["lm_loss"]["after_domain"]) == 2
+    assert all(math.isfinite(v) for row in record["lm_loss"]["after_domain"] for v in row.values())
     assert record["timing"]["tokens_per_second"] > 0 and record["timing"]["peak_memory_mb"] > 0
     assert record["trainable_parameters"] > 0
     assert set(record["data_checksums"]) == {
@@ -57,7 +57,7 @@ def test_independent_and_no_dap_methods(tiny_config):
     assert acc[0][0] == acc[1][0]  # the same base model fine-tuned once per task
     assert none["trainable_parameters"] == 0
     # No DAP: the held-out losses after every "domain" are those of the base model.
-    assert none["mlm_loss"]["after_domain"][-1] == none["mlm_loss"]["base"]
+    assert none["lm_loss"]["after_domain"][-1] == none["lm_loss"]["base"]
 
 
 def test_linear_probe_protocol_fills_the_matrix(tiny_config):
@@ -101,7 +101,7 @@ def test_interrupted_run_resumes_and_matches_an_uninterrupted_one(tiny_config, t
     assert (run_dir / "domain-0.json").stat().st_mtime_ns == first_mtime  # domain 0 skipped
     assert (run_dir / "finetune" / "row0-task0.json").stat().st_mtime_ns == pair_mtime  # fine-tune skipped
     assert resumed["matrices"] == full["matrices"]
-    assert resumed["mlm_loss"] == full["mlm_loss"]
+    assert resumed["lm_loss"] == full["lm_loss"]
     # The record's wall time covers the kept work of both invocations, not only the resumed one.
     timing = resumed["timing"]
     assert timing["invocations"] == 2 and full["timing"]["invocations"] == 1
@@ -190,15 +190,15 @@ def test_base_losses_and_heldout_batches_are_identical_across_methods_of_a_group
         torch.manual_seed(len(records))  # each method finds the global RNG in another state
         records.append(continual_run(tiny_config, data, method, 3, show_progress=False).execute())
     for record in records[1:]:
-        assert record["mlm_loss"]["base"] == records[0]["mlm_loss"]["base"]
-        assert record["mlm_loss"]["batch_checksums"] == records[0]["mlm_loss"]["batch_checksums"]
+        assert record["lm_loss"]["base"] == records[0]["lm_loss"]["base"]
+        assert record["lm_loss"]["batch_checksums"] == records[0]["lm_loss"]["batch_checksums"]
         assert record["representation"]["base_anisotropy"] == records[0]["representation"]["base_anisotropy"]
 
 
 def test_record_carries_loss_metrics_and_representation_drift(tiny_config):
     record = continual_run(tiny_config, prepare_data(tiny_config), "ncl", 3, show_progress=False).execute()
-    metrics = record["mlm_loss"]["metrics"]
-    base, after = record["mlm_loss"]["base"], record["mlm_loss"]["after_domain"]
+    metrics = record["lm_loss"]["metrics"]
+    base, after = record["lm_loss"]["base"], record["lm_loss"]["after_domain"]
     assert metrics["plasticity"] == pytest.approx(
         ((base["alpha"] - after[0]["alpha"]) + (base["beta"] - after[1]["beta"])) / 2
     )
@@ -222,7 +222,7 @@ def test_loader_workers_change_no_number_and_not_the_run_id(tiny_config, tmp_pat
         records.append(continual_run(config, prepare_data(config), "das", 3, show_progress=False).execute())
     serial, parallel = records
     assert serial["run_id"] == parallel["run_id"]
-    assert serial["mlm_loss"] == parallel["mlm_loss"] and serial["matrices"] == parallel["matrices"]
+    assert serial["lm_loss"] == parallel["lm_loss"] and serial["matrices"] == parallel["matrices"]
     assert [d["loss_log"] for d in serial["domains"]] == [d["loss_log"] for d in parallel["domains"]]
 
 

@@ -15,7 +15,7 @@ from benchmark.data.inputs import prepare_data
 from benchmark.errors import DapbenchError
 from benchmark.registry import default_registry
 
-NUMBERS = ("matrices", "mlm_loss", "representation")
+NUMBERS = ("matrices", "lm_loss", "representation")
 
 
 def test_the_validation_slice_is_disjoint_and_leaves_the_training_lines_as_they_were():

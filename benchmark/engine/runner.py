@@ -103,7 +103,7 @@ class ContinualRun:
         finally:
             p.progress.close()
             p.progress = None
-        return read_work_file(p.layout.domain_done(p.schedule.stages()[-1]), "domain progress file")["mlm_loss"]
+        return read_work_file(p.layout.domain_done(p.schedule.stages()[-1]), "domain progress file")["lm_loss"]
 
     def _stages(self, clock: RunClock, end_tasks: bool = True) -> None:
         """The base model's evaluation, then every stage and end-task row not finished yet, on the progress line."""

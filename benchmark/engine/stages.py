@@ -172,7 +172,7 @@ def evaluate_and_checkpoint(p: RunParts, base: BaseEvaluation, model, t: int, st
     device = p.accelerator.device
     view = _heldout_view(p, model)
     evaluation = heldout_evaluation(model, p.data.heldout_batches, device, view, p.accelerator)
-    stats["mlm_loss"], stats["mlm_loss_chunks"] = evaluation.losses, evaluation.chunk_sums
+    stats["lm_loss"], stats["lm_loss_chunks"] = evaluation.losses, evaluation.chunk_sums
     p.tracker.log_values("heldout", evaluation.losses, step=p.schedule.step_offset(t) + p.schedule.updates(t))
     features = heldout_features(model, p.data.feature_batches(), device, view, p.accelerator)
     stats["representation"] = representation_drift(base.features(), features)

@@ -8,7 +8,7 @@ from benchmark.records.identity import recipe_label
 from benchmark.records.schema import (
     SCHEMA_VERSION,
     ChunkLosses,
-    MlmLossBlock,
+    LossBlock,
     RunIdentityBlock,
     RunRecord,
     Timing,
@@ -44,9 +44,9 @@ def build_record(
     import dataclasses
 
     caps, (matrices, predictions, reports) = method.capabilities, cells
-    after_domain = [None if s is None else s["mlm_loss"] for s in stage_stats]
-    chunk_rows = [None if s is None else s["mlm_loss_chunks"] for s in stage_stats]
-    present = [{k: v for k, v in s.items() if k != "mlm_loss_chunks"} for s in stage_stats if s is not None]
+    after_domain = [None if s is None else s["lm_loss"] for s in stage_stats]
+    chunk_rows = [None if s is None else s["lm_loss_chunks"] for s in stage_stats]
+    present = [{k: v for k, v in s.items() if k != "lm_loss_chunks"} for s in stage_stats if s is not None]
     return {
         "schema": SCHEMA_VERSION,
         "run_id": run_id,
@@ -70,7 +70,7 @@ def build_record(
         "predictions": predictions,
         "test_labels": _test_labels(data),
         "majority_class": _majority_class([data.tasks[d] for d in data.domains]),
-        "mlm_loss": _mlm_loss_block(data, base_losses, after_domain, caps, _chunks(data, base_chunk_sums, chunk_rows)),
+        "lm_loss": _lm_loss_block(data, base_losses, after_domain, caps, _chunks(data, base_chunk_sums, chunk_rows)),
         "representation": {
             # Drift of the held-out features from the base model's after every stage (None: no model).
             "base_anisotropy": base_anisotropy,
@@ -132,7 +132,7 @@ def _summary(matrix: list[list[float | None]], caps) -> dict[str, float | None] 
     return summarize_matrix(np.asarray(matrix, dtype=float), caps.independent_per_domain, caps.joint_training)
 
 
-def _mlm_loss_block(data, base_losses: dict[str, float], after_domain: list, caps, chunks: ChunkLosses) -> MlmLossBlock:
+def _lm_loss_block(data, base_losses: dict[str, float], after_domain: list, caps, chunks: ChunkLosses) -> LossBlock:
     from benchmark.metrics import loss_metrics
 
     metrics = loss_metrics(

@@ -101,9 +101,9 @@ def _derived_problems(record: dict[str, Any]) -> list[str]:
 
     out = []
     metrics = record_loss_metrics(record)
-    for key, value in record["mlm_loss"]["metrics"].items():
+    for key, value in record["lm_loss"]["metrics"].items():
         if not _same(value, metrics.get(key)):
-            out.append(f"mlm_loss.metrics.{key} {value} is not what its held-out losses give ({metrics.get(key)})")
+            out.append(f"lm_loss.metrics.{key} {value} is not what its held-out losses give ({metrics.get(key)})")
     for score, block in record["summary"].items():
         expected = summary_of(record["matrices"][score], record["capabilities"])
         for key in set(block or {}) | set(expected or {}):
@@ -140,7 +140,7 @@ def _prediction_problems(record: dict[str, Any]) -> list[str]:
 
 
 def _chunk_problems(record: dict[str, Any]) -> list[str]:
-    losses = record["mlm_loss"]
+    losses = record["lm_loss"]
     chunks = losses.get("chunks")
     if not chunks:
         return []
@@ -149,15 +149,15 @@ def _chunk_problems(record: dict[str, Any]) -> list[str]:
     rows += [(f"after_domain[{t}]", row, chunks["after_domain"][t]) for t, row in enumerate(losses["after_domain"])]
     for name, row, sums in rows:
         if (row is None) != (sums is None):
-            out.append(f"mlm_loss.{name} and its per-chunk sums do not exist together")
+            out.append(f"lm_loss.{name} and its per-chunk sums do not exist together")
             continue
         for column, value in (row or {}).items():
             counts = chunks["counts"].get(column)
             per_chunk = (sums or {}).get(column)
             if not counts or per_chunk is None or len(per_chunk) != len(counts):
-                out.append(f"mlm_loss.chunks.{name}.{column} does not match its chunk counts")
+                out.append(f"lm_loss.chunks.{name}.{column} does not match its chunk counts")
             elif abs(sum(per_chunk) / sum(counts) - value) > CHUNK_TOLERANCE:
-                out.append(f"mlm_loss.{name}.{column} {value} is not what its per-chunk sums give")
+                out.append(f"lm_loss.{name}.{column} {value} is not what its per-chunk sums give")
     return out
 
 

@@ -94,12 +94,12 @@ KIND_RULES = (
     ("summary/*", "score"),
     ("matrices/*", "score"),
     ("majority_class/*", "score"),
-    ("mlm_loss/chunks/counts/*", "exact"),
-    ("mlm_loss/chunks/*", "chunk"),
-    ("mlm_loss/*", "loss"),
+    ("lm_loss/chunks/counts/*", "exact"),
+    ("lm_loss/chunks/*", "chunk"),
+    ("lm_loss/*", "loss"),
     ("representation/*", "drift"),
     ("domains/*/representation/*", "drift"),
-    ("domains/*/mlm_loss/*", "loss"),
+    ("domains/*/lm_loss/*", "loss"),
     ("domains/*/method_report/*", "report"),
     ("domains/*/update_sizes/*/parameters", "exact"),
     ("domains/*/update_sizes/*", "report"),
@@ -199,11 +199,11 @@ def _within(a: float, b: float, allowed: float) -> bool:
 
 
 def _chunk_tokens(expected: dict, actual: dict, path: str) -> int:
-    """The masked tokens behind a per-chunk loss sum (``mlm_loss/chunks/<row...>/<set>/<chunk>``); 1 otherwise."""
+    """The masked tokens behind a per-chunk loss sum (``lm_loss/chunks/<row...>/<set>/<chunk>``); 1 otherwise."""
     parts = path.split("/")
     if kind_of(path) != "chunk":
         return 1
-    chunks = expected["mlm_loss"].get("chunks") or actual["mlm_loss"].get("chunks")
+    chunks = expected["lm_loss"].get("chunks") or actual["lm_loss"].get("chunks")
     counts = chunks["counts"].get(parts[-2])
     return max(1, counts[int(parts[-1])]) if counts and int(parts[-1]) < len(counts) else 1
 

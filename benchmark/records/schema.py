@@ -5,21 +5,23 @@ loaded and migrated. Every reader (report, plots, reproduce, the CLI, the librar
 Schema history:
 
 - 1: the first records (their ``config`` holds absolute input paths, their ids hash paths; some lack
-  ``finetune.protocol``, ``mlm_loss.metrics``, ``representation``).
+  ``finetune.protocol``, ``lm_loss.metrics``, ``representation``).
 - 2: input paths are portable (``shared:<path>`` under the shared assets folder, ``local:<name>``
   elsewhere, hub ids as they are); output and work folders are not recorded; ``identity`` names the
   numerics versions the run id hashed (None for records migrated from schema 1, whose ids hashed paths);
   ``data_checksums`` also covers the base model's files and the general training corpus;
-  ``finetune.protocol``, ``mlm_loss.metrics``, ``representation`` and ``majority_class`` are always present
+  ``finetune.protocol``, ``lm_loss.metrics``, ``representation`` and ``majority_class`` are always present
   (the last two None in records migrated from schema 1 that lack them).
 - 3: the run id hashes the canonical identity (``benchmark.records.identity.RunIdentity``): ``identity`` also holds the
   method's canonical options (and the process count where it matters), so the id can be re-derived from the record
-  itself; ``mlm_loss.chunks`` holds every held-out chunk's summed loss (and masked-token count), from which the
+  itself; ``lm_loss.chunks`` holds every held-out chunk's summed loss (and masked-token count), from which the
   report bootstraps over the evaluation sample; ``comparison_role``, ``leaderboard_note`` and ``model_kind`` carry
   what the report says about the method, so records render the same whatever plugins are installed;
   ``predictions`` and ``test_labels`` hold every end-task test prediction (the end-task evaluation sample).
   Records of schema 2 migrate with ``chunks``, ``predictions`` and ``test_labels`` None (no evaluation-sample
   error known) and the rest from their fields.
+- 4: kind-neutral names: the held-out losses are ``lm_loss`` (the record and each domain's entry; ``mlm_loss`` before,
+  whatever the model family). Older records migrate by the rename alone; the numbers are the same.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from typing import Any, NotRequired, TypedDict
 
 from benchmark.config import shared_root
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 CHUNK_SUM_DECIMALS = 4
-"""Decimals a record keeps of each held-out chunk's loss sum (``mlm_loss.chunks``)."""
+"""Decimals a record keeps of each held-out chunk's loss sum (``lm_loss.chunks``)."""
 
 
 class LossMetrics(TypedDict):
@@ -58,8 +60,9 @@ class ChunkLosses(TypedDict):
     after_domain: list[dict[str, list[float]] | None]
 
 
-class MlmLossBlock(TypedDict):
-    """Held-out MLM losses, nats per masked token, on fixed masked batches (identical for every method)."""
+class LossBlock(TypedDict):
+    """Held-out language-model losses in nats per predicted token (the masked tokens of a masked LM, every next token
+    of a causal LM: the model family's objective), on fixed batches identical for every method."""
 
     columns: list[str]
     """The held-out sets: every domain of the sequence, and ``general`` when general text is given."""
@@ -149,7 +152,7 @@ class RunRecord(TypedDict):
     majority_class: dict[str, float] | None
     """What always predicting each task's most frequent test label scores (mean ``acc`` and ``macro_f1`` over
     end tasks); None for the schema-1 records made before it was recorded."""
-    mlm_loss: MlmLossBlock
+    lm_loss: LossBlock
     representation: dict[str, Any] | None
     """``base_anisotropy`` and, per stage, drift from the base model's held-out features (cosine, linear CKA,
     anisotropy); None for schema-1 records made before it was measured."""

@@ -39,11 +39,29 @@ def migrate_record(record: dict[str, Any], source: str) -> dict[str, Any]:
             f"{source} is a schema-{version} record; this dapbench reads schema {SCHEMA_VERSION} and older",
             "update dapbench (git pull; pip install -e .) to read it",
         )
+    if version < 4:
+        record = _kind_neutral_names(record)
     if version == 1:
         record = _from_schema_1(record)
     if record["schema"] == 2:
         record = _from_schema_2(record)
+    return {**record, "schema": SCHEMA_VERSION}
+
+
+def _kind_neutral_names(record: dict[str, Any]) -> dict[str, Any]:
+    """Schema 3 and older -> 4: the held-out losses renamed ``mlm_loss`` -> ``lm_loss`` (the record's block and each
+    domain's entry); every value stays as it was."""
+    record = dict(record)
+    if "mlm_loss" in record:
+        record["lm_loss"] = record.pop("mlm_loss")
+    record["domains"] = [_renamed(domain) for domain in record.get("domains") or []]
     return record
+
+
+def _renamed(domain: Any) -> Any:
+    if not isinstance(domain, dict) or "mlm_loss" not in domain:
+        return domain
+    return {("lm_loss" if key == "mlm_loss" else key): value for key, value in domain.items()}
 
 
 def _from_schema_1(record: dict[str, Any]) -> dict[str, Any]:
@@ -57,8 +75,8 @@ def _from_schema_1(record: dict[str, Any]) -> dict[str, Any]:
     record["identity"] = None
     record.setdefault("representation", None)
     record.setdefault("majority_class", None)
-    record["mlm_loss"] = {**record["mlm_loss"], "metrics": record_loss_metrics(record)}
-    record["mlm_loss"].setdefault("batch_checksums", {})
+    record["lm_loss"] = {**record["lm_loss"], "metrics": record_loss_metrics(record)}
+    record["lm_loss"].setdefault("batch_checksums", {})
     record["schema"] = 2
     return record
 
@@ -68,12 +86,12 @@ def _from_schema_2(record: dict[str, Any]) -> dict[str, Any]:
     comparison role and note from the installed plugin where the record's label is the method at its defaults."""
     record = {
         **record,
-        "schema": SCHEMA_VERSION,
+        "schema": 3,
         "model_kind": MASKED_LM.name,
         "predictions": None,
         "test_labels": None,
     }
-    record["mlm_loss"] = {**record["mlm_loss"], "chunks": None}
+    record["lm_loss"] = {**record["lm_loss"], "chunks": None}
     cls = installed_method(record["method"])  # a plugin not installed here: the record keeps no role and no note
     role = cls.comparison_role if cls and record["method_label"] == record["method"] else None
     record["comparison_role"], record["leaderboard_note"] = role, cls.leaderboard_note if cls else ""

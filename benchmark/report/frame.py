@@ -50,7 +50,7 @@ def _loss_metric(name: str) -> Callable[[dict], float | None]:
     (``benchmark.metrics.record_loss_metrics``), never a KeyError."""
 
     def value(record: dict) -> float | None:
-        stored = record["mlm_loss"]["metrics"]
+        stored = record["lm_loss"]["metrics"]
         return stored[name] if name in stored else record_loss_metrics(record).get(name)
 
     return value
@@ -71,7 +71,7 @@ def _final_drift(record: dict) -> float | None:
 
 
 def _general_loss(record: dict) -> float | None:
-    losses = record["mlm_loss"]
+    losses = record["lm_loss"]
     return losses["after_domain"][-1]["general"] if "general" in losses["columns"] else None
 
 
@@ -188,7 +188,7 @@ def group_columns(part: pd.DataFrame) -> list[Column]:
 def served_losses(record: dict) -> np.ndarray:
     """T x T: the held-out loss of domain k of the model that serves it after stage t (NaN where none is measured),
     as :func:`benchmark.metrics.served_losses` reads a record's L[t][k]."""
-    domains, rows = record["sequence"], record["mlm_loss"]["after_domain"]
+    domains, rows = record["sequence"], record["lm_loss"]["after_domain"]
     after = np.full((len(domains), len(domains)), np.nan)
     for t, row in enumerate(rows):
         for k, domain in enumerate(domains):

@@ -230,7 +230,7 @@ def _incomplete(record: dict, orders: set[str], complete_seeds: dict[frozenset, 
 
 
 def _same_base(a: dict, b: dict) -> bool:
-    base_a, base_b = a["mlm_loss"]["base"], b["mlm_loss"]["base"]
+    base_a, base_b = a["lm_loss"]["base"], b["lm_loss"]["base"]
     return base_a.keys() == base_b.keys() and all(abs(base_a[k] - base_b[k]) <= BASE_LOSS_TOLERANCE for k in base_a)
 
 

@@ -183,8 +183,8 @@ def _decoder_line(record: dict) -> list[str]:
     # the base model is part of the group's settings, so every record of the group has the same base losses
     if not is_decoder(record):
         return []
-    base = record["mlm_loss"]["base"]
-    perplexity = ", ".join(f"{text(k)} {math.exp(base[k]):.1f}" for k in record["mlm_loss"]["columns"])
+    base = record["lm_loss"]["base"]
+    perplexity = ", ".join(f"{text(k)} {math.exp(base[k]):.1f}" for k in record["lm_loss"]["columns"])
     return [
         "- decoder (causal LM): held-out losses are next-token cross-entropy in nats per token, every position of every"
         f" held-out chunk; the base model's perplexity (exp of its loss) per set: {perplexity}"

@@ -125,7 +125,7 @@ def plot_forgetting(records: list[dict], path: Path, colours: dict[str, str] | N
 
 
 def _forgetting(record: dict) -> float | None:
-    return record["mlm_loss"]["metrics"].get("forgetting")
+    return record["lm_loss"]["metrics"].get("forgetting")
 
 
 def _end_task_forgetting(record: dict) -> float | None:
@@ -137,7 +137,7 @@ def plot_heldout_losses(records: list[dict], path: Path, colours: dict[str, str]
     """Small multiples, one panel per method (shared axes): its held-out loss averaged over the domains' sets
     (solid) and on general text (dashed) before DAP and after each domain, with the naive continual reference's
     two lines in grey behind for comparison (the full matrices are on the site and in each run's table)."""
-    groups = {label: runs for label, runs in by_label(records).items() if runs[0]["mlm_loss"]["after_domain"]}
+    groups = {label: runs for label, runs in by_label(records).items() if runs[0]["lm_loss"]["after_domain"]}
     if not groups:
         return None
     first = next(iter(groups.values()))[0]
@@ -180,7 +180,7 @@ def _summary_curves(runs: list[dict], domains: list[str]) -> list[np.ndarray]:
     """Mean over seeds of the loss averaged over the domains' held-out sets per stage, then (where measured) of the
     general loss."""
     curves = [np.mean([_mean_loss_curve(runs, column) for column in domains], axis=0)]
-    if "general" in runs[0]["mlm_loss"]["columns"]:
+    if "general" in runs[0]["lm_loss"]["columns"]:
         curves.append(np.asarray(_mean_loss_curve(runs, "general")))
     return curves
 
@@ -190,7 +190,7 @@ def _mean_loss_curve(runs: list[dict], column: str) -> list[float]:
         return np.nan if row is None else row[column]
 
     # A point that is empty for every seed (joint training's earlier domains) stays NaN.
-    curves = [[r["mlm_loss"]["base"][column], *map(value, r["mlm_loss"]["after_domain"])] for r in runs]
+    curves = [[r["lm_loss"]["base"][column], *map(value, r["lm_loss"]["after_domain"])] for r in runs]
     return list(mean_over_seeds(curves))
 
 
@@ -236,7 +236,7 @@ def plot_stability_plasticity(records: list[dict], path: Path, colours: dict[str
     Methods without forgetting are left out."""
     points = {}
     for label, runs in by_label(records).items():
-        metrics = [r["mlm_loss"]["metrics"] for r in runs]
+        metrics = [r["lm_loss"]["metrics"] for r in runs]
         if any(m["plasticity"] is None or m["forgetting"] is None for m in metrics):
             continue
         points[label] = {key: np.array([m[key] for m in metrics], dtype=float) for key in ("plasticity", "forgetting")}

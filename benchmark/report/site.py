@@ -253,12 +253,12 @@ def _matrices(records: list[dict]) -> dict:
     """Per method label, the mean over seeds of its held-out loss matrix (base row first) and of its macro-F1
     matrix A[t][k] (percent); NaN cells (not computed) become None."""
     first = records[0]
-    columns = first["mlm_loss"]["columns"]
+    columns = first["lm_loss"]["columns"]
     losses, scores = {}, {}
     for label, runs in by_label(records).items():
         rows = [
-            [_loss_row(r["mlm_loss"]["base"], columns)]
-            + [_loss_row(row, columns) for row in r["mlm_loss"]["after_domain"]]
+            [_loss_row(r["lm_loss"]["base"], columns)]
+            + [_loss_row(row, columns) for row in r["lm_loss"]["after_domain"]]
             for r in runs
         ]
         losses[label] = _json_matrix(mean_over_seeds(rows))
@@ -379,5 +379,5 @@ def _run_facts(record: dict, view: GroupView, record_files: dict[str, str]) -> d
         "commit": record["environment"].get("git_commit") or "unknown",
         "config": json.dumps(record["config"], indent=1, sort_keys=True),
         "method_config": json.dumps(record["method_config"], indent=1, sort_keys=True),
-        "summary": json.dumps(record["mlm_loss"]["metrics"], indent=1, sort_keys=True),
+        "summary": json.dumps(record["lm_loss"]["metrics"], indent=1, sort_keys=True),
     }

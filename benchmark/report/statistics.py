@@ -56,7 +56,7 @@ class EvaluationSample:
         return cache[name]
 
     def _loss_replicates(self, record: dict) -> dict[str, np.ndarray]:
-        losses = record["mlm_loss"]
+        losses = record["lm_loss"]
         chunks = losses.get("chunks")
         if not chunks:
             return {}

@@ -14,7 +14,7 @@ SHOWN = ("final gain", "forgetting", "general rise")
 
 def one_line(record: dict) -> str:
     """A record's headline numbers in one line (one seed: no interval, no verdict)."""
-    losses, scores = record["mlm_loss"]["metrics"], record["summary"]
+    losses, scores = record["lm_loss"]["metrics"], record["summary"]
     parts = [f"{name.replace('_', ' ')} {value:+.3f}" for name, value in losses.items() if value is not None][:3]
     if scores.get("macro_f1"):
         final = scores["macro_f1"]["final"]

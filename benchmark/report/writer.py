@@ -247,7 +247,7 @@ def run_tables(record: dict) -> str:
         rows = [[None if v is None else round(100 * v, 2) for v in row] for row in record["matrices"][score]]
         frame = pd.DataFrame(rows, index=[f"after {text(d)}" for d in domains], columns=[text(t) for t in tasks])
         lines += [f"## {score} (%)", "", frame.to_markdown(floatfmt=".2f"), ""]
-    losses = record["mlm_loss"]
+    losses = record["lm_loss"]
     rows = [losses["base"], *(row or {} for row in losses["after_domain"])]
     index = ["base", *[f"after {text(d)}" for d in domains]]
     frame = pd.DataFrame(rows, index=index)[losses["columns"]]
