@@ -475,6 +475,27 @@ def test_a_decoder_group_names_its_next_token_loss_and_the_base_perplexity(recor
     assert "perplexity" not in run_tables(records[3])
 
 
+def test_a_generated_world_group_says_it_is_not_real_text_and_never_answers(records):
+    from benchmark.report.answer import short_answer
+    from benchmark.report.site import site_files
+
+    generated = copy.deepcopy(records[:6])
+    for record in generated:
+        record["profile"] = "synthetic"
+    (group,), _ = group_records(generated)
+    sections = [(group, _statistics(group), {})]
+    board = leaderboard_markdown(sections)
+    assert "- **generated world, not real text**: six invented domains" in board
+    assert short_answer(sections) == []  # the only group is the generated world's: no answer
+    page = next(text for name, text in site_files(sections, [], {}).items() if name.startswith("group-"))
+    assert "generated world, not real text" in page
+    real = copy.deepcopy(records[:6])
+    for record in real:
+        record["profile"] = "mini"
+    (group,), _ = group_records(real)
+    assert "generated world" not in leaderboard_markdown([(group, _statistics(group), {})])
+
+
 def test_a_group_names_the_registered_methods_it_has_no_record_of(records):
     from benchmark.registry import default_registry
     from benchmark.report.markdown import group_header

@@ -12,10 +12,11 @@ from __future__ import annotations
 from benchmark.families import MASKED_LM
 from benchmark.report.escape import code
 from benchmark.report.frame import tokens_per_domain, untrained_flag
+from benchmark.report.markdown import GENERATED_WORLD
 from benchmark.report.reading import column_of
 from benchmark.report.statistics import GroupStatistics
 
-NOT_AN_ANSWER = ("synthetic", "ci")
+NOT_AN_ANSWER = (GENERATED_WORLD, "ci")
 """Profiles whose groups never answer: a generated world, and the CI key numbers."""
 
 

@@ -38,7 +38,7 @@ from benchmark.report.frame import (
     untrained_flag,
 )
 from benchmark.report.groups import Group
-from benchmark.report.markdown import group_reading, loss_unit
+from benchmark.report.markdown import generated_world_note, group_reading, loss_unit
 from benchmark.report.reading import verdict_cells, verdict_text
 from benchmark.report.statistics import GroupStatistics
 
@@ -171,6 +171,8 @@ def _group_view(group: Group, stats: GroupStatistics, colours: dict[str, str]) -
         ("end tasks", protocol_phrase(first["config"]["finetune"])),
         ("seeds", ", ".join(map(str, sorted({r["seed"] for r in group.records})))),
     ]
+    note = generated_world_note(first)
+    facts += [("data", note)] if note else []
     roles = {label: role for role, label in stats.references.items()}
     cells = verdict_cells(stats)
     rows = [_row(stats, label, roles.get(label), cells.get(label, {}), colours[label]) for label in _labels(stats)]
