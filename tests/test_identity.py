@@ -86,6 +86,22 @@ def test_the_same_recipe_on_the_same_text_gives_the_same_base_model_byte_for_byt
         assert (built[0] / name).read_bytes() == (built[1] / name).read_bytes(), name
 
 
+def test_a_masked_tokenizer_learns_the_same_vocabulary_every_time(world_root):
+    """Unfixed, the WordPiece trainer broke ties between equally frequent merges by numbers it gives continuation
+    symbols in hash order: on the synthetic world's text at its base model's vocabulary size, repeated trainings in
+    one process learned different tokens."""
+    from benchmark.data.corpora import read_corpus_lines
+    from benchmark.data.synthetic import DOMAINS, synthetic_base_spec
+    from benchmark.families import MASKED_LM
+
+    files = [world_root / "general.txt", *(world_root / f"{d}.txt" for d in DOMAINS)]
+    lines = [line for file in files for line in read_corpus_lines(str(file))]
+    size = synthetic_base_spec().vocab_size
+    vocabularies = [MASKED_LM.train_tokenizer(lines, size, 32).get_vocab() for _ in range(4)]
+    assert all(v == vocabularies[0] for v in vocabularies)
+    assert vocabularies[0]["[PAD]"] == 0 and vocabularies[0]["[MASK]"] == 4
+
+
 def test_the_recorded_commit_is_dirty_for_changed_code_not_for_generated_results(tmp_path):
     import subprocess
 

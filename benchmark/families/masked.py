@@ -58,24 +58,34 @@ class MaskedLM(ModelFamily):
         }
 
     def train_tokenizer(self, lines: list[str], vocab_size: int, max_length: int):
-        """An uncased WordPiece tokenizer (the BERT recipe)."""
+        """An uncased WordPiece tokenizer (the BERT recipe), the same one from the same lines in every process."""
         from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
         from transformers import PreTrainedTokenizerFast
 
-        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.train_from_iterator(lines, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS))
-        # The trainer numbers its alphabet in hash-map order, which changes from one process to the next: the same
-        # corpus gave different token ids, so a different model and different numbers. WordPiece matches tokens by
-        # their text, never by id, so numbering the learned vocabulary in a fixed order changes no tokenization.
-        learned = sorted(t for t in tok.get_vocab() if t not in SPECIAL_TOKENS)
-        tok.model = models.WordPiece({t: i for i, t in enumerate([*SPECIAL_TOKENS, *learned])}, unk_token="[UNK]")
-        cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+        # Why the continuation symbols are declared: the trainer numbers each "##c" when it first meets it while
+        # walking a hash map, in an order that changes from one process to the next, and breaks ties between
+        # equally frequent merges by those numbers, so the same lines learned other merges (other tokens) each
+        # time. Declared first, in character order, they have the same numbers every time, and so do the merges.
+        alphabet = sorted({c for c in normalizer.normalize_str("\n".join(lines)) if not c.isspace()})
+        continuations = [f"##{c}" for c in alphabet]
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size, special_tokens=[*SPECIAL_TOKENS, *continuations], initial_alphabet=alphabet
+        )
+        learner = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        learner.normalizer, learner.pre_tokenizer = normalizer, pre_tokenizer
+        learner.train_from_iterator(lines, trainer)
+        # WordPiece matches tokens by their text, never by id: numbered in a fixed order, with only the real special
+        # tokens special (the continuation symbols were declared special only to fix their numbers).
+        learned = sorted(t for t in learner.get_vocab() if t not in SPECIAL_TOKENS)
+        vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, *learned])}
+        tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+        tok.normalizer, tok.pre_tokenizer = normalizer, pre_tokenizer
+        tok.add_special_tokens(SPECIAL_TOKENS)
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]",
             pair="[CLS] $A [SEP] $B [SEP]",
-            special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
         )
         return PreTrainedTokenizerFast(
             tokenizer_object=tok,
