@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from benchmark.families import MASKED_LM
 from benchmark.report.escape import code
-from benchmark.report.frame import tokens_per_domain, untrained_flag
-from benchmark.report.markdown import GENERATED_WORLD
+from benchmark.report.frame import GENERATED_WORLD, tokens_per_domain, untrained_flag
 from benchmark.report.reading import column_of
 from benchmark.report.statistics import GroupStatistics
 

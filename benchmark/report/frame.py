@@ -39,6 +39,10 @@ class Column:
     """The name of the replicated metric behind it (held-out loss metric or end-task summary), if any."""
 
 
+GENERATED_WORLD = "synthetic"
+"""The profile whose data are generated (:mod:`benchmark.data.synthetic`), not real text."""
+
+
 def tokens_per_domain(record: dict) -> int:
     """The DAP tokens a record's method trained on per domain (updates x sequences x tokens)."""
     dap = record["config"]["dap"]

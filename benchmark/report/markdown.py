@@ -19,6 +19,7 @@ from benchmark.report.escape import code, text
 from benchmark.report.frame import (
     COST_COLUMNS,
     END_TASK_COLUMNS,
+    GENERATED_WORLD,
     Column,
     all_columns,
     format_number,
@@ -144,10 +145,6 @@ def group_header(group: Group) -> list[str]:
         "```",
         "</details>",
     ]
-
-
-GENERATED_WORLD = "synthetic"
-"""The profile whose data are generated (:mod:`benchmark.data.synthetic`), not real text."""
 
 
 def generated_world_note(record: dict) -> str | None:
