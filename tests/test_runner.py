@@ -252,3 +252,22 @@ def test_fused_adamw_is_chosen_on_cuda_only_and_takes_the_same_steps(tiny_model)
     start = AutoModelForMaskedLM.from_pretrained(tiny_model).state_dict()
     moved = [name for name, p in models[1].named_parameters() if not torch.equal(p.detach(), start[name])]
     assert len(moved) == len(list(models[1].parameters())), "every parameter took a step"
+
+
+def test_a_run_started_before_the_losses_were_renamed_resumes_to_the_same_record(tiny_config):
+    """Stage progress files written by the code before schema 4 name the held-out losses ``mlm_loss``; a run resumed
+    by this code reads them under their names of now and builds the same record."""
+    from benchmark.engine.workfiles import write_work_file
+
+    data = prepare_data(tiny_config)
+    run = continual_run(tiny_config, data, "ncl", 3, show_progress=False)
+    fresh = run.execute()
+    for t in run.parts.schedule.stages():
+        path = run.parts.layout.domain_done(t)
+        stats = read_work_file(path, "domain progress file")
+        old = {{"lm_loss": "mlm_loss", "lm_loss_chunks": "mlm_loss_chunks"}.get(k, k): v for k, v in stats.items()}
+        assert "mlm_loss" in old and "mlm_loss_chunks" in old
+        write_work_file(path, old)
+    resumed = continual_run(tiny_config, data, "ncl", 3, show_progress=False).execute()
+    assert resumed["lm_loss"] == fresh["lm_loss"]
+    assert [d["lm_loss"] for d in resumed["domains"]] == [d["lm_loss"] for d in fresh["domains"]]

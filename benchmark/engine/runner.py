@@ -35,6 +35,7 @@ from benchmark.metrics import anisotropy
 from benchmark.records.build import build_record, run_timing
 from benchmark.records.identity import run_identity
 from benchmark.records.schema import RunRecord
+from benchmark.records.store import kind_neutral
 
 
 class ContinualRun:
@@ -103,7 +104,7 @@ class ContinualRun:
         finally:
             p.progress.close()
             p.progress = None
-        return read_work_file(p.layout.domain_done(p.schedule.stages()[-1]), "domain progress file")["lm_loss"]
+        return _stage_stats(p, p.schedule.stages()[-1])["lm_loss"]
 
     def _stages(self, clock: RunClock, end_tasks: bool = True) -> None:
         """The base model's evaluation, then every stage and end-task row not finished yet, on the progress line."""
@@ -124,12 +125,18 @@ class ContinualRun:
                 p.layout.discard_checkpoint(t - 1)  # its row is done; the next stage starts from checkpoint t
 
 
+def _stage_stats(p: RunParts, t: int) -> dict[str, Any]:
+    """Stage ``t``'s progress file; one written before the held-out losses had kind-neutral names (a run started by
+    that code and resumed by this one) is read under the names of now."""
+    return kind_neutral(read_work_file(p.layout.domain_done(t), "domain progress file"))
+
+
 def _record(run: ContinualRun, clock: RunClock) -> RunRecord:
     """The complete record of ``run`` from its finished stages' files, end-task cells and clock."""
     p = run.parts
     stats: list[dict[str, Any] | None] = [None] * len(p.data.domains)
     for t in p.schedule.stages():
-        stats[t] = read_work_file(p.layout.domain_done(t), "domain progress file")
+        stats[t] = _stage_stats(p, t)
     present = [s for s in stats if s is not None]
     return build_record(
         run_id=run.run_id,

@@ -48,20 +48,23 @@ def migrate_record(record: dict[str, Any], source: str) -> dict[str, Any]:
     return {**record, "schema": SCHEMA_VERSION}
 
 
+LEGACY_LOSS_NAMES = {"mlm_loss": "lm_loss", "mlm_loss_chunks": "lm_loss_chunks"}
+"""Names the held-out losses had before they were kind-neutral (records before schema 4, and the stage progress
+files of runs started by that code), with their names now."""
+
+
+def kind_neutral(entry: Any) -> Any:
+    """``entry`` (a record, a domain's entry or a stage's progress file) with the held-out losses under their
+    kind-neutral names (:data:`LEGACY_LOSS_NAMES`), in place of the old ones; every value as it was."""
+    if not isinstance(entry, dict) or not LEGACY_LOSS_NAMES.keys() & entry.keys():
+        return entry
+    return {LEGACY_LOSS_NAMES.get(key, key): value for key, value in entry.items()}
+
+
 def _kind_neutral_names(record: dict[str, Any]) -> dict[str, Any]:
     """Schema 3 and older -> 4: the held-out losses renamed ``mlm_loss`` -> ``lm_loss`` (the record's block and each
     domain's entry); every value stays as it was."""
-    record = dict(record)
-    if "mlm_loss" in record:
-        record["lm_loss"] = record.pop("mlm_loss")
-    record["domains"] = [_renamed(domain) for domain in record.get("domains") or []]
-    return record
-
-
-def _renamed(domain: Any) -> Any:
-    if not isinstance(domain, dict) or "mlm_loss" not in domain:
-        return domain
-    return {("lm_loss" if key == "mlm_loss" else key): value for key, value in domain.items()}
+    return {**kind_neutral(record), "domains": [kind_neutral(domain) for domain in record.get("domains") or []]}
 
 
 def _from_schema_1(record: dict[str, Any]) -> dict[str, Any]:
