@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from cli_helpers import synthetic_run
 
 from benchmark.records.reproduce import Tolerance, compare_records
@@ -167,3 +168,39 @@ def test_importance_passes_recompute_their_blocks_under_activation_checkpointing
     assert recomputed_bytes < plain_bytes
     for name, values in plain.items():
         assert torch.equal(values, recomputed[name]), name
+
+
+@pytest.mark.parametrize("vocab", [50265, 30522])
+def test_the_vocabulary_aligned_head_gives_the_same_logits_and_gradients(vocab):
+    """On CUDA the output projection runs over rows padded to a multiple of 64 (cuBLAS's Hopper kernels need an
+    aligned leading dimension): the logits and every gradient are the plain projection's, the parameters and state
+    dict unchanged, and a copy of the model computes with its own weights."""
+    import copy
+
+    from transformers import BertConfig, BertForMaskedLM
+
+    from benchmark.engine.compiling import VocabularyAlignedLinear, align_vocabulary
+
+    config = BertConfig(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
+    torch.manual_seed(0)
+    plain = BertForMaskedLM(config).eval()  # no dropout: the two forwards draw no random numbers
+    aligned = copy.deepcopy(plain)
+    align_vocabulary(aligned)
+    assert type(aligned.get_output_embeddings()) is VocabularyAlignedLinear
+    assert list(aligned.state_dict()) == list(plain.state_dict())
+    ids = torch.randint(0, vocab, (2, 12))
+    logits = [m(input_ids=ids).logits for m in (plain, aligned)]
+    assert logits[1].shape == logits[0].shape and torch.allclose(logits[1], logits[0], atol=1e-6)
+    for out in logits:
+        out.logsumexp(-1).sum().backward()
+    for (name, a), b in zip(plain.named_parameters(), aligned.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6), name
+    twin = copy.deepcopy(aligned)
+    with torch.no_grad():
+        twin.get_output_embeddings().bias.add_(1.0)
+    assert torch.allclose(twin(input_ids=ids).logits, aligned(input_ids=ids).logits + 1.0, atol=1e-5)
+    aligned_again = copy.deepcopy(aligned)
+    align_vocabulary(aligned_again)  # idempotent
+    assert type(aligned_again.get_output_embeddings()) is VocabularyAlignedLinear

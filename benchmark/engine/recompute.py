@@ -57,11 +57,28 @@ def enable_activation_checkpointing(model, compiled: bool = False) -> None:
     """Recompute every transformer block of ``model`` in the backward pass (transformers' activation checkpointing,
     torch's non-reentrant checkpoint), with the forward-time state of :func:`restored_on_recompute` restored.
 
-    ``compiled`` blocks (``dap.compile``) need no restoring, and torch.compile accepts no such ``context_fn``: the
-    checkpointed region is traced with the state of its forward (hooks, dropout rates) and the recompute replays
-    that trace."""
+    Where the checkpoint sits decides whether compiled blocks (``dap.compile``) need that restore:
+    :func:`recompute_restores` says."""
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-    enable({"use_reentrant": False} if compiled else {"use_reentrant": False, "context_fn": checkpoint_contexts})
+    restore = recompute_restores(compiled)
+    enable({"use_reentrant": False, "context_fn": checkpoint_contexts} if restore else {"use_reentrant": False})
+
+
+def recompute_restores(compiled: bool) -> bool:
+    """Whether a checkpointed block's recompute must re-enter the forward-time state (and can: torch.compile accepts
+    no ``context_fn`` inside a compiled region).
+
+    Eager blocks: always. Compiled blocks: where transformers checkpoints around a layer's module call (its
+    ``GradientCheckpointingLayer`` defines ``__call__``, as in transformers 5.17), the recompute calls the compiled
+    block again, whose guards then read the state after the forward's ``with`` blocks have left (hooks gone, dropout
+    rates restored) and pick another compiled variant: torch's CheckpointError ("a different number of tensors was
+    saved"), seen on a lent H200 with DAS. Where it checkpoints ``forward`` inside the module call (later versions),
+    the checkpoint is traced into the compiled block, which replays the state of its forward."""
+    if not compiled:
+        return True
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return "__call__" in vars(GradientCheckpointingLayer)
 
 
 @contextlib.contextmanager

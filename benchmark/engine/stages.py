@@ -15,7 +15,7 @@ from benchmark.engine.heldout import BaseEvaluation, GeneralProbe
 from benchmark.engine.hooks import checked_report, checked_state, hook_call
 from benchmark.engine.parts import RunParts
 from benchmark.engine.recipe import stage_plan
-from benchmark.engine.recompute import activation_checkpointing
+from benchmark.engine.recompute import activation_checkpointing, recompute_restores
 from benchmark.engine.training import DapTrainer
 from benchmark.engine.updates import UpdateSizes
 from benchmark.engine.workfiles import write_work_file
@@ -82,10 +82,12 @@ def _probe_batches(p: RunParts, t: int) -> list:
 def _recomputed(model, dap):
     """Around a method's work before and after a domain's updates (DAS's importance: backward passes over probe
     batches of ``dap.probe_batch_size``, at the paper's shape as large as the update's micro-batch, in fp32), the
-    blocks are recomputed too under ``dap.activation_checkpointing``. Not with compiled blocks: a pass that changes
-    the model's mode inside its loss (the KL proxy's train-mode views) would be recomputed in the mode restored after
-    it, which only the eager checkpoint's restore context re-enters."""
-    return activation_checkpointing(model, dap.activation_checkpointing and not dap.compile)
+    blocks are recomputed too under ``dap.activation_checkpointing``. Not with compiled blocks that replay their own
+    trace: a pass that changes the model's mode inside its loss (the KL proxy's train-mode views) would be recomputed
+    in the mode restored after it, which only a checkpoint outside the compiled call re-enters
+    (:func:`benchmark.engine.recompute.recompute_restores`)."""
+    enabled = dap.activation_checkpointing and recompute_restores(dap.compile)
+    return activation_checkpointing(model, enabled, dap.compile)
 
 
 def replay_pools(p: RunParts, t: int, general: GeneralProbe) -> list[tuple[float, Any]]:

@@ -3,7 +3,8 @@
 For every method, on the same data and batch: seconds per update and tokens/s of the second domain's stage (the
 first domain runs before it, so replay, penalties, o_prev and other terms that need an earlier domain act), model
 FLOPs per update counted by ``torch.utils.flop_counter`` on one counted update, and from them the utilisation of
-the peak a square GEMM reaches in the same process (MFU) and the update's cost in units of the runner's plain MLM
+the peak a square GEMM reaches in the same process (MFU) and of the device's datasheet peak where known
+(``mfu_spec``, the figure published MFUs use), and the update's cost in units of the runner's plain MLM
 pass (``passes``: NCL's update is 1). The reference row is a plain transformers training step of the same model
 (transformers' collator, masking or next-token labels by the model's kind, and its loss over every position, the same
 micro-batches and accumulation, AdamW), measured in the same process: ``vs_plain`` is a method's tokens/s over that
@@ -65,7 +66,7 @@ def bench(
         unit = rows["ncl"]["flops_per_update"] if "ncl" in rows else mlm_update_flops(cfg, data, seed, share)
     for row in [plain, *rows.values()]:
         _derive(row, peak, unit, plain)
-    return {
+    report = {
         "schema": BENCH_SCHEMA,
         "device": device_name(device),
         "precision": precision,
@@ -84,6 +85,7 @@ def bench(
         "plain_transformers": plain,
         "methods": rows,
     }
+    return with_spec_peak(report)
 
 
 def method_step(
@@ -110,7 +112,10 @@ def method_step(
         seconds = clock.seconds_per_update(after=warmup)
         tokens = cfg.dap.batch_size * cfg.dap.seq_len
         stats = {**stats, "step_seconds": round(seconds, 4), "tokens_per_second": round(tokens / seconds, 1)}
-    counted, _, counter = _second_stage(cfg, data, name, seed, 1, lambda _: FlopCounterMode(display=False))
+    # FLOPs are counted with eager blocks: compiling changes no arithmetic, and under a dispatch mode a compiled,
+    # checkpointed block's recompute can pick another compiled variant than its forward (torch's CheckpointError).
+    eager = dataclasses.replace(cfg, dap=dataclasses.replace(cfg.dap, compile=False))
+    counted, _, counter = _second_stage(eager, data, name, seed, 1, lambda _: FlopCounterMode(display=False))
     row = {
         "trains": True,
         "step_seconds": stats["step_seconds"],
@@ -357,24 +362,51 @@ def report_file_name(report: dict[str, Any], profile: str) -> str:
 
 
 def markdown_table(report: dict[str, Any]) -> str:
-    """The bench report as a markdown table, one row per method and the plain step last."""
+    """The bench report as a markdown table, one row per method and the plain step last; MFU against the GEMM rate
+    measured in the same process and against the device's datasheet peak ("MFU (spec)", where known)."""
     lines = [
-        "| method | s / update | tokens/s | GFLOP / update | passes | bound | passes / bound | MFU | peak MB"
-        " | vs plain |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| method | s / update | tokens/s | GFLOP / update | passes | bound | passes / bound | MFU | MFU (spec)"
+        " | peak MB | vs plain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in [*report["methods"].items(), ("plain transformers step", report["plain_transformers"])]:
         if not row.get("trains", True):
-            lines.append(f"| {name} | (no DAP) | | | | | | | | |")
+            lines.append(f"| {name} | (no DAP) | | | | | | | | | |")
             continue
         bound = row.get("bound_passes")
         lines.append(
             f"| {name} | {row['step_seconds']:.4f} | {row['tokens_per_second']:.0f} | "
             f"{row['flops_per_update'] / 1e9:.2f} | {row['passes']:.2f} | {_or_dash(bound, '.2f')} | "
-            f"{_or_dash(row.get('vs_bound'), '.2f')} | {row['mfu']:.1%} | {row['peak_memory_mb']:.0f} | "
+            f"{_or_dash(row.get('vs_bound'), '.2f')} | {row['mfu']:.1%} | {_or_dash(row.get('mfu_spec'), '.1%')} | "
+            f"{row['peak_memory_mb']:.0f} | "
             f"{row['vs_plain']:.2f} |"
         )
     return "\n".join(lines)
+
+
+SPEC_PEAK_TFLOPS = {
+    "NVIDIA H100 80GB HBM3": 989.4,
+    "NVIDIA H200": 989.4,
+    "NVIDIA A100-SXM4-80GB": 312.0,
+    "NVIDIA A100-SXM4-40GB": 312.0,
+}
+"""Dense 16-bit (bf16/fp16) tensor-core peaks from the vendors' datasheets (SXM parts), by the name torch reports:
+the figure published MFUs are read against (the GEMM rate a bench measures is below it: 741-772 TFLOP/s on an
+H200)."""
+
+
+def with_spec_peak(report: dict[str, Any]) -> dict[str, Any]:
+    """``report`` with ``spec_peak_tflops`` and every row's ``mfu_spec`` (its FLOP rate over the datasheet peak of
+    the device at the report's precision; None where :data:`SPEC_PEAK_TFLOPS` does not know the device or the
+    precision is not 16-bit). Also fills a report saved before these fields existed."""
+    known = report["precision"] in ("bf16", "fp16") and report["device"] in SPEC_PEAK_TFLOPS
+    spec = SPEC_PEAK_TFLOPS[report["device"]] if known else None
+    report["spec_peak_tflops"] = spec
+    for row in [report["plain_transformers"], *report["methods"].values()]:
+        if row.get("trains", True):
+            rate = row["flops_per_update"] / row["step_seconds"]
+            row["mfu_spec"] = round(rate / (spec * 1e12), 4) if spec else None
+    return report
 
 
 def _derive(row: dict[str, Any], peak: float, unit: int, plain: dict[str, Any]) -> None:

@@ -2,7 +2,7 @@
 model hub (issue #29's lent GPUs). Usage: ``python make_models.py OUT TOKENIZER_DIR``: writes ``OUT/rb`` (RoBERTa
 MLM, 12 x 768, vocabulary 50265) and ``OUT/gpt2s`` (GPT-2 LM, 12 x 768, vocabulary 50257), each with the given
 tokenizer (the carried kit uses ``../shared/models/roberta-tiny``'s byte-level BPE). ``SMALL=1`` (and ``LAYERS=N``)
-make toy shapes for a dry run on a CPU. Throughput needs the shapes, not trained weights."""
+make toy shapes for a dry run on a CPU; ``MODELS=rb`` writes only the encoder. Throughput needs the shapes, not trained weights."""
 
 import os
 import sys
@@ -40,7 +40,10 @@ def main(out: str, tokenizer_dir: str) -> None:
         architectures=["GPT2LMHeadModel"],
     )
     torch.manual_seed(0)
-    for name, model in (("rb", RobertaForMaskedLM(roberta)), ("gpt2s", GPT2LMHeadModel(gpt2))):
+    wanted = os.environ.get("MODELS", "rb,gpt2s").split(",")  # MODELS=rb: only the encoder
+    makers = {"rb": lambda: RobertaForMaskedLM(roberta), "gpt2s": lambda: GPT2LMHeadModel(gpt2)}
+    for name in wanted:
+        model = makers[name]()
         model.save_pretrained(f"{out}/{name}")
         tokenizer.save_pretrained(f"{out}/{name}")
         print(name, sum(p.numel() for p in model.parameters()) / 1e6, "M params")
