@@ -22,5 +22,6 @@ BUILTIN_METHODS: dict[str, str] = {
     "domix": "methods.domix:DoMIX",
     "freeze_bottom": "methods.freeze_bottom:FreezeBottom",
     "merge": "methods.merge:Merge",
+    "lora_merge": "methods.lora_merge:LoraMerge",
     "oracle": "methods.oracle:Oracle",
 }

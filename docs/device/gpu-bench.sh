@@ -11,6 +11,8 @@
 # sharing the GPU, until $END. Everything comes back as at most 8 files under $OUT: log.txt, bench.tar.xz (reports
 # and operator tables), traces.tar.xz (Chrome traces), grid.tar.xz (finished records, run logs).
 # DRY=1: a CPU rehearsal at toy shapes (OUT: an empty folder): every step runs, with tiny budgets.
+# SKIP_BENCH=1: the grid alone, the whole call (the next lent session's plan: with MPS=1; a run took 3.5 to 15 min
+# with seven sharing the GPU in time slices, most of it fine-tuning); GRID_METHODS, GRID_SEEDS choose the runs.
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor DAPBENCH_SHARED=$PWD/.devkit/shared
@@ -71,7 +73,19 @@ bench 75 s3-ncl-compiled-mb248 --model $M/rb --methods ncl --warmup $WU --steps 
 fi
 wait
 
-# 4: the gpu-small grid, every run its own process sharing the GPU, until the call's end
+# 4: the gpu-small grid, every run its own process sharing the GPU, until the call's end. With MPS=1 the runs share
+# the GPU through CUDA's multi-process service (kernels of several processes at once, not time slices): tried, checked
+# with one CUDA context, and stopped again if that fails.
+if [ "${MPS:-0}" = 1 ] && [ "${DRY:-0}" != 1 ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  if nvidia-cuda-mps-control -d >>$LOG 2>&1 && timeout 60 python3 -c "import torch; torch.ones(1, device='cuda').sum().item()" >>$LOG 2>&1; then
+    stamp "MPS on"
+  else
+    echo quit | nvidia-cuda-mps-control >>$LOG 2>&1; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    stamp "MPS failed: time slices"
+  fi
+fi
 stamp "grid start ($(left)s left)"
 RUNS=0
 for seed in ${GRID_SEEDS//,/ }; do for method in ${GRID_METHODS//,/ }; do RUNS=$((RUNS + 1)); done; done
