@@ -31,18 +31,17 @@ run seed and the domain.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from benchmark.method import ContinualMethod, DomainContext, FinetuneContext, MethodConfig, ParameterGroup
+from benchmark.method import DomainContext, FinetuneContext, MethodConfig
 from benchmark.modeling import layer_modules, out_axis
 from benchmark.settings import setting
 from methods._shared.adapters import adapter_parameters, classifier_with_dap_encoder, train_only
-from methods.domix import module_name
+from methods.domix import DoMIX, DoMIXConfig, module_name
 
 MERGES = (
     "cat",
@@ -90,8 +89,9 @@ def inject_modules(model: nn.Module, cfg: LoraMergeConfig, num_domains: int):
 
 
 @dataclass(frozen=True)
-class LoraMergeConfig(MethodConfig):
-    """LoRA merge options."""
+class LoraMergeConfig(DoMIXConfig):
+    """LoRA merge options (``rank``, ``alpha`` and ``lora_lr`` of every domain module are DoMIX's; ``rank`` is also
+    the rank of the ``*_svd`` merges)."""
 
     @classmethod
     def section(cls) -> str:
@@ -106,16 +106,11 @@ class LoraMergeConfig(MethodConfig):
     """TIES, DARE and magnitude pruning: the share of each factor's (or update's) entries kept."""
     majority_sign: str = setting("total", choices=("total", "frequency"))
     """TIES: how the sign of every entry is elected."""
-    rank: int = setting(8, low=1, high=1024)
-    """LoRA rank of every domain module (and of the ``*_svd`` merges)."""
-    alpha: float = setting(16.0, low=0, low_open=True, high=1e4)
-    """LoRA scale numerator: a module's update is multiplied by ``alpha / rank``."""
-    lora_lr: float | None = setting(None, low=0, low_open=True, high=1)
-    """Peak rate of the domain modules during DAP (None: ``dap.lr``)."""
 
 
-class LoraMerge(ContinualMethod):
-    """Per-domain LoRA modules on the frozen base; the evaluated model is the base plus their PEFT merge."""
+class LoraMerge(DoMIX):
+    """Per-domain LoRA modules on the frozen base, trained as DoMIX's; the evaluated model is the base plus their
+    PEFT merge (no bridge)."""
 
     name: ClassVar[str] = "lora_merge"
     multi_process: ClassVar[bool] = True
@@ -123,15 +118,8 @@ class LoraMerge(ContinualMethod):
     config_cls: ClassVar[type[MethodConfig]] = LoraMergeConfig
     config: LoraMergeConfig
 
-    def __init__(self, config: LoraMergeConfig, *, env):
-        super().__init__(config, env=env)
-        self.trained = 0
-        """How many domain modules are trained (the next one to train is ``domain<trained>``)."""
-        self._tuner = None
-
-    def flop_bound(self, encoder_share: float) -> float | None:
-        """Not declared: the frozen base needs input gradients only (as the peft variants)."""
-        return None
+    _tuner = None
+    """The PEFT ``LoraModel`` over the model of the last ``setup`` (it merges)."""
 
     def setup(self, model: nn.Module) -> nn.Module:
         """Inject a module per domain and the merged adapter (:func:`inject_modules`, only ``merged`` on: a loaded
@@ -145,14 +133,6 @@ class LoraMerge(ContinualMethod):
         model = ctx.unwrapped_model()
         self._tuner.set_adapter(module_name(ctx.index))
         train_only(model, adapter_parameters(model, module_name(ctx.index)))
-
-    def trainable_parameters(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-        """The module of the domain being trained."""
-        return adapter_parameters(model, module_name(self.trained))
-
-    def parameter_groups(self, model: nn.Module) -> list[ParameterGroup]:
-        """The module of the domain being trained, at ``lora_lr``."""
-        return [ParameterGroup("lora", self.trainable_parameters(model), self.config.lora_lr)]
 
     def after_domain(self, ctx: DomainContext) -> None:
         """Merge every module trained so far into the ``merged`` adapter and switch it on alone."""
@@ -169,17 +149,13 @@ class LoraMerge(ContinualMethod):
             param.requires_grad_(".lora_" not in name or f".{MERGED}." in name)
         return model
 
+    def finetune_report(self, model: nn.Module) -> dict[str, Any]:
+        """Nothing: the merge has no bridge to report."""
+        return {}
+
     def domain_report(self) -> dict[str, Any]:
         """How many per-domain modules the evaluated model merges."""
         return {"modules_merged": self.trained}
-
-    def state_dict(self) -> dict[str, Any]:
-        """How many domain modules are trained (the modules themselves are model weights)."""
-        return {"trained": self.trained}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        self.trained = int(state["trained"])
 
 
 def merge_modules(tuner, count: int, cfg: LoraMergeConfig, seed: int) -> None:

@@ -2,7 +2,8 @@
 model hub (issue #29's lent GPUs). Usage: ``python make_models.py OUT TOKENIZER_DIR``: writes ``OUT/rb`` (RoBERTa
 MLM, 12 x 768, vocabulary 50265) and ``OUT/gpt2s`` (GPT-2 LM, 12 x 768, vocabulary 50257), each with the given
 tokenizer (the carried kit uses ``../shared/models/roberta-tiny``'s byte-level BPE). ``SMALL=1`` (and ``LAYERS=N``)
-make toy shapes for a dry run on a CPU; ``MODELS=rb`` writes only the encoder. Throughput needs the shapes, not trained weights."""
+make toy shapes for a dry run on a CPU; ``MODELS=rb`` writes only the encoder. Throughput needs the shapes, not
+trained weights."""
 
 import os
 import sys
