@@ -59,18 +59,26 @@ class DoMIXConfig(MethodConfig):
     4e-4 to 5e-4; ``dapbench tune`` chooses at a profile's budget)."""
 
 
-def inject_domain_modules(model: nn.Module, count: int, config: DoMIXConfig) -> nn.Module:
-    """Add ``count`` LoRA modules (``domain0`` ...) on every projection of every layer, in place, none active."""
-    import warnings
-
-    from peft import LoraConfig, inject_adapter_in_model
+def domain_lora_config(model: nn.Module, config: DoMIXConfig):
+    """The PEFT ``LoraConfig`` of one domain module: rank ``config.rank``, scale ``alpha / rank``, no dropout, on every
+    projection of every layer of ``model``."""
+    from peft import LoraConfig
 
     targets = {id(m): out_axis(m) for layer in layer_modules(model) for m in layer.projections}
     names = [name for name, module in model.named_modules() if id(module) in targets]
     conv1d = 1 in targets.values()  # GPT-2's Conv1D projections keep weights as in x out
-    lora = LoraConfig(
+    return LoraConfig(
         r=config.rank, lora_alpha=config.alpha, lora_dropout=0.0, target_modules=names, fan_in_fan_out=conv1d
     )
+
+
+def inject_domain_modules(model: nn.Module, count: int, config: DoMIXConfig) -> nn.Module:
+    """Add ``count`` LoRA modules (``domain0`` ...) on every projection of every layer, in place, none active."""
+    import warnings
+
+    from peft import inject_adapter_in_model
+
+    lora = domain_lora_config(model, config)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Already found a `peft_config`")
         for index in range(count):

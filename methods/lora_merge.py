@@ -38,10 +38,9 @@ import torch
 from torch import nn
 
 from benchmark.method import DomainContext, FinetuneContext, MethodConfig
-from benchmark.modeling import layer_modules, out_axis
 from benchmark.settings import setting
 from methods._shared.adapters import adapter_parameters, classifier_with_dap_encoder, train_only
-from methods.domix import DoMIX, DoMIXConfig, module_name
+from methods.domix import DoMIX, DoMIXConfig, domain_lora_config, module_name
 
 MERGES = (
     "cat",
@@ -66,17 +65,9 @@ SCRATCH = "merging"
 def inject_modules(model: nn.Module, cfg: LoraMergeConfig, num_domains: int):
     """A PEFT ``LoraModel`` over ``model`` (adapted in place) with a module per domain and the :data:`MERGED` adapter
     (zero update at start), only :data:`MERGED` on; returns the tuner, which merges."""
-    from peft import LoraConfig
     from peft.tuners.lora import LoraModel
 
-    targets = {id(m): out_axis(m) for layer in layer_modules(model) for m in layer.projections}
-    lora = LoraConfig(
-        r=cfg.rank,
-        lora_alpha=cfg.alpha,
-        lora_dropout=0.0,
-        target_modules=[name for name, module in model.named_modules() if id(module) in targets],
-        fan_in_fan_out=1 in targets.values(),  # GPT-2's Conv1D projections keep weights as in x out
-    )
+    lora = domain_lora_config(model, cfg)
     tuner = LoraModel(model, lora, module_name(0))
     width = num_domains * cfg.rank
     configs = {module_name(k): lora for k in range(1, num_domains)}
@@ -167,9 +158,11 @@ def merge_modules(tuner, count: int, cfg: LoraMergeConfig, seed: int) -> None:
     names = [module_name(k) for k in range(count)]
     scale = cfg.scale if cfg.scale is not None else (1.0 if "ties" in cfg.how else 1.0 / count)
     options = {"density": cfg.density} if cfg.how not in ("cat", "linear", "svd") else {}
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)  # DARE's random drop; the run's own streams are put back below
-    try:
+    device = next(tuner.model.parameters()).device
+    # DARE's random drop draws on the modules' device: that generator (and the CPU's) is seeded for the merge and
+    # put back after it, so the run's own streams are as they were.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
         tuner.add_weighted_adapter(
             names,
             [scale] * count,
@@ -179,14 +172,11 @@ def merge_modules(tuner, count: int, cfg: LoraMergeConfig, seed: int) -> None:
             majority_sign_method=cfg.majority_sign,
             **options,
         )
-        with torch.no_grad():
-            for layer in tuner.model.modules():
-                if isinstance(layer, LoraLayer) and SCRATCH in layer.lora_A:
-                    _copy_padded(layer, SCRATCH, MERGED)
-    finally:
-        torch.random.set_rng_state(generator_state)
-        if SCRATCH in tuner.peft_config:
-            tuner.delete_adapter(SCRATCH)
+    with torch.no_grad():
+        for layer in tuner.model.modules():
+            if isinstance(layer, LoraLayer) and SCRATCH in layer.lora_A:
+                _copy_padded(layer, SCRATCH, MERGED)
+    tuner.delete_adapter(SCRATCH)
     tuner.set_adapter(MERGED)
 
 

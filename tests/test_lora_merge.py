@@ -104,3 +104,18 @@ def test_lora_merge_options_are_checked():
         LoraMergeConfig.from_options({"how": "average"}, section="lora_merge")
     with pytest.raises(DapbenchError, match="lora_merge.density"):
         LoraMergeConfig.from_options({"density": 0}, section="lora_merge")
+
+
+def test_dare_drops_the_same_entries_for_a_seed_and_leaves_the_run_streams_alone(tiny_model):
+    def merged_update(seed: int) -> torch.Tensor:
+        method = _method(tiny_model, how="dare_linear", density=0.5)
+        model = method.setup(load_lm(str(tiny_model))[0])
+        for index in range(2):
+            _train_module(model, index)
+        state = torch.get_rng_state()
+        merge_modules(method._tuner, 2, method.config, seed=seed)
+        assert torch.equal(state, torch.get_rng_state())
+        return next(iter(_lora_layers(model).values())).get_delta_weight(MERGED)
+
+    assert torch.equal(merged_update(7), merged_update(7))
+    assert not torch.equal(merged_update(7), merged_update(8))

@@ -5,7 +5,7 @@
 #   bash docs/device/make_kit.sh slim      # before a device call: results/ and docs/images/ (over 100 MB) untracked
 #                                          # and ignored, so tracked files plus .devkit stay under the 64 MiB a call
 #                                          # carries (the files stay on disk)
-#   bash docs/device/make_kit.sh restore   # after the call: the index and .git/info/exclude as they were
+#   bash docs/device/make_kit.sh restore   # after the call: those folders tracked again, .git/info/exclude as it was
 # A call then names .devkit in `carry` and runs `bash docs/device/gpu-bench.sh` (or `... rerun`).
 set -eu
 SHARED=${DAPBENCH_SHARED:-../shared}
@@ -46,7 +46,7 @@ slim)
   git ls-files -z | xargs -0 du -cb | tail -1
   ;;
 restore)
-  git reset -q
+  git reset -q -- results docs/images  # only what slim took out of the index
   sed -i '/^\/results\/$/d;/^\/docs\/images\/$/d' $EXCLUDE
   git status --short
   ;;
