@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from benchmark.config import DEFAULT_OUTPUT, RunConfig, apply_overrides, profile_config
 from benchmark.errors import DapbenchError
 from benchmark.io import path_inside, read_json, safe_name
 from benchmark.preflight import check_inputs, require_multi_process
+from benchmark.records.reproduce import Reproduction, StagesReproduction
 from benchmark.records.schema import RunRecord
 from benchmark.records.store import load_record, load_records, write_record
 from benchmark.tools.launch import GridRun, SlurmOptions
@@ -389,26 +390,6 @@ def _shown(field: dataclasses.Field):
 # ----------------------------------------------------------------------------------------------
 # Reproduce
 # ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Reproduction:
-    """The outcome of :func:`reproduce`: the new record, where it was written, and what differs."""
-
-    record: RunRecord
-    path: Path
-    threads: int | None
-    recorded_threads: int | None
-    """The CPU thread count the reproduced record was made with (None for accelerator records)."""
-    tolerance: object
-    compared: int
-    mismatches: list
-    largest: dict[str, tuple[str, float]]
-
-    @property
-    def ok(self) -> bool:
-        """Whether every number matched within the tolerance."""
-        return not self.mismatches
-
-
 def reproduce(
     record_path: str | Path,
     *,
@@ -421,11 +402,77 @@ def reproduce(
 ) -> Reproduction:
     """Re-run a record's method and seed from scratch (its recorded thread count by default: CPU float
     summation order depends on it) and compare every number it reports within ``tolerance``."""
+    from benchmark.records import reproduce as rep
+
+    record = load_record(record_path)
+    with _rerun(record, record_path, output_dir, paths, overrides, threads, show_progress) as (run, out, threads):
+        new = run.execute()
+    path = out / "results" / record["profile"] / f"{run.run_id}.json"
+    write_record(path, new)
+    tolerance = tolerance or rep.DEFAULT_TOLERANCE
+    compared = len(set(rep.key_numbers(record)) | set(rep.key_numbers(new)))
+    mismatches = rep.compare_records(record, new, tolerance)
+    recorded = rep.recorded_cpu_threads(record)
+    largest = rep.largest_differences(record, new)
+    return rep.Reproduction(new, path, threads, recorded, tolerance, compared, mismatches, largest)
+
+
+def reproduce_stages(
+    record_path: str | Path,
+    *,
+    output_dir: str | Path | None = None,
+    paths: Mapping[str, str | None] | None = None,
+    overrides: Iterable[str] = (),
+    threads: int | None = None,
+    tolerance=None,
+    show_progress: bool = False,
+) -> StagesReproduction:
+    """Re-run only a record's stages (its DAP and held-out evaluations, no end task) and compare every number they
+    make; where every one matches and the record predates per-stage update sizes (issue #45), write the record
+    with the re-run's sizes added (``update_sizes_measured`` says how) under ``output_dir``. The record's own file
+    is never touched: copy the written one over it to keep the sizes."""
+    from benchmark.engine.environment import git_commit
+    from benchmark.records import reproduce as rep
+
+    record = load_record(record_path)
+    with _rerun(record, record_path, output_dir, paths, overrides, threads, show_progress) as (run, out, threads):
+        stages = run.pretrained_stages()
+    tolerance = tolerance or rep.DEFAULT_TOLERANCE
+    compared, mismatches = rep.compare_stages(record, stages, tolerance)
+    largest = rep.largest_loss_difference(record, stages)
+    outcome = functools.partial(
+        rep.StagesReproduction,
+        threads=threads,
+        tolerance=tolerance,
+        compared=compared,
+        mismatches=mismatches,
+        largest_loss_difference=largest,
+    )
+    if mismatches:
+        return outcome(record, None)
+    facts = {
+        "git_commit": git_commit(),
+        "torch_threads": threads,
+        "compared": compared,
+        "largest_loss_difference": largest,
+    }
+    added = rep.with_measured_update_sizes(record, stages, facts)
+    if added is record:
+        return outcome(record, None)
+    path = out / "results" / record["profile"] / f"{record['run_id']}.json"
+    write_record(path, added)
+    return outcome(added, path)
+
+
+@contextlib.contextmanager
+def _rerun(record, record_path, output_dir, paths, overrides, threads, show_progress):
+    """A fresh run of ``record``'s method and seed under ``output_dir`` (default ``dapbench-out/reproduce/<id>``),
+    its data checked against the record's, inside the record's CPU thread count (or ``threads``): yields the run,
+    its output folder and the thread count."""
     from benchmark.data.inputs import prepare_data
     from benchmark.records import reproduce as rep
 
     quiet_libraries()
-    record = load_record(record_path)
     require_current_numerics(record, record_path)
     threads = threads if threads is not None else rep.recorded_cpu_threads(record)  # float order depends on it
     if threads is not None and threads < 1:
@@ -436,16 +483,7 @@ def reproduce(
         config = materialise(config)  # a synthetic base model is rebuilt with the record's thread count too
         data = prepare_data(config)
         rep.check_data(record, data.checksums)
-        run = continual_run(config, data, record["method"], record["seed"], show_progress=show_progress)
-        new = run.execute()
-    path = out / "results" / config.profile / f"{run.run_id}.json"
-    write_record(path, new)
-    tolerance = tolerance or rep.DEFAULT_TOLERANCE
-    compared = len(set(rep.key_numbers(record)) | set(rep.key_numbers(new)))
-    mismatches = rep.compare_records(record, new, tolerance)
-    recorded = rep.recorded_cpu_threads(record)
-    largest = rep.largest_differences(record, new)
-    return Reproduction(new, path, threads, recorded, tolerance, compared, mismatches, largest)
+        yield continual_run(config, data, record["method"], record["seed"], show_progress=show_progress), out, threads
 
 
 def require_current_numerics(record: RunRecord, record_path: str | Path) -> None:

@@ -157,6 +157,12 @@ def test_cli_run_and_report_end_to_end(tiny_config, capsys):
     recorded = json.loads(record_path.read_text())["environment"]["torch_threads"]
     assert f"CPU threads: {recorded} (the record's: {recorded})" in out  # the record's count by default
     assert torch.get_num_threads() == threads_before  # and restored afterwards
+    # its stages alone: compared on every stage number, its update sizes included; nothing to add, nothing written
+    stages = ["reproduce", str(record_path), "--stages-only", "--output-dir", str(root / "stages"), "--quiet"]
+    assert main([*stages, *inputs]) == 0
+    out = capsys.readouterr().out
+    assert "(its DAP stages alone)" in out and "0 outside tolerance" in out and "nothing written" in out
+    assert out.rstrip().endswith("verdict: STAGES REPRODUCED") and not (root / "stages" / "results").exists()
 
 
 def test_atomic_json_write_keeps_the_old_file_on_failure(tmp_path):

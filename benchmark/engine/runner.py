@@ -94,6 +94,11 @@ class ContinualRun:
     def pretrain_only(self) -> dict[str, float]:
         """Every stage not finished yet (resumably), without the end tasks; the losses measured after the last stage
         (what ``dapbench tune`` compares)."""
+        return self.pretrained_stages()[-1]["lm_loss"]
+
+    def pretrained_stages(self) -> list[dict[str, Any]]:
+        """Every stage not finished yet (resumably), without the end tasks; every stage's statistics, in the order
+        of the schedule's stages (what ``dapbench reproduce --stages-only`` compares with a record's)."""
         p = self.parts
         p.layout.root.mkdir(parents=True, exist_ok=True)
         shown = p.show_progress and p.accelerator.is_main_process
@@ -104,7 +109,7 @@ class ContinualRun:
         finally:
             p.progress.close()
             p.progress = None
-        return _stage_stats(p, p.schedule.stages()[-1])["lm_loss"]
+        return [_stage_stats(p, t) for t in p.schedule.stages()]
 
     def _stages(self, clock: RunClock, end_tasks: bool = True) -> None:
         """The base model's evaluation, then every stage and end-task row not finished yet, on the progress line."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from benchmark.config import RunConfig, profile_config
 from benchmark.errors import DapbenchError
-from benchmark.records.schema import CHUNK_SUM_DECIMALS
+from benchmark.records.schema import CHUNK_SUM_DECIMALS, RunRecord
 
 PATH_FIELDS = ("model", "data_root", "general_heldout", "general_corpus")
 
@@ -73,6 +73,73 @@ DAP update per domain (``dap.steps`` 10 -> 11) moves the MLM losses by up to 0.0
 """
 DEFAULT_TOLERANCE = CI_TOLERANCE
 
+
+@dataclass(frozen=True)
+class Reproduction:
+    """The outcome of :func:`reproduce`: the new record, where it was written, and what differs."""
+
+    record: RunRecord
+    path: Path
+    threads: int | None
+    recorded_threads: int | None
+    """The CPU thread count the reproduced record was made with (None for accelerator records)."""
+    tolerance: object
+    compared: int
+    mismatches: list
+    largest: dict[str, tuple[str, float]]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every number matched within the tolerance."""
+        return not self.mismatches
+
+    def lines(self) -> list[str]:
+        """What ``dapbench reproduce`` prints of it: where the new record went, the comparison, the verdict."""
+        record = self.record
+        out = [f"reproduced {record['method_label']} seed {record['seed']} -> {self.path}"]
+        if self.threads:
+            out.append(f"CPU threads: {self.threads} (the record's: {self.recorded_threads})")
+        out.append(f"{self.compared} numbers compared, {len(self.mismatches)} outside tolerance {self.tolerance}")
+        out += [f"  largest {kind} difference: {diff:.5f} ({name})" for kind, (name, diff) in self.largest.items()]
+        out += [f"  {mismatch}" for mismatch in self.mismatches]
+        differ = f" ({len(self.mismatches)} number(s) differ)" if self.mismatches else ""
+        return [*out, f"verdict: {'REPRODUCED' if self.ok else 'NOT REPRODUCED'}{differ}"]
+
+
+@dataclass(frozen=True)
+class StagesReproduction:
+    """The outcome of :func:`reproduce_stages`: how the re-run's stages compared with the record's, and the record
+    with update sizes added (written to ``path``) where it lacked them and every stage number matched."""
+
+    record: RunRecord
+    """The record as it stands after the re-run: with the re-run's update sizes where they were missing and matched,
+    else the record as it was."""
+    path: Path | None
+    """Where the record with added update sizes was written (None: nothing was added or the stages differ)."""
+    threads: int | None
+    tolerance: Tolerance
+    compared: int
+    mismatches: list
+    largest_loss_difference: float
+
+    @property
+    def ok(self) -> bool:
+        """Whether every stage number matched within the tolerance."""
+        return not self.mismatches
+
+    def lines(self) -> list[str]:
+        """What ``dapbench reproduce --stages-only`` prints of it: the comparison, what was written, the verdict."""
+        out = [f"CPU threads: {self.threads}"] if self.threads else []
+        out.append(f"{self.compared} stage numbers compared, {len(self.mismatches)} outside tolerance {self.tolerance}")
+        out.append(f"  largest loss difference: {self.largest_loss_difference:.5f}")
+        out += [f"  {mismatch}" for mismatch in self.mismatches]
+        if self.path:
+            out.append(f"update sizes added -> {self.path} (copy it over the record to keep them)")
+        elif self.ok:
+            out.append("update sizes: the record has them for every trained stage (or trains none); nothing written")
+        return [*out, f"verdict: {'STAGES REPRODUCED' if self.ok else 'STAGES NOT REPRODUCED'}"]
+
+
 NOT_RESULTS = {
     "timing/*": "compute cost: it depends on the machine and its load, not on the code's numerics",
     "domains/*/train_seconds": "compute cost",
@@ -87,6 +154,7 @@ NOT_RESULTS = {
     "identity/*": "what the run id hashed (checked when the record is read)",
     "predictions/*": "single test predictions: the scores made of them are compared, within the score tolerance",
     "test_labels/*": "data (its checksum is part of the run id)",
+    "update_sizes_measured/*": "how update sizes measured later were added: the check of that re-run, not a result",
 }
 """Numeric fields of a record that are not results, and why reproduce does not compare them."""
 
@@ -189,6 +257,63 @@ def _predated(expected: dict, path: str) -> bool:
     stages = expected.get("domains") or []
     index = int(parts[1])
     return index >= len(stages) or parts[2] not in stages[index]
+
+
+def stage_numbers(domains: list[dict], chunk_counts: dict | None, chunk_rows: list | None) -> dict:
+    """The part of a record that its stages alone make (no end task): each stage's entry (held-out losses, drift,
+    loss log, method report, update sizes, counts) and the held-out chunk sums after each stage, as record paths."""
+    part: dict[str, Any] = {"domains": domains}
+    if chunk_counts is not None and chunk_rows is not None:
+        part["lm_loss"] = {"chunks": {"counts": chunk_counts, "after_domain": chunk_rows}}
+    return part
+
+
+def compare_stages(record: dict, stages: list[dict], tolerance: Tolerance) -> tuple[int, list[Mismatch]]:
+    """How many stage numbers of ``record`` a stages-only re-run's statistics ``stages`` (one per trained or
+    evaluated stage, in order, as the runner's progress files hold them) were compared on, and those that differ
+    beyond ``tolerance``; stages of other domains, or a different count of them, is a named error."""
+    recorded = [stage["domain"] for stage in record["domains"]]
+    rerun = [stage["domain"] for stage in stages]
+    if recorded != rerun:
+        raise DapbenchError(
+            f"the re-run's stages ({', '.join(rerun) or 'none'}) are not the record's"
+            f" ({', '.join(recorded) or 'none'})",
+            "re-run the record with the configuration it names (dapbench reproduce without --stages-only shows more)",
+        )
+    chunks = (record.get("lm_loss") or {}).get("chunks")
+    rows = [row for row in (chunks or {}).get("after_domain") or [] if row is not None]
+    want = stage_numbers(record["domains"], chunks and chunks["counts"], chunks and rows)
+    got = stage_numbers(
+        [{k: v for k, v in stage.items() if k != "lm_loss_chunks"} for stage in stages],
+        chunks and chunks["counts"],
+        chunks and [stage["lm_loss_chunks"] for stage in stages],
+    )
+    compared = set(key_numbers(want)) | {name for name in key_numbers(got) if not _predated(want, name)}
+    return len(compared), compare_records(want, got, tolerance)
+
+
+def largest_loss_difference(record: dict, stages: list[dict]) -> float:
+    """The largest |difference| of a held-out or logged training loss between ``record``'s stages and a re-run's."""
+    want = key_numbers({"domains": record["domains"]})
+    got = key_numbers({"domains": [{k: v for k, v in s.items() if k != "lm_loss_chunks"} for s in stages]})
+    diffs = [abs(want[name] - got[name]) for name in set(want) & set(got) if kind_of(name) == "loss"]
+    return max(diffs, default=0.0)
+
+
+def with_measured_update_sizes(record: dict, stages: list[dict], facts: dict[str, Any]) -> dict:
+    """``record`` with every stage's ``update_sizes`` taken from a matching stages-only re-run's ``stages`` where it
+    lacked them, and ``update_sizes_measured`` (``facts``: the re-run's commit, threads, numbers compared, largest
+    loss difference) saying so; ``record`` itself unchanged, and returned as it is where no stage lacked them."""
+    missing = [
+        t for t, stage in enumerate(record["domains"]) if "update_sizes" not in stage and stages[t].get("trained")
+    ]
+    if not missing:
+        return record
+    domains = [
+        {**stage, "update_sizes": stages[t]["update_sizes"]} if t in missing else stage
+        for t, stage in enumerate(record["domains"])
+    ]
+    return {**record, "domains": domains, "update_sizes_measured": facts}
 
 
 def _within(a: float, b: float, allowed: float) -> bool:

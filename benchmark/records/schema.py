@@ -95,6 +95,21 @@ class Timing(TypedDict):
     """``cuda_max_allocated`` or ``cpu_peak_rss_per_domain``."""
 
 
+class UpdateSizesMeasured(TypedDict):
+    """How the update sizes of a record made before they were measured (issue #45) were added later: by a stages-only
+    re-run of its method and seed (``dapbench reproduce --stages-only``) whose every stage number matched the
+    record's within tolerance, so the sizes are those of the very training the record reports."""
+
+    git_commit: str | None
+    """The commit that re-ran the stages."""
+    torch_threads: int | None
+    """The CPU threads of the re-run (the record's own, so the float summation order is the same)."""
+    compared: int
+    """Stage numbers compared: held-out losses and chunk sums, drift, loss logs, method reports, counts."""
+    largest_loss_difference: float
+    """The largest |difference| of a held-out or logged loss between the re-run and the record (nats)."""
+
+
 class RunIdentityBlock(TypedDict, total=False):
     """The code and options a run id hashed besides the record's config, sequence and checksums."""
 
@@ -166,9 +181,12 @@ class RunRecord(TypedDict):
     finetune_reports: NotRequired[dict[str, dict[str, Any]]]
     """Per cell ``t/k``: what the method reports about its fine-tuned model (DoMIX's learned bridge); present only
     for methods that report something."""
+    update_sizes_measured: NotRequired[UpdateSizesMeasured]
+    """Present only in a record made before per-stage ``update_sizes`` were measured, whose sizes were added later
+    by a stages-only re-run that matched it."""
 
 
-OPTIONAL = ("finetune_reports",)
+OPTIONAL = ("finetune_reports", "update_sizes_measured")
 """Fields only some records carry (declared ``NotRequired``; the annotations are strings here, so named again)."""
 
 REQUIRED = tuple(name for name in RunRecord.__annotations__ if name not in OPTIONAL)

@@ -1,0 +1,81 @@
+"""``dapbench reproduce --stages-only``: a record made before per-stage update sizes were measured (issue #45) gets
+them from a re-run of its stages alone, only where every number those stages make matches the record's."""
+
+import copy
+import dataclasses
+
+import pytest
+
+from benchmark.errors import DapbenchError
+from benchmark.records.reproduce import CI_TOLERANCE, compare_stages, with_measured_update_sizes
+
+
+@pytest.fixture
+def ncl_record(tiny_config, tmp_path):
+    """A tiny NCL record as the runner writes it, and the same record as one made before update sizes were."""
+    from benchmark.api import continual_run
+    from benchmark.data.inputs import prepare_data
+
+    config = dataclasses.replace(tiny_config, methods=("ncl",))
+    record = continual_run(config, prepare_data(config), "ncl", 3, show_progress=False).execute()
+    old = copy.deepcopy(record)
+    for stage in old["domains"]:
+        del stage["update_sizes"]
+    inputs = {name: getattr(config, name) for name in ("model", "data_root", "general_heldout", "general_corpus")}
+    return record, old, inputs  # a test world's inputs are recorded as local:<name>: the re-runs are told them
+
+
+def _write(record, folder):
+    from benchmark.records.store import write_record
+
+    path = folder / "results" / record["profile"] / f"{record['run_id']}.json"
+    write_record(path, record)
+    return path
+
+
+def test_a_record_without_update_sizes_gets_those_of_its_matching_rerun(ncl_record, tmp_path):
+    from benchmark.api import reproduce_stages
+    from benchmark.records.store import load_record
+
+    made, old, inputs = ncl_record
+    path = _write(old, tmp_path / "old")
+    before = path.read_bytes()
+    result = reproduce_stages(path, output_dir=tmp_path / "rerun", paths=inputs)
+    assert result.ok and result.largest_loss_difference == 0.0
+    assert path.read_bytes() == before  # the record's own file is never touched
+    added = load_record(result.path)
+    assert [stage["update_sizes"] for stage in added["domains"]] == [stage["update_sizes"] for stage in made["domains"]]
+    assert all(stage["update_sizes"]["weights"]["relative"] > 0 for stage in added["domains"])
+    facts = added["update_sizes_measured"]
+    assert facts["compared"] == result.compared > 50 and facts["largest_loss_difference"] == 0.0
+    assert {k: v for k, v in added.items() if k not in ("domains", "update_sizes_measured")} == {
+        k: v for k, v in load_record(path).items() if k != "domains"
+    }
+    again = reproduce_stages(result.path, output_dir=tmp_path / "again", paths=inputs)  # now compared on the sizes too
+    assert again.ok and again.path is None and again.compared > result.compared
+
+
+def test_a_record_whose_stages_differ_gets_no_update_sizes(ncl_record, tmp_path):
+    from benchmark.api import reproduce_stages
+
+    _, old, inputs = ncl_record
+    old["domains"][1]["loss_log"][0]["mlm"] += 0.5  # a stage number the re-run cannot match
+    result = reproduce_stages(_write(old, tmp_path / "old"), output_dir=tmp_path / "rerun", paths=inputs)
+    assert [m.name for m in result.mismatches] == ["domains/1/loss_log/0/mlm"]
+    assert result.path is None and not (tmp_path / "rerun" / "results").exists()
+    assert all("update_sizes" not in stage for stage in result.record["domains"])
+
+
+def test_stages_of_other_domains_are_named():
+    record = {"domains": [{"domain": "alpha"}, {"domain": "beta"}], "lm_loss": {"chunks": None}}
+    with pytest.raises(DapbenchError, match=r"re-run's stages \(alpha\) are not the record's \(alpha, beta\)"):
+        compare_stages(record, [{"domain": "alpha"}], CI_TOLERANCE)
+
+
+def test_untrained_stages_get_no_sizes_and_a_record_with_all_of_them_is_returned_as_it_is():
+    stages = [{"domain": "alpha", "trained": False}, {"domain": "beta", "trained": True, "update_sizes": {"w": {}}}]
+    record = {"domains": [{"domain": "alpha"}, {"domain": "beta"}]}
+    added = with_measured_update_sizes(record, stages, {"compared": 3})
+    assert added["domains"] == [{"domain": "alpha"}, {"domain": "beta", "update_sizes": {"w": {}}}]
+    assert added["update_sizes_measured"] == {"compared": 3} and "update_sizes_measured" not in record
+    assert with_measured_update_sizes(added, stages, {"compared": 4}) is added
