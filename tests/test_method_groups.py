@@ -125,6 +125,14 @@ def test_the_leaderboard_flags_and_explains_a_row_whose_masks_did_not_learn(tiny
     assert row.rstrip(" |").endswith("untrained: gate decisions ≤ 1.2%")
     (line,) = training_reading(stats)
     assert "at most 1.2% of its gate decisions changed" in line and "keep 51-51% of the units" in line
+    # a record made before update sizes were measured: the reading says its rows' training is not recorded yet
+    old = copy.deepcopy(record)
+    del old["domains"][1]["update_sizes"]
+    (group,), _ = group_records([old])
+    part = leaderboard_frame(group.records, lambda r: group.key)
+    stats = GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))
+    (line,) = training_reading(stats)
+    assert line.startswith("- Whether these rows' parameters moved is not recorded yet") and line.endswith(": `ncl`.")
 
 
 def test_a_record_made_before_update_sizes_reproduces_without_them_and_one_with_them_is_compared_on_them():

@@ -297,7 +297,7 @@ def largest_loss_difference(record: dict, stages: list[dict]) -> float:
     want = key_numbers({"domains": record["domains"]})
     got = key_numbers({"domains": [{k: v for k, v in s.items() if k != "lm_loss_chunks"} for s in stages]})
     diffs = [abs(want[name] - got[name]) for name in set(want) & set(got) if kind_of(name) == "loss"]
-    return max(diffs, default=0.0)
+    return round(max(diffs, default=0.0), 6)  # records keep losses to 5 decimals
 
 
 def with_measured_update_sizes(record: dict, stages: list[dict], facts: dict[str, Any]) -> dict:

@@ -32,7 +32,18 @@ def training_reading(stats: GroupStatistics) -> list[str]:
             )
         elif plasticity.get(label, 0) < 0 and any(stage.get("trained") for stage in stages):
             lines.append(f"- {code(label)} has negative plasticity ({plasticity[label]:+.3f}): {_moved(stages)}.")
+    unmeasured = [label for label, records in sorted(by_label.items()) if _predates_update_sizes(records)]
+    if unmeasured:
+        lines.append(
+            f"- Whether these rows' parameters moved is not recorded yet (records made before update sizes were"
+            f" measured; `dapbench reproduce RECORD --stages-only` measures them): {', '.join(map(code, unmeasured))}."
+        )
     return lines
+
+
+def _predates_update_sizes(records: list[dict]) -> bool:
+    """Whether any trained stage of ``records`` lacks its update sizes."""
+    return any(s.get("trained") and "update_sizes" not in s for record in records for s in record["domains"])
 
 
 def _stalled(group: str, value: float) -> str:
@@ -57,6 +68,6 @@ def _gates(stages: list[dict]) -> str:
 def _moved(stages: list[dict]) -> str:
     largest = largest_update_sizes(stages)
     if not largest:
-        return "its records predate update sizes, so whether its parameters moved is not recorded (re-run to see)"
+        return "its records predate update sizes, so whether its parameters moved is not recorded yet"
     moved = ", ".join(f"{group} up to {size:.3g}" for group, size in sorted(largest.items()))
     return f"it trained ({moved} of their norm per domain) and still lost on the domains it trained on"
