@@ -284,7 +284,7 @@ def compare_stages(record: dict, stages: list[dict], tolerance: Tolerance) -> tu
     rows = [row for row in (chunks or {}).get("after_domain") or [] if row is not None]
     want = stage_numbers(record["domains"], chunks and chunks["counts"], chunks and rows)
     got = stage_numbers(
-        [{k: v for k, v in stage.items() if k != "lm_loss_chunks"} for stage in stages],
+        _stage_entries(stages),
         chunks and chunks["counts"],
         chunks and [stage["lm_loss_chunks"] for stage in stages],
     )
@@ -294,10 +294,13 @@ def compare_stages(record: dict, stages: list[dict], tolerance: Tolerance) -> tu
 
 def largest_loss_difference(record: dict, stages: list[dict]) -> float:
     """The largest |difference| of a held-out or logged training loss between ``record``'s stages and a re-run's."""
-    want = key_numbers({"domains": record["domains"]})
-    got = key_numbers({"domains": [{k: v for k, v in s.items() if k != "lm_loss_chunks"} for s in stages]})
-    diffs = [abs(want[name] - got[name]) for name in set(want) & set(got) if kind_of(name) == "loss"]
-    return round(max(diffs, default=0.0), 6)  # records keep losses to 5 decimals
+    largest = largest_differences({"domains": record["domains"]}, {"domains": _stage_entries(stages)})
+    return round(largest["loss"][1], 6) if "loss" in largest else 0.0  # records keep losses to 5 decimals
+
+
+def _stage_entries(stages: list[dict]) -> list[dict]:
+    """The runner's stage statistics as a record's ``domains`` entries hold them (chunk sums go to ``lm_loss``)."""
+    return [{k: v for k, v in stage.items() if k != "lm_loss_chunks"} for stage in stages]
 
 
 def with_measured_update_sizes(record: dict, stages: list[dict], facts: dict[str, Any]) -> dict:
