@@ -426,20 +426,24 @@ def reproduce_stages(
     threads: int | None = None,
     tolerance=None,
     show_progress: bool = False,
+    own_domain_only: bool = False,
 ) -> StagesReproduction:
     """Re-run only a record's stages (its DAP and held-out evaluations, no end task) and compare every number they
     make; where every one matches and the record predates per-stage update sizes (issue #45), write the record
     with the re-run's sizes added (``update_sizes_measured`` says how) under ``output_dir``. The record's own file
-    is never touched: copy the written one over it to keep the sizes."""
+    is never touched: copy the written one over it to keep the sizes. ``own_domain_only``: evaluate each stage on its
+    own domain's held-out set alone and compare on what that makes
+    (:func:`benchmark.records.reproduce.own_domain_view`): about a third of the time on the mini profile."""
     from benchmark.engine.environment import git_commit
+    from benchmark.engine.stages import OWN_DOMAIN
     from benchmark.records import reproduce as rep
 
     record = load_record(record_path)
     with _rerun(record, record_path, output_dir, paths, overrides, threads, show_progress) as (run, out, threads):
-        stages = run.pretrained_stages()
+        stages = run.pretrained_stages(own_domain_only)
     tolerance = tolerance or rep.DEFAULT_TOLERANCE
-    compared, mismatches = rep.compare_stages(record, stages, tolerance)
-    largest = rep.largest_loss_difference(record, stages)
+    compared, mismatches = rep.compare_stages(record, stages, tolerance, own_domain_only)
+    largest = rep.largest_loss_difference(record, stages, own_domain_only)
     outcome = functools.partial(
         rep.StagesReproduction,
         threads=threads,
@@ -455,6 +459,7 @@ def reproduce_stages(
         "torch_threads": threads,
         "compared": compared,
         "largest_loss_difference": largest,
+        **({"heldout_scope": OWN_DOMAIN} if own_domain_only else {}),
     }
     added = rep.with_measured_update_sizes(record, stages, facts)
     if added is record:

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
+import functools
 import json
-import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from benchmark.config import DEFAULT_OUTPUT, PROFILES
 from benchmark.errors import DapbenchError
+from benchmark.stopping import Terminated, ignore_further_signals, signals_stop_the_run
 
 DESCRIPTION = """\
 dapbench: a benchmark for continual domain-adaptive pre-training of language models.
@@ -77,7 +75,7 @@ def main(argv: list[str] | None = None, *, console: bool = False) -> int:
     if args.command is None:  # bare `dapbench`: what it can do
         parser.print_help()
         return 0
-    with _signals_stop_the_run(restore=not console):
+    with signals_stop_the_run(restore=not console):
         return _run_command(args)
 
 
@@ -91,80 +89,17 @@ def _run_command(args: argparse.Namespace) -> int:
     except DapbenchError as exc:
         print(f"dapbench: error: {_printable(exc)}", file=sys.stderr)
         return 2
-    except (KeyboardInterrupt, _Terminated) as exc:
+    except (KeyboardInterrupt, Terminated) as exc:
         # Every finished domain and fine-tune is already on disk (atomic writes); the unfinished unit is redone.
         # A second signal while the process winds down (libraries' finalisers run then) would print a traceback.
-        _ignore_further_signals()
-        code = 143 if isinstance(exc, _Terminated) else 130
+        ignore_further_signals()
+        code = 143 if isinstance(exc, Terminated) else 130
         print(
             f"dapbench: {'terminated' if code == 143 else 'interrupted'}; finished domains and fine-tunes are kept:"
             " run the same command again to resume",
             file=sys.stderr,
         )
         return code
-
-
-@contextlib.contextmanager
-def _signals_stop_the_run(restore: bool):
-    """While a command runs in the main thread: SIGTERM raises like Ctrl-C does, and a stop signal swallowed by a
-    finaliser is sent again; with ``restore``, an in-process caller (a Slurm job, a test) gets its own signal
-    handlers and unraisable hook back afterwards. Elsewhere (only the main thread may set handlers) nothing changes."""
-    if not _main_thread():
-        yield
-        return
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    unraisable_hook = sys.unraisablehook
-    signal.signal(signal.SIGTERM, _terminated)
-    sys.unraisablehook = _SwallowedStopRedelivery(unraisable_hook)
-    try:
-        yield
-    finally:
-        if restore:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-            sys.unraisablehook = unraisable_hook
-
-
-class _Terminated(BaseException):
-    """SIGTERM, turned into an exception so that the run stops like on Ctrl-C (cluster schedulers send it); a
-    BaseException, like KeyboardInterrupt, so that no library's ``except Exception`` swallows it."""
-
-
-def _terminated(signum, frame) -> None:
-    raise _Terminated
-
-
-class _SwallowedStopRedelivery:
-    """A ``sys.unraisablehook`` for the run: a stop signal that lands while a finaliser (``__del__``, a weakref
-    callback) runs raises there, where Python can only print the exception and carry on, so the run would neither
-    stop nor stay quiet. This hook keeps it quiet and sends the same signal again a moment later, from a helper
-    thread, when the finaliser has returned; every other unraisable exception goes to the previous hook."""
-
-    def __init__(self, previous) -> None:
-        self.previous = previous
-
-    def __call__(self, unraisable) -> None:
-        stop = unraisable.exc_value
-        if not isinstance(stop, (KeyboardInterrupt, _Terminated)):
-            self.previous(unraisable)
-            return
-        signum = signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT
-        threading.Timer(0.05, self._send_again, (signum,)).start()
-
-    def _send_again(self, signum: int) -> None:
-        if sys.unraisablehook is self:  # still this run's: an in-process caller's own handlers are not targeted
-            os.kill(os.getpid(), signum)
-
-
-def _ignore_further_signals() -> None:
-    """Ignore SIGINT and SIGTERM from now on (the run is already stopping), where this thread may set handlers."""
-    if _main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, signal.SIG_IGN)
-
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
 
 
 def _printable(value: object) -> str:
@@ -257,6 +192,12 @@ def _add_record_commands(command) -> None:
         action="store_true",
         help="re-run only the DAP stages (no end task) and compare the numbers they make; where all match and the"
         " record predates update sizes, write it with the re-run's sizes added",
+    )
+    reproduce.add_argument(
+        "--own-domain",
+        action="store_true",
+        help="with --stages-only: evaluate each stage on its own domain's held-out set alone (no drift), a third of"
+        " the time; its training losses, held-out losses and chunk sums are compared",
     )
     reproduce.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -512,14 +453,18 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from benchmark.api import reproduce, reproduce_stages
     from benchmark.records.reproduce import DEFAULT_TOLERANCE
 
+    if args.own_domain and not args.stages_only:
+        raise DapbenchError("--own-domain is a kind of --stages-only re-run", "add --stages-only")
     given = {kind: getattr(args, f"{kind}_tolerance") for kind in ("score", "loss", "drift", "report")}
     tolerance = dataclasses.replace(DEFAULT_TOLERANCE, **{k: v for k, v in given.items() if v is not None})
     paths = {name: getattr(args, name) for name in ("model", "data_root", "general_heldout", "general_corpus")}
     what = "its DAP stages alone" if args.stages_only else "its method, seed and configuration"
+    what += ", each on its own domain's held-out set" if args.own_domain else ""
     print(
         f"reproduce: re-running {args.record} from scratch ({what}), then comparing every number it makes", flush=True
     )
-    rerun = reproduce_stages if args.stages_only else reproduce
+    own = {"own_domain_only": True} if args.own_domain else {}
+    rerun = functools.partial(reproduce_stages, **own) if args.stages_only else reproduce
     result = rerun(
         args.record,
         output_dir=args.output_dir,

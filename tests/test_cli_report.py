@@ -163,6 +163,12 @@ def test_cli_run_and_report_end_to_end(tiny_config, capsys):
     out = capsys.readouterr().out
     assert "(its DAP stages alone)" in out and "0 outside tolerance" in out and "nothing written" in out
     assert out.rstrip().endswith("verdict: STAGES REPRODUCED") and not (root / "stages" / "results").exists()
+    # ... or each evaluated on its own domain's held-out set alone, asked for as a kind of stages-only re-run
+    own = ["reproduce", str(record_path), "--own-domain", "--output-dir", str(root / "own"), "--quiet", *inputs]
+    assert main(own) == 2 and "add --stages-only" in capsys.readouterr().err
+    assert main([*own, "--stages-only"]) == 0
+    out = capsys.readouterr().out
+    assert "each on its own domain's held-out set" in out and out.rstrip().endswith("verdict: STAGES REPRODUCED")
 
 
 def test_atomic_json_write_keeps_the_old_file_on_failure(tmp_path):

@@ -178,10 +178,10 @@ def test_a_stop_signal_that_lands_in_a_finaliser_still_stops_the_run_quietly(sig
 def test_other_exceptions_in_finalisers_still_reach_the_previous_hook():
     from types import SimpleNamespace
 
-    from benchmark.cli import _SwallowedStopRedelivery
+    from benchmark.stopping import SwallowedStopRedelivery
 
     seen = []
-    hook = _SwallowedStopRedelivery(seen.append)
+    hook = SwallowedStopRedelivery(seen.append)
     unraisable = SimpleNamespace(exc_value=ValueError("a finaliser's own bug"))
     hook(unraisable)
     assert seen == [unraisable]

@@ -79,3 +79,43 @@ def test_untrained_stages_get_no_sizes_and_a_record_with_all_of_them_is_returned
     assert added["domains"] == [{"domain": "alpha"}, {"domain": "beta", "update_sizes": {"w": {}}}]
     assert added["update_sizes_measured"] == {"compared": 3} and "update_sizes_measured" not in record
     assert with_measured_update_sizes(added, stages, {"compared": 4}) is added
+
+
+def test_an_own_domain_rerun_adds_the_same_sizes_and_never_stands_in_for_a_full_one(ncl_record, tmp_path):
+    from benchmark.api import reproduce_stages
+    from benchmark.records.store import load_record
+
+    made, old, inputs = ncl_record
+    path = _write(old, tmp_path / "old")
+    full = reproduce_stages(path, output_dir=tmp_path / "full", paths=inputs)
+    quick = reproduce_stages(path, output_dir=tmp_path / "quick", paths=inputs, own_domain_only=True)
+    assert quick.ok and quick.largest_loss_difference == 0.0
+    assert len(made["domains"]) < quick.compared < full.compared  # own sets' losses and chunk sums, no drift
+    added = load_record(quick.path)
+    assert [stage["update_sizes"] for stage in added["domains"]] == [stage["update_sizes"] for stage in made["domains"]]
+    assert added["update_sizes_measured"]["heldout_scope"] == "own domain"
+    assert "heldout_scope" not in load_record(full.path)["update_sizes_measured"]
+    with pytest.raises(DapbenchError, match="evaluated on its own held-out set alone"):
+        reproduce_stages(path, output_dir=tmp_path / "quick", paths=inputs)  # its partial stages are not a run's
+
+
+def test_an_own_domain_comparison_covers_each_stage_own_loss_and_chunk_sums_and_nothing_else(ncl_record):
+    from benchmark.records.reproduce import own_domain_view
+
+    made, _, _ = ncl_record
+    rows = made["lm_loss"]["chunks"]["after_domain"]
+    stages = [
+        {**stage, "lm_loss_chunks": {stage["domain"]: list(row[stage["domain"]])}}
+        for stage, row in zip(own_domain_view(made["domains"]), rows, strict=True)
+    ]
+    assert all(len(stage["lm_loss"]) == 1 and "representation" not in stage for stage in stages)
+    compared, mismatches = compare_stages(made, stages, CI_TOLERANCE, own_domain_only=True)
+    assert not mismatches and compared > len(stages) * len(rows[0][made["domains"][0]["domain"]])
+    own = stages[1]["domain"]
+    stages[1]["lm_loss"][own] += 0.01
+    stages[0]["lm_loss_chunks"][stages[0]["domain"]][2] += 1.0
+    _, mismatches = compare_stages(made, stages, CI_TOLERANCE, own_domain_only=True)
+    assert sorted(m.name for m in mismatches) == [
+        f"domains/1/lm_loss/{own}",
+        f"lm_loss/chunks/after_domain/0/{stages[0]['domain']}/2",
+    ]

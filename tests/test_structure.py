@@ -18,11 +18,12 @@ LONGEST_FUNCTION = 60
 """A ratchet, not a target (issue #48): the longest function of the whole tree when the rule was set. A function may
 grow to it, none beyond; when the longest shrinks, lower this with it. Classes are not counted (a class is its
 functions: capping it pushed code out of the classes it belongs to), and the rule is the same in every package."""
-LONGEST_MODULE = 619
-"""The same ratchet for modules (``benchmark/cli.py``), over the whole tree: the earlier 300-line cap held only in three
-subpackages, and bent the code there to fit. Set at 582, then moved once to 619 when the 80 ``# fmt: skip`` markers
-that packed lines under the old caps were removed and the formatter laid those lines out (issue #48); the code keeps
-no formatter exemption."""
+LONGEST_MODULE = 580
+"""The same ratchet for modules (``benchmark/config.py``), over the whole tree: the earlier 300-line cap held only in
+three subpackages, and bent the code there to fit. Set at 582, then moved once to 619 when the 80 ``# fmt: skip``
+markers that packed lines under the old caps were removed and the formatter laid those lines out (issue #48); the
+code keeps no formatter exemption. Lowered to 580 when ``benchmark/cli.py``'s stop-signal handling became
+``benchmark/stopping.py``."""
 
 
 def test_no_line_is_exempted_from_the_formatter():
@@ -94,7 +95,7 @@ def test_tests_and_benchmarks_use_no_private_member_of_the_runner():
 
 LAYERS = [
     ("benchmark.errors",),
-    ("benchmark.settings", "benchmark.io", "benchmark.modeling", "benchmark.families"),
+    ("benchmark.settings", "benchmark.io", "benchmark.modeling", "benchmark.families", "benchmark.stopping"),
     ("benchmark.config", "benchmark.method", "benchmark.metrics", "benchmark.schedules"),
     ("benchmark.records",),
     ("benchmark.data",),

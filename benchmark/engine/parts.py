@@ -30,6 +30,9 @@ class RunParts:
     show_progress: bool = True
     progress: RunProgress | None = None
     """The run-level progress line while :meth:`ContinualRun.execute` runs (None: nothing is shown)."""
+    own_domain_only: bool = False
+    """Evaluate each stage on its own domain's held-out set alone, without drift or the base model's evaluation: a
+    stages-only re-run that checks a record's training at a third of the cost (``reproduce --own-domain``)."""
 
     def phase(self, t: int | None, name: str) -> contextlib.AbstractContextManager:
         """The context of phase ``name`` of domain ``t`` on the run's progress line (nothing without one)."""

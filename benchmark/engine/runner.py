@@ -26,10 +26,10 @@ from benchmark.engine.layout import RunClock, RunLayout
 from benchmark.engine.parts import RunParts
 from benchmark.engine.progress import RunPosition, RunProgress
 from benchmark.engine.schedule import StageSchedule, run_phases, stage_phases
-from benchmark.engine.stages import StageModels, StageRunner
+from benchmark.engine.stages import OWN_DOMAIN, StageModels, StageRunner
 from benchmark.engine.tracking import RunTracker
 from benchmark.engine.workfiles import finished, read_work_file
-from benchmark.errors import error_context
+from benchmark.errors import DapbenchError, error_context
 from benchmark.method import ContinualMethod, RunEnv, build_method
 from benchmark.metrics import anisotropy
 from benchmark.records.build import build_record, run_timing
@@ -96,10 +96,13 @@ class ContinualRun:
         (what ``dapbench tune`` compares)."""
         return self.pretrained_stages()[-1]["lm_loss"]
 
-    def pretrained_stages(self) -> list[dict[str, Any]]:
+    def pretrained_stages(self, own_domain_only: bool = False) -> list[dict[str, Any]]:
         """Every stage not finished yet (resumably), without the end tasks; every stage's statistics, in the order
-        of the schedule's stages (what ``dapbench reproduce --stages-only`` compares with a record's)."""
+        of the schedule's stages (what ``dapbench reproduce --stages-only`` compares with a record's). With
+        ``own_domain_only``, each stage is evaluated on its own domain's held-out set alone (no drift, no base model
+        evaluation: ``RunParts.own_domain_only``)."""
         p = self.parts
+        p.own_domain_only = own_domain_only
         p.layout.root.mkdir(parents=True, exist_ok=True)
         shown = p.show_progress and p.accelerator.is_main_process
         phases = 1 + len(p.schedule.stages()) * stage_phases(p.schedule)
@@ -114,11 +117,13 @@ class ContinualRun:
     def _stages(self, clock: RunClock, end_tasks: bool = True) -> None:
         """The base model's evaluation, then every stage and end-task row not finished yet, on the progress line."""
         p = self.parts
-        with p.phase(None, "held-out evaluation"):
-            self.base.losses()
+        if not p.own_domain_only:  # its numbers serve the stages' drift and the record, neither made then
+            with p.phase(None, "held-out evaluation"):
+                self.base.losses()
         clock.save()
         for t in p.schedule.stages():
             if finished(p.layout.domain_done(t), "domain progress file", p.accelerator.is_main_process):
+                _require_scope(p, t)
                 p.skip_phases(stage_phases(p.schedule))
             else:
                 with error_context(f"{p.where}, domain {t} ({p.data.domains[t]})"):
@@ -128,6 +133,18 @@ class ContinualRun:
                 self.end_tasks.run_row(t, on_cell_done=clock.save)
             if t > 0 and not p.config.keep_checkpoints and p.accelerator.is_main_process:
                 p.layout.discard_checkpoint(t - 1)  # its row is done; the next stage starts from checkpoint t
+
+
+def _require_scope(p: RunParts, t: int) -> None:
+    """A finished stage is taken as it is only if it was evaluated on the sets this run evaluates: a stage of a cheap
+    stages-only check (its own domain's set alone) never stands in for a run's, nor the other way round."""
+    scope = read_work_file(p.layout.domain_done(t), "domain progress file").get("heldout_scope")
+    if (scope == OWN_DOMAIN) != p.own_domain_only:
+        raise DapbenchError(
+            f"{p.layout.root} holds domain {t} evaluated on {'its own held-out set alone' if scope else 'every set'},"
+            f" and this run evaluates {'its own set alone' if p.own_domain_only else 'every set'}",
+            "give this run another output folder (--output-dir), or delete that one: it holds no record",
+        )
 
 
 def _stage_stats(p: RunParts, t: int) -> dict[str, Any]:

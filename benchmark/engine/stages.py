@@ -168,16 +168,26 @@ class StageRunner:
         return {"trained": True, "trainable_parameters": trainable, **stats}, model
 
 
+OWN_DOMAIN = "own domain"
+"""The ``heldout_scope`` of a stage evaluated on its own domain's held-out set alone (``RunParts.own_domain_only``);
+a stage evaluated on every set carries no ``heldout_scope``."""
+
+
 def evaluate_and_checkpoint(p: RunParts, base: BaseEvaluation, model, t: int, stats: dict[str, Any]) -> None:
-    """Add stage ``t``'s held-out losses, drift from ``base`` and peak memory to ``stats``; write the checkpoint and
-    the statistics file that marks the stage finished."""
+    """Add stage ``t``'s held-out losses, drift from ``base`` and peak memory to ``stats`` (its own domain's loss
+    alone under ``p.own_domain_only``); write the checkpoint and the statistics file that marks the stage finished."""
     device = p.accelerator.device
     view = _heldout_view(p, model)
-    evaluation = heldout_evaluation(model, p.data.heldout_batches, device, view, p.accelerator)
+    own = p.data.domains[t]
+    sets = {own: p.data.heldout_batches[own]} if p.own_domain_only else p.data.heldout_batches
+    evaluation = heldout_evaluation(model, sets, device, view, p.accelerator)
     stats["lm_loss"], stats["lm_loss_chunks"] = evaluation.losses, evaluation.chunk_sums
     p.tracker.log_values("heldout", evaluation.losses, step=p.schedule.step_offset(t) + p.schedule.updates(t))
-    features = heldout_features(model, p.data.feature_batches(), device, view, p.accelerator)
-    stats["representation"] = representation_drift(base.features(), features)
+    if p.own_domain_only:
+        stats["heldout_scope"] = OWN_DOMAIN  # a run must not take this stage for one evaluated on every set
+    else:
+        features = heldout_features(model, p.data.feature_batches(), device, view, p.accelerator)
+        stats["representation"] = representation_drift(base.features(), features)
     stats["peak_memory_mb"] = peak_memory_mb()
     if p.accelerator.is_main_process:  # once; the other processes hold the same model and numbers
         with hook_call(p.method, "state_dict"):

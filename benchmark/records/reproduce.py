@@ -268,10 +268,14 @@ def stage_numbers(domains: list[dict], chunk_counts: dict | None, chunk_rows: li
     return part
 
 
-def compare_stages(record: dict, stages: list[dict], tolerance: Tolerance) -> tuple[int, list[Mismatch]]:
+def compare_stages(
+    record: dict, stages: list[dict], tolerance: Tolerance, own_domain_only: bool = False
+) -> tuple[int, list[Mismatch]]:
     """How many stage numbers of ``record`` a stages-only re-run's statistics ``stages`` (one per trained or
     evaluated stage, in order, as the runner's progress files hold them) were compared on, and those that differ
-    beyond ``tolerance``; stages of other domains, or a different count of them, is a named error."""
+    beyond ``tolerance``; stages of other domains, or a different count of them, is a named error. With
+    ``own_domain_only`` (a re-run that evaluated each stage on its own domain's set alone), the record is compared on
+    what such a re-run makes: :func:`own_domain_view`."""
     recorded = [stage["domain"] for stage in record["domains"]]
     rerun = [stage["domain"] for stage in stages]
     if recorded != rerun:
@@ -281,8 +285,12 @@ def compare_stages(record: dict, stages: list[dict], tolerance: Tolerance) -> tu
             "re-run the record with the configuration it names (dapbench reproduce without --stages-only shows more)",
         )
     chunks = (record.get("lm_loss") or {}).get("chunks")
-    rows = [row for row in (chunks or {}).get("after_domain") or [] if row is not None]
-    want = stage_numbers(record["domains"], chunks and chunks["counts"], chunks and rows)
+    after, domains = (chunks or {}).get("after_domain") or [], record["domains"]
+    if own_domain_only:  # after_domain[t] is domains[t]'s row (None where it has none)
+        after = [row and {s["domain"]: row[s["domain"]]} for s, row in zip(domains, after, strict=False)]
+        domains = own_domain_view(domains)
+    rows = [row for row in after if row is not None]
+    want = stage_numbers(domains, chunks and chunks["counts"], chunks and rows)
     got = stage_numbers(
         _stage_entries(stages),
         chunks and chunks["counts"],
@@ -292,9 +300,24 @@ def compare_stages(record: dict, stages: list[dict], tolerance: Tolerance) -> tu
     return len(compared), compare_records(want, got, tolerance)
 
 
-def largest_loss_difference(record: dict, stages: list[dict]) -> float:
-    """The largest |difference| of a held-out or logged training loss between ``record``'s stages and a re-run's."""
-    largest = largest_differences({"domains": record["domains"]}, {"domains": _stage_entries(stages)})
+def own_domain_view(domains: list[dict]) -> list[dict]:
+    """A record's stage entries as a re-run that evaluated each stage on its own domain's held-out set alone makes
+    them: that set's loss, and no drift (every other number, the logged training losses among them, as they are).
+    Each stage's model is still checked: its own domain's loss and chunk sums are functions of all of its weights."""
+    return [
+        {**{k: v for k, v in stage.items() if k != "representation"}, "lm_loss": _own_loss(stage)} for stage in domains
+    ]
+
+
+def _own_loss(stage: dict) -> dict:
+    return {stage["domain"]: stage["lm_loss"][stage["domain"]]} if "lm_loss" in stage else {}
+
+
+def largest_loss_difference(record: dict, stages: list[dict], own_domain_only: bool = False) -> float:
+    """The largest |difference| of a held-out or logged training loss between ``record``'s stages and a re-run's
+    (``own_domain_only``: on what :func:`own_domain_view` keeps)."""
+    domains = own_domain_view(record["domains"]) if own_domain_only else record["domains"]
+    largest = largest_differences({"domains": domains}, {"domains": _stage_entries(stages)})
     return round(largest["loss"][1], 6) if "loss" in largest else 0.0  # records keep losses to 5 decimals
 
 

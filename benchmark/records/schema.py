@@ -108,6 +108,10 @@ class UpdateSizesMeasured(TypedDict):
     """Stage numbers compared: held-out losses and chunk sums, drift, loss logs, method reports, counts."""
     largest_loss_difference: float
     """The largest |difference| of a held-out or logged loss between the re-run and the record (nats)."""
+    heldout_scope: NotRequired[str]
+    """``own domain`` where the re-run evaluated each stage on its own domain's held-out set alone (``reproduce
+    --stages-only --own-domain``): those losses and chunk sums, the logged training losses and counts were compared;
+    absent where every stage number was."""
 
 
 class RunIdentityBlock(TypedDict, total=False):
