@@ -399,13 +399,17 @@ def reproduce(
     threads: int | None = None,
     tolerance=None,
     show_progress: bool = False,
+    work_dir: str | Path | None = None,
 ) -> Reproduction:
     """Re-run a record's method and seed from scratch (its recorded thread count by default: CPU float
-    summation order depends on it) and compare every number it reports within ``tolerance``."""
+    summation order depends on it) and compare every number it reports within ``tolerance``. ``work_dir``: a work
+    folder whose caches (prepared data, recipe-built base models) other runs share; one already holding this run is
+    refused (:func:`_rerun`)."""
     from benchmark.records import reproduce as rep
 
     record = load_record(record_path)
-    with _rerun(record, record_path, output_dir, paths, overrides, threads, show_progress) as (run, out, threads):
+    rerun = _rerun(record, record_path, output_dir, paths, overrides, threads, show_progress, work_dir)
+    with rerun as (run, out, threads):
         new = run.execute()
     path = out / "results" / record["profile"] / f"{run.run_id}.json"
     write_record(path, new)
@@ -427,19 +431,22 @@ def reproduce_stages(
     tolerance=None,
     show_progress: bool = False,
     own_domain_only: bool = False,
+    work_dir: str | Path | None = None,
 ) -> StagesReproduction:
     """Re-run only a record's stages (its DAP and held-out evaluations, no end task) and compare every number they
     make; where every one matches and the record predates per-stage update sizes (issue #45), write the record
     with the re-run's sizes added (``update_sizes_measured`` says how) under ``output_dir``. The record's own file
     is never touched: copy the written one over it to keep the sizes. ``own_domain_only``: evaluate each stage on its
     own domain's held-out set alone and compare on what that makes
-    (:func:`benchmark.records.reproduce.own_domain_view`): about a third of the time on the mini profile."""
+    (:func:`benchmark.records.reproduce.own_domain_view`): about a third of the time on the mini profile.
+    ``work_dir`` as for :func:`reproduce`."""
     from benchmark.engine.environment import git_commit
     from benchmark.engine.stages import OWN_DOMAIN
     from benchmark.records import reproduce as rep
 
     record = load_record(record_path)
-    with _rerun(record, record_path, output_dir, paths, overrides, threads, show_progress) as (run, out, threads):
+    rerun = _rerun(record, record_path, output_dir, paths, overrides, threads, show_progress, work_dir)
+    with rerun as (run, out, threads):
         stages = run.pretrained_stages(own_domain_only)
     tolerance = tolerance or rep.DEFAULT_TOLERANCE
     compared, mismatches = rep.compare_stages(record, stages, tolerance, own_domain_only)
@@ -470,10 +477,11 @@ def reproduce_stages(
 
 
 @contextlib.contextmanager
-def _rerun(record, record_path, output_dir, paths, overrides, threads, show_progress):
+def _rerun(record, record_path, output_dir, paths, overrides, threads, show_progress, work_dir=None):
     """A fresh run of ``record``'s method and seed under ``output_dir`` (default ``dapbench-out/reproduce/<id>``),
     its data checked against the record's, inside the record's CPU thread count (or ``threads``): yields the run,
-    its output folder and the thread count."""
+    its output folder and the thread count. A shared ``work_dir`` that already holds the run (the record's own run,
+    or an earlier re-run) is refused before any work: resuming it would compare the record with itself."""
     from benchmark.data.inputs import prepare_data
     from benchmark.records import reproduce as rep
 
@@ -483,7 +491,14 @@ def _rerun(record, record_path, output_dir, paths, overrides, threads, show_prog
     if threads is not None and threads < 1:
         raise DapbenchError(f"--threads must be >= 1, got {threads}", "pass a positive thread count")
     out = Path(output_dir) if output_dir else Path(DEFAULT_OUTPUT) / "reproduce" / record["run_id"]
-    config = apply_overrides(rep.reproduction_config(record, out, dict(paths or {})), list(overrides))
+    config = apply_overrides(rep.reproduction_config(record, out, dict(paths or {}), work_dir), list(overrides))
+    held = Path(config.work_dir) / "runs" / record["run_id"]
+    if work_dir is not None and held.exists():
+        raise DapbenchError(
+            f"the work folder {work_dir} already holds run {record['run_id']} ({held}): a re-run from scratch needs"
+            " a folder of its own",
+            "pass another --work-dir, or none (the re-run then works under its --output-dir)",
+        )
     with rep.cpu_threads(threads) if threads else contextlib.nullcontext():
         config = materialise(config)  # a synthetic base model is rebuilt with the record's thread count too
         data = prepare_data(config)

@@ -199,6 +199,11 @@ def _add_record_commands(command) -> None:
         help="with --stages-only: evaluate each stage on its own domain's held-out set alone (no drift), a third of"
         " the time; its training losses, held-out losses and chunk sums are compared",
     )
+    reproduce.add_argument(
+        "--work-dir",
+        help="a work folder whose caches (prepared data, recipe-built base models) re-runs share (default: under"
+        " --output-dir); one that already holds this run is refused",
+    )
     reproduce.add_argument("--quiet", action="store_true", help="no progress bars")
 
     report = command("report", "regenerate the leaderboard, tables, plots and site from a folder's records", cmd_report)
@@ -473,6 +478,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         threads=args.threads,
         tolerance=tolerance,
         show_progress=not args.quiet,
+        work_dir=args.work_dir,
     )
     for line in result.lines():
         print(_printable(line))

@@ -119,3 +119,15 @@ def test_an_own_domain_comparison_covers_each_stage_own_loss_and_chunk_sums_and_
         f"domains/1/lm_loss/{own}",
         f"lm_loss/chunks/after_domain/0/{stages[0]['domain']}/2",
     ]
+
+
+def test_rerun_share_a_work_folder_that_never_holds_the_run_they_redo(ncl_record, tmp_path):
+    from benchmark.api import reproduce_stages
+
+    _, old, inputs = ncl_record
+    path, shared = _write(old, tmp_path / "old"), tmp_path / "shared"
+    first = reproduce_stages(path, output_dir=tmp_path / "a", paths=inputs, work_dir=shared, own_domain_only=True)
+    assert first.ok and (shared / "runs" / old["run_id"]).is_dir() and not (tmp_path / "a" / ".dapbench").exists()
+    with pytest.raises(DapbenchError, match=f"already holds run {old['run_id']}"):
+        reproduce_stages(path, output_dir=tmp_path / "b", paths=inputs, work_dir=shared)  # it would compare itself
+    assert not (tmp_path / "b").exists()

@@ -400,8 +400,11 @@ def cpu_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def reproduction_config(record: dict, output_dir: str | Path, paths: dict[str, str | None]) -> RunConfig:
-    """The record's configuration for one fresh run of its method and seed under ``output_dir``.
+def reproduction_config(
+    record: dict, output_dir: str | Path, paths: dict[str, str | None], work_dir: str | Path | None = None
+) -> RunConfig:
+    """The record's configuration for one fresh run of its method and seed under ``output_dir`` (its work files in
+    ``work_dir``, by default ``<output_dir>/.dapbench``).
 
     Paths given in ``paths`` replace the recorded ones; ``shared:`` locations resolve under this machine's
     shared assets folder; a recorded location that does not exist here (a ``local:`` name from another
@@ -429,7 +432,7 @@ def reproduction_config(record: dict, output_dir: str | Path, paths: dict[str, s
         methods=(record["method"],),
         seeds=(record["seed"],),
         output_dir=str(out),
-        work_dir=str(out / ".dapbench"),
+        work_dir=str(work_dir or out / ".dapbench"),
     )
 
 
