@@ -117,7 +117,9 @@ class ContinualRun:
     def _stages(self, clock: RunClock, end_tasks: bool = True) -> None:
         """The base model's evaluation, then every stage and end-task row not finished yet, on the progress line."""
         p = self.parts
-        if not p.own_domain_only:  # its numbers serve the stages' drift and the record, neither made then
+        if p.own_domain_only:  # the base model's numbers serve the stages' drift and the record, neither made then
+            p.skip_phases(1)
+        else:
             with p.phase(None, "held-out evaluation"):
                 self.base.losses()
         clock.save()
@@ -143,7 +145,7 @@ def _require_scope(p: RunParts, t: int) -> None:
         raise DapbenchError(
             f"{p.layout.root} holds domain {t} evaluated on {'its own held-out set alone' if scope else 'every set'},"
             f" and this run evaluates {'its own set alone' if p.own_domain_only else 'every set'}",
-            "give this run another output folder (--output-dir), or delete that one: it holds no record",
+            "give this run an output folder of its own (--output-dir)",
         )
 
 
