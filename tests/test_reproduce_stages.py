@@ -131,3 +131,19 @@ def test_rerun_share_a_work_folder_that_never_holds_the_run_they_redo(ncl_record
     with pytest.raises(DapbenchError, match=f"already holds run {old['run_id']}"):
         reproduce_stages(path, output_dir=tmp_path / "b", paths=inputs, work_dir=shared)  # it would compare itself
     assert not (tmp_path / "b").exists()
+
+
+def test_an_own_domain_comparison_pairs_a_single_stage_with_its_own_row():
+    """A method trained once on every domain (``pool``) has one stage, and its chunk row is the last domain's."""
+    stage = {"domain": "beta", "lm_loss": {"alpha": 1.0, "beta": 2.0}}
+    counts = {"alpha": [3], "beta": [3]}
+    record = {
+        "domains": [stage],
+        "lm_loss": {"chunks": {"counts": counts, "after_domain": [None, {"alpha": [1.5], "beta": [2.5]}]}},
+    }
+    rerun = [{"domain": "beta", "lm_loss": {"beta": 2.0}, "lm_loss_chunks": {"beta": [2.5]}}]
+    assert compare_stages(record, rerun, CI_TOLERANCE, own_domain_only=True)[1] == []
+    rerun[0]["lm_loss_chunks"]["beta"] = [2.9]
+    assert [m.name for m in compare_stages(record, rerun, CI_TOLERANCE, own_domain_only=True)[1]] == [
+        "lm_loss/chunks/after_domain/0/beta/0"
+    ]

@@ -285,11 +285,11 @@ def compare_stages(
             "re-run the record with the configuration it names (dapbench reproduce without --stages-only shows more)",
         )
     chunks = (record.get("lm_loss") or {}).get("chunks")
-    after, domains = (chunks or {}).get("after_domain") or [], record["domains"]
-    if own_domain_only:  # after_domain[t] is domains[t]'s row (None where it has none)
-        after = [row and {s["domain"]: row[s["domain"]]} for s, row in zip(domains, after, strict=False)]
+    rows = [row for row in (chunks or {}).get("after_domain") or [] if row is not None]
+    domains = record["domains"]
+    if own_domain_only:  # the rows of the stages run, in order (a pool's one stage holds the last domain's row)
+        rows = [{s["domain"]: row[s["domain"]]} for s, row in zip(domains, rows, strict=False)]
         domains = own_domain_view(domains)
-    rows = [row for row in after if row is not None]
     want = stage_numbers(domains, chunks and chunks["counts"], chunks and rows)
     got = stage_numbers(
         _stage_entries(stages),
