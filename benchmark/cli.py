@@ -468,8 +468,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     print(
         f"reproduce: re-running {args.record} from scratch ({what}), then comparing every number it makes", flush=True
     )
-    own = {"own_domain_only": True} if args.own_domain else {}
-    rerun = functools.partial(reproduce_stages, **own) if args.stages_only else reproduce
+    rerun = functools.partial(reproduce_stages, own_domain_only=args.own_domain) if args.stages_only else reproduce
     result = rerun(
         args.record,
         output_dir=args.output_dir,

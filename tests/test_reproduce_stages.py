@@ -147,3 +147,14 @@ def test_an_own_domain_comparison_pairs_a_single_stage_with_its_own_row():
     assert [m.name for m in compare_stages(record, rerun, CI_TOLERANCE, own_domain_only=True)[1]] == [
         "lm_loss/chunks/after_domain/0/beta/0"
     ]
+
+
+def test_a_run_never_builds_its_record_from_stages_an_own_domain_call_left(tiny_config):
+    from benchmark.api import continual_run
+    from benchmark.data.inputs import prepare_data
+
+    config = dataclasses.replace(tiny_config, methods=("ncl",))
+    run = continual_run(config, prepare_data(config), "ncl", 3, show_progress=False)
+    assert all(len(stage["lm_loss"]) == 1 for stage in run.pretrained_stages(own_domain_only=True))
+    with pytest.raises(DapbenchError, match="evaluated on its own held-out set alone"):
+        run.execute()

@@ -102,16 +102,17 @@ class ContinualRun:
         ``own_domain_only``, each stage is evaluated on its own domain's held-out set alone (no drift, no base model
         evaluation: ``RunParts.own_domain_only``)."""
         p = self.parts
-        p.own_domain_only = own_domain_only
         p.layout.root.mkdir(parents=True, exist_ok=True)
         shown = p.show_progress and p.accelerator.is_main_process
         phases = 1 + len(p.schedule.stages()) * stage_phases(p.schedule)
         p.progress = RunProgress(p.where, self.position, p.data.domains, phases, enabled=shown)
+        p.own_domain_only = own_domain_only  # for this call only: a later execute() evaluates every set again
         try:
             self._stages(RunClock(p.layout.clock), end_tasks=False)
         finally:
             p.progress.close()
             p.progress = None
+            p.own_domain_only = False
         return [_stage_stats(p, t) for t in p.schedule.stages()]
 
     def _stages(self, clock: RunClock, end_tasks: bool = True) -> None:
