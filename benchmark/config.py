@@ -261,20 +261,18 @@ def spelled_config(data: Mapping[str, Any]) -> dict[str, Any]:
     """A configuration dictionary (``to_dict`` form, or a record's ``config``) with every field in the one spelling of
     its type (``1`` -> ``1.0`` for a float, lists for tuples) and missing fields at their defaults, without checking
     ranges: a record of older code stays readable if a range is tightened later. Unknown fields stay as they are."""
-    from typing import get_type_hints
-
-    from benchmark.settings import coerce_value
+    from benchmark.settings import coerce_value, field_types
 
     out = RunConfig().to_dict()
     sections = SECTION_TYPES
     for key, value in data.items():
         if key in sections and isinstance(value, Mapping):
-            hints = get_type_hints(sections[key])
+            hints = field_types(sections[key])
             out[key] = {
                 **out[key],
                 **{k: coerce_value(f"{key}.{k}", hints[k], v) if k in hints else v for k, v in value.items()},
             }
-        elif key in (hints := get_type_hints(RunConfig)) and key not in sections:
+        elif key in (hints := field_types(RunConfig)) and key not in sections:
             out[key] = coerce_value(key, hints[key], value)
         else:
             out[key] = value

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import types
@@ -74,10 +75,17 @@ def declaration(field: dataclasses.Field) -> Declared | None:
     return field.metadata.get(SETTING)
 
 
+@functools.cache
+def field_types(cls: type) -> Mapping[str, Any]:
+    """The resolved annotation of every field of the dataclass ``cls`` (``typing.get_type_hints``), kept per class:
+    resolving string annotations is slow, and a committed record's configuration is re-spelled on every load."""
+    return types.MappingProxyType(typing.get_type_hints(cls))  # shared between callers: read-only
+
+
 def check_settings(section: str, obj: Any) -> None:
     """Coerce every declared field of the frozen dataclass ``obj`` to its annotated type and check it against its
     declaration; the first bad value is a named error that says what is accepted."""
-    hints = typing.get_type_hints(type(obj))
+    hints = field_types(type(obj))
     for field in dataclasses.fields(obj):
         key = f"{section}.{field.name}" if section else field.name
         value = coerce_value(key, hints[field.name], getattr(obj, field.name))
@@ -195,7 +203,7 @@ def check_known_keys(key: str, given: Collection[str], known: Collection[str], w
 def undeclared_fields(cls: type) -> list[str]:
     """Fields of the dataclass ``cls`` whose values need a declaration (numbers, names, lists and maps of them)
     but have none: each is a setting that validation would let through unchecked."""
-    hints = typing.get_type_hints(cls)
+    hints = field_types(cls)
     missing = []
     for field in dataclasses.fields(cls):
         kinds = {k for k in _leaf_kinds(hints[field.name])}

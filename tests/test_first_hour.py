@@ -112,16 +112,23 @@ def test_a_users_ci_profile_runs_reach_their_own_leaderboard(tiny_config, tmp_pa
     assert "No complete run records yet" in (tmp_path / "out" / "leaderboard.md").read_text()
 
 
-def test_the_repositorys_key_number_records_stay_off_its_leaderboard():
+def test_the_repositorys_key_number_records_stay_off_its_leaderboard(tmp_path):
+    import shutil
     from pathlib import Path
 
     from benchmark.records.store import KEY_NUMBERS_MARKER, leaderboard_records, load_records
 
     results = Path(__file__).resolve().parents[1] / "results"
     assert (results / "ci" / KEY_NUMBERS_MARKER).is_file()
-    ci = [r["run_id"] for r in load_records(results / "ci")]
-    assert len(ci) == 3 and not {r["run_id"] for r in leaderboard_records(results)} & set(ci)
     assert all(read_json(path, "record")["profile"] == "ci" for path in (results / "ci").glob("*.json"))
+    # the key-number folder beside one leaderboard record, not all of them: reading every committed record is
+    # test_api's (and CI's report --check's) work, and takes minutes
+    shutil.copytree(results / "ci", tmp_path / "results" / "ci")
+    row = min((results / "mini").glob("ncl-seq0-*.json"), key=lambda path: path.stat().st_size)
+    (tmp_path / "results" / "mini").mkdir()
+    shutil.copy(row, tmp_path / "results" / "mini" / row.name)
+    ci = [r["run_id"] for r in load_records(tmp_path / "results" / "ci")]
+    assert len(ci) == 3 and [r["run_id"] for r in leaderboard_records(tmp_path / "results")] == [row.stem]
 
 
 def test_a_typod_profile_gets_did_you_mean():

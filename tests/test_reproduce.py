@@ -176,6 +176,20 @@ def test_every_number_of_a_record_is_classified_and_every_reported_one_is_compar
     assert all(reason for reason in NOT_RESULTS.values())
 
 
+def test_a_numbers_kind_read_from_its_path_shape_is_the_kind_its_full_path_matches():
+    import fnmatch
+    import re
+
+    from benchmark.records.reproduce import KIND_RULES, NOT_RESULTS, kind_of, numeric_fields
+
+    patterns = [*NOT_RESULTS, *(pattern for pattern, _ in KIND_RULES)]
+    assert not [p for p in patterns if re.search(r"\d", p)]  # what reading every index as 0 relies on
+    for path, _ in numeric_fields(_committed("das")):
+        unlisted = not any(fnmatch.fnmatchcase(path, pattern) for pattern in NOT_RESULTS)
+        rule = next((kind for pattern, kind in KIND_RULES if fnmatch.fnmatchcase(path, pattern)), None)
+        assert kind_of(path) == (rule if unlisted else None), path
+
+
 def test_editing_any_reported_number_is_caught_by_the_comparison():
     record = _committed("das")
     numbers = key_numbers(record)

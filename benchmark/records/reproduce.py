@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
+import functools
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,20 +216,38 @@ def numeric_fields(value: Any, path: str = "") -> Iterator[tuple[str, float]]:
 def kind_of(path: str) -> str | None:
     """The kind of the number at ``path``; None for a field that is not a result (:data:`NOT_RESULTS`). A path no
     rule covers is a named error: a new field must be classified before it can be compared."""
-    if any(fnmatch.fnmatchcase(path, pattern) for pattern in NOT_RESULTS):
+    kind = _kind_of_path(path)
+    if kind is _UNCLASSIFIED:
+        raise DapbenchError(
+            f"the record field {path} is neither a result kind nor listed as not a result",
+            "classify it in benchmark.records.reproduce.KIND_RULES or NOT_RESULTS",
+        )
+    return kind
+
+
+_INDEX = re.compile(r"/\d+(?=/|$)")
+"""A list index (or numeric key) in a path. No pattern holds a digit, so an index is only ever matched by ``*``
+and every index may be read as ``0``: a record's hundred thousand paths come down to a few hundred shapes."""
+_UNCLASSIFIED = "unclassified"
+
+
+@functools.lru_cache(maxsize=1 << 16)  # a comparison asks for each of a record's paths once per record compared
+def _kind_of_path(path: str) -> str | None:
+    return _kind_of_shape(_INDEX.sub("/0", path))
+
+
+@functools.lru_cache(maxsize=4096)
+def _kind_of_shape(shape: str) -> str | None:
+    if any(fnmatch.fnmatchcase(shape, pattern) for pattern in NOT_RESULTS):
         return None
-    for pattern, kind in KIND_RULES:
-        if fnmatch.fnmatchcase(path, pattern):
-            return kind
-    raise DapbenchError(
-        f"the record field {path} is neither a result kind nor listed as not a result",
-        "classify it in benchmark.records.reproduce.KIND_RULES or NOT_RESULTS",
-    )
+    return next((kind for pattern, kind in KIND_RULES if fnmatch.fnmatchcase(shape, pattern)), _UNCLASSIFIED)
 
 
 def key_numbers(record: dict) -> dict[str, float]:
     """Every number a record reports about results, by path (see :data:`KIND_RULES`)."""
-    return {path: value for path, value in numeric_fields(record) if kind_of(path) is not None}
+    # a field that is not a result as a whole (its test predictions, its settings) is not walked at all
+    walked = {k: v for k, v in record.items() if not (isinstance(v, dict | list) and f"{k}/*" in NOT_RESULTS)}
+    return {path: value for path, value in numeric_fields(walked) if kind_of(path) is not None}
 
 
 MEASURED_LATER = ("update_sizes",)
