@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from benchmark.config import RunConfig, profile_config
@@ -142,23 +143,26 @@ class StagesReproduction:
         return [*out, f"verdict: {'STAGES REPRODUCED' if self.ok else 'STAGES NOT REPRODUCED'}"]
 
 
-NOT_RESULTS = {
-    "timing/*": "compute cost: it depends on the machine and its load, not on the code's numerics",
-    "domains/*/train_seconds": "compute cost",
-    "domains/*/tokens_per_second": "compute cost",
-    "domains/*/step_seconds": "compute cost",
-    "domains/*/peak_memory_mb": "compute cost (memory)",
-    "environment/*": "facts about the machine that ran it",
-    "schema": "the record format",
-    "seed": "part of the run id (checked when the record is read)",
-    "config/*": "settings, part of the run id (checked when the record is read)",
-    "method_config/*": "settings, part of the run id",
-    "identity/*": "what the run id hashed (checked when the record is read)",
-    "predictions/*": "single test predictions: the scores made of them are compared, within the score tolerance",
-    "test_labels/*": "data (its checksum is part of the run id)",
-    "update_sizes_measured/*": "how update sizes measured later were added: the check of that re-run, not a result",
-}
-"""Numeric fields of a record that are not results, and why reproduce does not compare them."""
+NOT_RESULTS = MappingProxyType(
+    {
+        "timing/*": "compute cost: it depends on the machine and its load, not on the code's numerics",
+        "domains/*/train_seconds": "compute cost",
+        "domains/*/tokens_per_second": "compute cost",
+        "domains/*/step_seconds": "compute cost",
+        "domains/*/peak_memory_mb": "compute cost (memory)",
+        "environment/*": "facts about the machine that ran it",
+        "schema": "the record format",
+        "seed": "part of the run id (checked when the record is read)",
+        "config/*": "settings, part of the run id (checked when the record is read)",
+        "method_config/*": "settings, part of the run id",
+        "identity/*": "what the run id hashed (checked when the record is read)",
+        "predictions/*": "single test predictions: the scores made of them are compared, within the score tolerance",
+        "test_labels/*": "data (its checksum is part of the run id)",
+        "update_sizes_measured/*": "how update sizes measured later were added: the check of that re-run, not a result",
+    }
+)
+"""Numeric fields of a record that are not results, and why reproduce does not compare them (read-only: the
+classification of a path is cached, :func:`kind_of`)."""
 
 KIND_RULES = (
     ("summary/*", "score"),
