@@ -45,16 +45,21 @@ def _torchrun(*args: str, env: dict | None = None) -> subprocess.CompletedProces
 def layouts(tiny_model, world_root, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("layouts")
     args = [str(tiny_model), str(world_root), *VERIFIED]  # with dropout: it is drawn per micro-batch too
-    one = subprocess.run(
+    # the one-process layout runs beside the two-process one (one thread each: neither's numbers depend on it)
+    one = subprocess.Popen(
         [sys.executable, str(HARNESS), str(root / "one"), *args],
         cwd=REPO,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=900,
     )
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = _torchrun(str(HARNESS), str(root / "two"), *args)
+    try:
+        two = _torchrun(str(HARNESS), str(root / "two"), *args)
+        _, one_err = one.communicate(timeout=900)
+    finally:
+        one.kill()  # only if a timeout left it running
+    assert one.returncode == 0, one_err[-3000:]
     assert two.returncode == 0, two.stderr[-3000:]
     return {"one": root / "one", "two": root / "two"}
 
