@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def synthetic_run(
@@ -36,3 +40,23 @@ def quick_run_args(world: Path, model: Path, out: Path, *extra: str, methods: st
 def no_record(out: Path) -> None:
     """Fail if a run record was written under ``out``."""
     assert not list(out.glob("results/**/*.json")), "a record was written"
+
+
+def run_side_by_side(*commands: list[str], timeout: float = 900) -> list[subprocess.CompletedProcess]:
+    """Run ``commands`` at once from the repository root, each process at one thread (a one-thread run's numbers do
+    not depend on what runs beside it), and return each one's result, in order: a single-process run and a
+    two-process one together fill the machine's two cores instead of leaving one idle."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    started = [
+        subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for command in commands
+    ]
+    try:
+        outputs = [process.communicate(timeout=timeout) for process in started]
+    finally:
+        for process in started:
+            process.kill()  # only one that a timeout left running
+    return [
+        subprocess.CompletedProcess(process.args, process.returncode, out, err)
+        for process, (out, err) in zip(started, outputs, strict=True)
+    ]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import synthetic_run
+from cli_helpers import run_side_by_side, synthetic_run
 from safetensors.torch import load_file
 
 from benchmark.records.reproduce import Tolerance
@@ -35,8 +35,11 @@ VERIFIED = sorted(n for n in default_registry().names() if default_registry().ge
 REFUSED = sorted(n for n in default_registry().names() if not default_registry().get(n).multi_process)
 
 
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
 def _torchrun(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    command = [*TORCHRUN, *args]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=environment, timeout=900)
 
@@ -45,21 +48,10 @@ def _torchrun(*args: str, env: dict | None = None) -> subprocess.CompletedProces
 def layouts(tiny_model, world_root, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("layouts")
     args = [str(tiny_model), str(world_root), *VERIFIED]  # with dropout: it is drawn per micro-batch too
-    # the one-process layout runs beside the two-process one (one thread each: neither's numbers depend on it)
-    one = subprocess.Popen(
-        [sys.executable, str(HARNESS), str(root / "one"), *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    one, two = run_side_by_side(
+        [sys.executable, str(HARNESS), str(root / "one"), *args], [*TORCHRUN, str(HARNESS), str(root / "two"), *args]
     )
-    try:
-        two = _torchrun(str(HARNESS), str(root / "two"), *args)
-        _, one_err = one.communicate(timeout=900)
-    finally:
-        one.kill()  # only if a timeout left it running
-    assert one.returncode == 0, one_err[-3000:]
+    assert one.returncode == 0, one.stderr[-3000:]
     assert two.returncode == 0, two.stderr[-3000:]
     return {"one": root / "one", "two": root / "two"}
 
@@ -299,16 +291,11 @@ def test_a_two_process_run_with_replay_gives_the_one_process_record(world_root, 
 
     recipe = [f"general_corpus={world_root / 'general.txt'}", "replay.general=0.25", "replay.past=0.25"]
     extra = [arg for setting in recipe for arg in ("--set", setting)]
-    two = _torchrun(*_run_args(world_root, tiny_model, tmp_path / "two", "ncl"), *extra)
-    assert two.returncode == 0, two.stderr[-3000:]
-    one = subprocess.run(
+    two, one = run_side_by_side(
+        [*TORCHRUN, *_run_args(world_root, tiny_model, tmp_path / "two", "ncl"), *extra],
         [sys.executable, *_run_args(world_root, tiny_model, tmp_path / "one", "ncl"), *extra],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=900,
     )
+    assert two.returncode == 0, two.stderr[-3000:]
     assert one.returncode == 0, one.stderr[-3000:]
     (single,) = (tmp_path / "one" / "results" / "synthetic").glob("ncl-*.json")
     (double,) = (tmp_path / "two" / "results" / "synthetic").glob("ncl-*.json")

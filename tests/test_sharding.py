@@ -4,18 +4,15 @@ parameter, gradient and optimizer state compute the record one unsharded process
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import synthetic_run
+from cli_helpers import run_side_by_side, synthetic_run
 
 from benchmark.records.reproduce import Tolerance, compare_records
 from benchmark.registry import default_registry
 
-REPO = Path(__file__).resolve().parents[1]
 SHARDED = ("ncl", "ewc", "das", "hat")
 """The naive baseline, a method with a per-parameter hook (EWC's penalty on the shards each process holds) and two
 per-unit methods (DAS: importance on the whole model, soft masks on each process's shard of the gradients; HAT:
@@ -30,18 +27,15 @@ def _args(world_root: Path, model: Path, out: Path, *extra: str) -> list[str]:
     return ["-m", "benchmark.cli", *synthetic_run(world_root, model, out, ",".join(SHARDED), *settings)]
 
 
-def _run(command: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
-
-
 @pytest.mark.parametrize("model", ["tiny_model", "tiny_llama"])
 def test_two_sharded_processes_give_the_unsharded_record(model, world_root, tmp_path, request):
     path = request.getfixturevalue(model)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    sharded = _run([*torchrun, *_args(world_root, path, tmp_path / "sharded", "dap.sharding=fsdp")])
+    sharded, single = run_side_by_side(
+        [*torchrun, *_args(world_root, path, tmp_path / "sharded", "dap.sharding=fsdp")],
+        [sys.executable, *_args(world_root, path, tmp_path / "single")],
+    )
     assert sharded.returncode == 0, sharded.stderr[-3000:]
-    single = _run([sys.executable, *_args(world_root, path, tmp_path / "single")])
     assert single.returncode == 0, single.stderr[-3000:]
     for method in SHARDED:
         (a,) = (tmp_path / "single" / "results" / "synthetic").glob(f"{method}-*.json")
