@@ -134,39 +134,31 @@ def _numbers(path: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def two_process_run(world_root, tiny_model, tmp_path_factory) -> Path:
-    """The output folder of one two-process run of :data:`RECORD_METHODS`: the record test and the stopped-run test
-    both compare against it (a two-process run costs a minute and a half of CI)."""
-    out = tmp_path_factory.mktemp("two-process")
-    two = _torchrun(*_run_args(world_root, tiny_model, out, ",".join(RECORD_METHODS)))
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert two.stdout.count("ncl seed 1: plasticity") == 1  # the main process speaks for both
-    return out
-
-
-def test_a_two_process_run_gives_the_one_process_record_under_the_same_id(
-    world_root, tiny_model, tmp_path, two_process_run
-):
-    from benchmark.records.reproduce import compare_records
-
-    methods = ",".join(RECORD_METHODS)
-    one = subprocess.run(
-        [sys.executable, *_run_args(world_root, tiny_model, tmp_path / "one", methods)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=900,
+def record_runs(world_root, tiny_model, tmp_path_factory) -> dict[str, Path]:
+    """The output folders of a one-process (``one``) and a two-process (``two``) run of :data:`RECORD_METHODS`, made
+    side by side: the record test compares them, and the stopped-run test resumes to ``two``'s NCL record."""
+    root, methods = tmp_path_factory.mktemp("record-runs"), ",".join(RECORD_METHODS)
+    one, two = run_side_by_side(
+        [sys.executable, *_run_args(world_root, tiny_model, root / "one", methods)],
+        [*TORCHRUN, *_run_args(world_root, tiny_model, root / "two", methods)],
     )
     assert one.returncode == 0, one.stderr[-3000:]
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.stdout.count("ncl seed 1: plasticity") == 1  # the main process speaks for both
+    return {"one": root / "one", "two": root / "two"}
+
+
+def test_a_two_process_run_gives_the_one_process_record_under_the_same_id(world_root, tiny_model, record_runs):
+    from benchmark.records.reproduce import compare_records
+
     for method in RECORD_METHODS:
-        (single,) = (tmp_path / "one" / "results" / "synthetic").glob(f"{method}-*.json")
-        (double,) = (two_process_run / "results" / "synthetic").glob(f"{method}-*.json")
+        (single,) = (record_runs["one"] / "results" / "synthetic").glob(f"{method}-*.json")
+        (double,) = (record_runs["two"] / "results" / "synthetic").glob(f"{method}-*.json")
         assert single.name == double.name  # one run id: the layout does not change what is computed
         a, b = json.loads(single.read_text()), json.loads(double.read_text())
         assert (a["environment"]["num_processes"], b["environment"]["num_processes"]) == (1, 2)
         assert not compare_records(a, b, RECORD_TOLERANCE), method
-    again = _torchrun(*_run_args(world_root, tiny_model, two_process_run, methods))
+    again = _torchrun(*_run_args(world_root, tiny_model, record_runs["two"], ",".join(RECORD_METHODS)))
     assert again.returncode == 0 and "ncl seed 1: complete, kept" in again.stdout
 
 
@@ -231,7 +223,7 @@ def test_a_parameter_sharding_engine_is_refused_by_name_before_any_work(
 
 
 def test_a_two_process_run_stopped_by_sigterm_resumes_to_the_uninterrupted_record(
-    world_root, tiny_model, tmp_path, two_process_run
+    world_root, tiny_model, tmp_path, record_runs
 ):
     import signal
     import time
@@ -252,7 +244,7 @@ def test_a_two_process_run_stopped_by_sigterm_resumes_to_the_uninterrupted_recor
     assert not list(tmp_path.glob("stopped/results/synthetic/*.json")), "the run ended before it was stopped"
     resumed = _torchrun(*args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert numbers(tmp_path / "stopped") == numbers(two_process_run)  # NCL's record, run beside DAS and DER++
+    assert numbers(tmp_path / "stopped") == numbers(record_runs["two"])  # NCL's record, run beside DAS and DER++
 
 
 def test_all_gathered_contrastive_negatives_are_the_loss_over_every_process_views(tmp_path):
