@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+"""The start of a two-process command on this machine (gloo on CPU); the script or ``-m module`` and its arguments
+follow."""
 
 
 def synthetic_run(

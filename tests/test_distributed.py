@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import run_side_by_side, synthetic_run
+from cli_helpers import TORCHRUN, run_side_by_side, synthetic_run
 from safetensors.torch import load_file
 
 from benchmark.records.reproduce import Tolerance
@@ -33,9 +33,6 @@ two layouts. Measured: 0 (bit-identical weights) for every method on CPU, dropou
 
 VERIFIED = sorted(n for n in default_registry().names() if default_registry().get(n).multi_process)
 REFUSED = sorted(n for n in default_registry().names() if not default_registry().get(n).multi_process)
-
-
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
 def _torchrun(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -233,9 +230,10 @@ def test_a_two_process_run_stopped_by_sigterm_resumes_to_the_uninterrupted_recor
         return _numbers(path)
 
     args = _run_args(world_root, tiny_model, tmp_path / "stopped", "ncl")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [*TORCHRUN, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 300
     while time.time() < deadline and not list(tmp_path.glob("stopped/.dapbench/runs/*/domain-0.json")):
         time.sleep(0.2)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import run_side_by_side, synthetic_run
+from cli_helpers import TORCHRUN, run_side_by_side, synthetic_run
 
 from benchmark.records.reproduce import Tolerance, compare_records
 from benchmark.registry import default_registry
@@ -30,9 +30,8 @@ def _args(world_root: Path, model: Path, out: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize("model", ["tiny_model", "tiny_llama"])
 def test_two_sharded_processes_give_the_unsharded_record(model, world_root, tmp_path, request):
     path = request.getfixturevalue(model)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     sharded, single = run_side_by_side(
-        [*torchrun, *_args(world_root, path, tmp_path / "sharded", "dap.sharding=fsdp")],
+        [*TORCHRUN, *_args(world_root, path, tmp_path / "sharded", "dap.sharding=fsdp")],
         [sys.executable, *_args(world_root, path, tmp_path / "single")],
     )
     assert sharded.returncode == 0, sharded.stderr[-3000:]

@@ -5,19 +5,16 @@ transformer block through ``torch.compile``, inductor on CPU) and activation che
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import synthetic_run
+from cli_helpers import run_side_by_side, synthetic_run
 
 from benchmark.records.reproduce import Tolerance, compare_records
 from benchmark.registry import default_registry
 
-REPO = Path(__file__).resolve().parents[1]
 TOLERANCE = Tolerance(score=0.0, loss=2e-5, drift=1e-5, report=1e-5)
 """Fused kernels and recomputed activations round in another order than plain ones: a stored held-out loss (5
 decimals) may move by one unit of its last place, and a loss metric, the difference of two stored losses, by two
@@ -35,21 +32,6 @@ def _args(world_root: Path, model: Path, out: Path, methods: tuple[str, ...], *e
     return ["-m", "benchmark.cli", *synthetic_run(world_root, model, out, ",".join(methods), *settings)]
 
 
-def _run_each(runs: list[list[str]]) -> None:
-    """Run each argument list as its own one-thread process, two at a time: the machine's two cores (the numbers
-    of a one-thread run do not depend on what runs beside it)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-    def run(args: list[str]) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=1800)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for done in pool.map(run, runs):
-            assert done.returncode == 0, done.stderr[-3000:]
-
-
 EACH_SWITCH = (("dap.compile=true",), ("dap.activation_checkpointing=true",))
 """Each switch alone: the default suite's check."""
 SWITCHES = (*EACH_SWITCH, ("dap.compile=true", "dap.activation_checkpointing=true"))
@@ -61,8 +43,9 @@ def _switched_equal_plain(
 ) -> None:
     outputs = {switches: tmp_path / "+".join(switches) for switches in switch_sets}
     runs = [((), tmp_path / "plain"), *outputs.items()]
-    runs.sort(key=lambda run: "dap.compile=true" not in run[0])  # the compiled runs, the longest, start first
-    _run_each([_args(world_root, model, out, methods, *switches) for switches, out in runs])
+    commands = [[sys.executable, *_args(world_root, model, out, methods, *switches)] for switches, out in runs]
+    for done in run_side_by_side(*commands, timeout=1800):  # one thread each: numbers as when run alone
+        assert done.returncode == 0, done.stderr[-3000:]
     for switches, out in outputs.items():
         for method in methods:
             (a,) = (tmp_path / "plain" / "results" / "synthetic").glob(f"{method}-*.json")
