@@ -13,6 +13,12 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 follow."""
 
 
+def one_thread_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child process at one thread, with ``extra`` on top: a one-thread run's float
+    sums come in the same order whatever runs beside it, and two such children fill the machine's two cores."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
+
+
 def synthetic_run(
     world_root: Path, model: Path, out: Path, methods: str, *settings: str, seeds: str = "1"
 ) -> list[str]:
@@ -50,7 +56,7 @@ def run_side_by_side(*commands: list[str], timeout: float = 900) -> list[subproc
     """Run ``commands`` at once from the repository root, each process at one thread (a one-thread run's numbers do
     not depend on what runs beside it), and return each one's result, in order: a single-process run and a
     two-process one together fill the machine's two cores instead of leaving one idle."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = one_thread_env()
     started = [
         subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         for command in commands

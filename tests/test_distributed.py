@@ -11,20 +11,18 @@ comparison notices unsynchronised processes. Whole runs are compared record to r
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import TORCHRUN, run_side_by_side, synthetic_run
+from cli_helpers import REPO, TORCHRUN, one_thread_env, run_side_by_side, synthetic_run
 from safetensors.torch import load_file
 
 from benchmark.records.reproduce import Tolerance
 from benchmark.registry import default_registry
 
-REPO = Path(__file__).resolve().parents[1]
 HARNESS = REPO / "tests" / "distributed_update.py"
 TOLERANCE = 1e-6
 """Largest accepted |difference| of a weight or state value after two stages of two updates. Summation order
@@ -37,7 +35,7 @@ REFUSED = sorted(n for n in default_registry().names() if not default_registry()
 
 def _torchrun(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     command = [*TORCHRUN, *args]
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    environment = one_thread_env(**(env or {}))
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=environment, timeout=900)
 
 
@@ -230,7 +228,7 @@ def test_a_two_process_run_stopped_by_sigterm_resumes_to_the_uninterrupted_recor
         return _numbers(path)
 
     args = _run_args(world_root, tiny_model, tmp_path / "stopped", "ncl")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = one_thread_env()
     process = subprocess.Popen(
         [*TORCHRUN, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

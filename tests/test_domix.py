@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
+from cli_helpers import REPO, one_thread_env
 
 from methods._shared.adapters import activate_adapters, adapter_parameters
 from methods.domix import DoMIXConfig, attach_bridges, bridge_summary, inject_domain_modules, lora_layers, module_name
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _classifier_with_trained_modules(tiny_model, count: int):
@@ -67,9 +64,7 @@ def test_a_domix_run_trains_one_module_per_domain_and_records_the_learned_bridge
     args += ["--data-root", str(world_root), "--general-heldout", str(world_root / "general_heldout.txt")]
     args += ["--sequence", "alpha,beta", "--methods", "domix", "--seeds", "1", "--output-dir", str(tmp_path)]
     args += ["--quiet", "--set", "dap.steps=4", "--set", "finetune.default_epochs=1"]
-    result = subprocess.run(
-        args, cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
+    result = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=900, env=one_thread_env())
     assert result.returncode == 0, result.stderr[-3000:]
     (path,) = (tmp_path / "results" / "synthetic").glob("domix-*.json")
     record = json.loads(path.read_text())

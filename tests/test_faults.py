@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import REPO, one_thread_env
 
 from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
@@ -28,7 +29,6 @@ from benchmark.errors import CorruptStateError, DapbenchError, WriteError
 from benchmark.io import atomic_write_bytes, atomic_write_json
 
 pytestmark = pytest.mark.faults
-REPO = Path(__file__).resolve().parents[1]
 NUMBERS = ("run_id", "matrices", "summary", "lm_loss", "representation", "majority_class")
 """What a resumed or rebuilt record must share with an undisturbed run's (timing and invocations differ)."""
 
@@ -51,13 +51,9 @@ def _command(world_root: Path, model: Path, out: Path) -> list[str]:
 
 def _run_to_end(args: list[str]) -> float:
     started = time.time()
-    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, env=_one_thread(), timeout=600)
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, env=one_thread_env(), timeout=600)
     assert done.returncode == 0, done.stderr
     return time.time() - started
-
-
-def _one_thread() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1"}  # the same float summation order in every process
 
 
 def _kill_at_random_points(args: list[str], kills: int, duration: float, rng: random.Random) -> list[float]:
@@ -67,7 +63,7 @@ def _kill_at_random_points(args: list[str], kills: int, duration: float, rng: ra
     while len(landed) < kills:
         delay = rng.uniform(0.0, 0.9 * duration)
         process = subprocess.Popen(
-            args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_one_thread()
+            args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=one_thread_env()
         )
         try:
             process.wait(timeout=delay)

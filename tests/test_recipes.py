@@ -6,13 +6,13 @@ import dataclasses
 import itertools
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import REPO, one_thread_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,8 +20,6 @@ from benchmark.config import DapConfig, ReplayConfig, ScheduleConfig, apply_over
 from benchmark.data.sampling import DOMAIN, ReplayPlan, StageMicroBatches
 from benchmark.engine.recipe import learning_rate_curve
 from benchmark.errors import DapbenchError
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @settings(max_examples=80, deadline=None)
@@ -200,7 +198,7 @@ def test_each_schedule_follows_its_formula_at_every_update(name):
 
 
 def _cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = one_thread_env()
     return subprocess.run(
         [sys.executable, "-m", "benchmark.cli", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=900
     )
