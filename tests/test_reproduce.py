@@ -191,13 +191,45 @@ def test_a_numbers_kind_read_from_its_path_shape_is_the_kind_its_full_path_match
 
 
 def test_editing_any_reported_number_is_caught_by_the_comparison():
+    from benchmark.records.reproduce import kind_of
+
     record = _committed("das")
     numbers = key_numbers(record)
     assert len(numbers) > 300
     for path, value in numbers.items():
         edited = copy.deepcopy(record)
         _set_path(edited, path, value + (1 if isinstance(value, int) else 0.5))
-        assert [m.name for m in compare_records(record, edited, CI_TOLERANCE)] == [path], path
+        names = [m.name for m in compare_records(record, edited, CI_TOLERANCE)]
+        if kind_of(path) == "histogram":  # one more unit: its histogram's unit count (the last bin's cumulative) moved
+            histogram = path.rpartition("/")[0]
+            last = max(int(name.rpartition("/")[2]) for name in numbers if name.rpartition("/")[0] == histogram)
+            assert f"{histogram}/{last} (units up to this bin)" in names, path
+            assert all(name.startswith(f"{histogram}/") for name in names), path
+        else:
+            assert names == [path], path
+
+
+def _importance_histogram(counts: list[int]) -> dict:
+    return {"domains": [{"method_report": {"mask": {"importance_histogram": {"intermediate": counts}}}}]}
+
+
+def test_a_histogram_is_compared_as_its_units_up_to_each_bin_edge_and_its_unit_count_exactly():
+    bins = [6348, 392, 309, 293, 294, 276, 267, 241, 294, 502]  # a DAS record's 9216 intermediate units
+    path = "domains/0/method_report/mask/importance_histogram/intermediate"
+    one_crossed = [*bins[:3], 294, 293, *bins[5:]]  # one unit on the 0.4 edge moved to the next bin (seen on AVX2)
+    assert compare_records(_importance_histogram(bins), _importance_histogram(one_crossed), CI_TOLERANCE) == []
+    many_crossed = [*bins[:3], 293 - 20, 294 + 20, *bins[5:]]  # 20 > 0.002 x 9216 units crossed that edge
+    (moved,) = compare_records(_importance_histogram(bins), _importance_histogram(many_crossed), CI_TOLERANCE)
+    assert moved.name == f"{path}/3 (units up to this bin)"
+    assert (moved.expected, moved.actual) == (sum(bins[:4]), sum(bins[:4]) - 20)
+    one_more = [*bins[:9], 503]  # within any share of the units, but not the histogram of the same units
+    (count,) = compare_records(_importance_histogram(bins), _importance_histogram(one_more), CI_TOLERANCE)
+    assert (count.name, count.allowed) == (f"{path}/9 (units up to this bin)", 0.0)
+    heads = [47, 2, 1, 2, 4, 2, 0, 4, 1, 9]  # 72 units: one unit is more than 0.2% of them, so each move is caught
+    (head,) = compare_records(
+        _importance_histogram(heads), _importance_histogram([47, 2, 1, 2, 4, 2, 0, 3, 2, 9]), CI_TOLERANCE
+    )
+    assert head.name == f"{path}/7 (units up to this bin)"
 
 
 def test_a_record_whose_headline_was_edited_is_refused_when_read(tmp_path):

@@ -43,7 +43,10 @@ class Tolerance:
     drift: float = 0.002
     """Representation drift: cosine, linear CKA and anisotropy (unitless, in [-1, 1])."""
     report: float = 0.002
-    """What a method reports about itself (importance summaries, measured damping; unitless)."""
+    """What a method reports about itself (importance summaries, measured damping; unitless). A histogram of unit
+    counts (DAS's importance per bin) is compared as the share of its units up to each bin edge, and its unit count
+    exactly: a unit whose importance sits on an edge crosses it under another CPU's float kernels, which moves one
+    count from a bin to the next however small the difference of the importance itself."""
 
     def __post_init__(self):
         for kind in ("score", "loss", "drift", "report"):
@@ -54,13 +57,16 @@ class Tolerance:
                     f"pass --{kind}-tolerance as the largest accepted absolute difference, e.g. 0.01",
                 )
 
-    def allowed(self, kind: str, tokens: int = 1) -> float:
-        """The tolerance of a number of ``kind`` (``tokens``: masked tokens behind a per-chunk sum)."""
+    def allowed(self, kind: str, size: int = 1) -> float:
+        """The tolerance of a number of ``kind`` (``size``: the masked tokens behind a per-chunk sum, the units of a
+        histogram whose cumulative count up to a bin edge it is)."""
         if kind == "exact":
             return 0.0
         if kind == "chunk":
             # a sum stored to CHUNK_SUM_DECIMALS: any difference at all may show as one unit of its last place
-            return max(self.loss * tokens, 10.0**-CHUNK_SUM_DECIMALS) if self.loss > 0 else 0.0
+            return max(self.loss * size, 10.0**-CHUNK_SUM_DECIMALS) if self.loss > 0 else 0.0
+        if kind == "histogram":
+            return self.report * size
         return getattr(self, kind)
 
 
@@ -174,6 +180,7 @@ KIND_RULES = (
     ("representation/*", "drift"),
     ("domains/*/representation/*", "drift"),
     ("domains/*/lm_loss/*", "loss"),
+    ("domains/*/method_report/*importance_histogram/*", "histogram"),
     ("domains/*/method_report/*", "report"),
     ("domains/*/update_sizes/*/parameters", "exact"),
     ("domains/*/update_sizes/*", "report"),
@@ -185,8 +192,9 @@ KIND_RULES = (
     ("domains/*/trainable_parameters", "exact"),
     ("trainable_parameters", "exact"),
 )
-"""The kind (a :class:`Tolerance` field, or ``exact``/``chunk``) of every reported number, by path pattern; the
-first matching pattern decides."""
+"""The kind (a :class:`Tolerance` field, or ``exact``/``chunk``/``histogram``) of every reported number, by path
+pattern; the first matching pattern decides. A ``histogram`` number is one bin's count of a list of unit counts per
+bin (compared cumulatively: :func:`compare_records`)."""
 
 
 @dataclass(frozen=True)
@@ -261,16 +269,52 @@ without one is compared on every number it does carry; one that carries it is co
 
 def compare_records(expected: dict, actual: dict, tolerance: Tolerance) -> list[Mismatch]:
     """The numbers of ``actual`` that differ from ``expected`` by more than their kind's tolerance, and those that
-    exist in only one of them (but for a :data:`MEASURED_LATER` field of a stage that ``expected`` predates)."""
+    exist in only one of them (but for a :data:`MEASURED_LATER` field of a stage that ``expected`` predates).
+
+    A histogram's bins are compared as cumulative counts (its units up to and including each bin), within the
+    ``report`` tolerance times the expected histogram's units, and its last bin's (every unit) exactly: a unit that
+    crosses one edge changes one cumulative count by one, where the bins it left and entered would both differ."""
     want, got = key_numbers(expected), key_numbers(actual)
     got = {name: value for name, value in got.items() if not _predated(expected, name)}
+    want, got = _cumulative_histograms(want), _cumulative_histograms(got)
+    units = _histogram_units(want)
     mismatches = []
     for name in sorted(set(want) | set(got)):
-        allowed = tolerance.allowed(kind_of(name), _chunk_tokens(expected, actual, name))
+        allowed = _allowed(tolerance, name, expected, actual, units)
         a, b = want.get(name), got.get(name)
         if a is None or b is None or not _within(a, b, allowed):
-            mismatches.append(Mismatch(name, a, b, allowed))
+            shown = f"{name} (units up to this bin)" if kind_of(name) == "histogram" else name
+            mismatches.append(Mismatch(shown, a, b, allowed))
     return mismatches
+
+
+def _allowed(tolerance: Tolerance, name: str, expected: dict, actual: dict, units: dict[str, tuple[int, int]]) -> float:
+    """The tolerance of the number at ``name`` (``units``: each histogram's last bin and unit count)."""
+    kind = kind_of(name)
+    if kind == "histogram":
+        histogram, _, index = name.rpartition("/")
+        last, count = units.get(histogram, (-1, 0))
+        return tolerance.allowed("exact" if int(index) == last else kind, count)
+    return tolerance.allowed(kind, _chunk_tokens(expected, actual, name))
+
+
+def _bins(numbers: dict[str, float]) -> list[tuple[str, int, str]]:
+    """The histogram bins among ``numbers`` as (histogram path, bin index, path), in bin order."""
+    names = [name for name in numbers if kind_of(name) == "histogram"]
+    return sorted((name.rpartition("/")[0], int(name.rpartition("/")[2]), name) for name in names)
+
+
+def _cumulative_histograms(numbers: dict[str, float]) -> dict[str, float]:
+    """``numbers`` with each histogram bin's count replaced by the count of its histogram's units up to that bin."""
+    out, running = dict(numbers), {}
+    for histogram, _, name in _bins(numbers):
+        running[histogram] = out[name] = running.get(histogram, 0) + numbers[name]
+    return out
+
+
+def _histogram_units(cumulative: dict[str, float]) -> dict[str, tuple[int, int]]:
+    """Per histogram of cumulative counts: its last bin's index and its unit count (that bin's cumulative count)."""
+    return {histogram: (index, int(cumulative[name])) for histogram, index, name in _bins(cumulative)}
 
 
 def _predated(expected: dict, path: str) -> bool:
@@ -388,7 +432,7 @@ def largest_differences(expected: dict, actual: dict) -> dict[str, tuple[str, fl
 
     What a tolerance is measured from: run the same record twice (or on two machines) and read these.
     """
-    want, got = key_numbers(expected), key_numbers(actual)
+    want, got = _cumulative_histograms(key_numbers(expected)), _cumulative_histograms(key_numbers(actual))
     largest: dict[str, tuple[str, float]] = {}
     for name in sorted(set(want) & set(got)):
         kind = kind_of(name)
