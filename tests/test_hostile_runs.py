@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import pytest
 import torch
-from cli_helpers import TrainingStarted, no_record, quick_run_args
+from cli_helpers import REPO, TrainingStarted, no_record, quick_run_args
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,8 +31,6 @@ from benchmark.errors import DapbenchError
 from benchmark.method import ContinualMethod
 from benchmark.records.store import load_record, write_record
 from benchmark.registry import default_registry
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _elsewhere(tmp_path: Path) -> Path:

@@ -10,7 +10,8 @@ import re
 import tokenize
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from cli_helpers import REPO
+
 REFERENCE = re.compile(r"(?<![\w/.])((?:benchmark|methods|tasks)(?:\.[A-Za-z_]\w*)+)")
 """``benchmark.engine.runner.ContinualRun``-style names (not file paths such as ``benchmark/io.py``)."""
 
