@@ -405,6 +405,7 @@ def reproduce(
     summation order depends on it) and compare every number it reports within ``tolerance``. ``work_dir``: a work
     folder whose caches (prepared data, recipe-built base models) other runs share; one already holding this run is
     refused (:func:`_rerun`)."""
+    from benchmark.engine.environment import cpu_kernels
     from benchmark.records import reproduce as rep
 
     record = load_record(record_path)
@@ -418,7 +419,8 @@ def reproduce(
     mismatches = rep.compare_records(record, new, tolerance)
     recorded = rep.recorded_cpu_threads(record)
     largest = rep.largest_differences(record, new)
-    return rep.Reproduction(new, path, threads, recorded, tolerance, compared, mismatches, largest)
+    kernels = rep.kernels_line(record, cpu_kernels())
+    return rep.Reproduction(new, path, threads, recorded, tolerance, compared, mismatches, largest, kernels)
 
 
 def reproduce_stages(
@@ -440,7 +442,7 @@ def reproduce_stages(
     own domain's held-out set alone and compare on what that makes
     (:func:`benchmark.records.reproduce.own_domain_view`): about a third of the time on the mini profile.
     ``work_dir`` as for :func:`reproduce`."""
-    from benchmark.engine.environment import git_commit
+    from benchmark.engine.environment import cpu_kernels, git_commit
     from benchmark.engine.stages import OWN_DOMAIN
     from benchmark.records import reproduce as rep
 
@@ -458,12 +460,14 @@ def reproduce_stages(
         compared=compared,
         mismatches=mismatches,
         largest_loss_difference=largest,
+        kernels=rep.kernels_line(record, cpu_kernels()),
     )
     if mismatches:
         return outcome(record, None)
     facts = {
         "git_commit": git_commit(),
         "torch_threads": threads,
+        "cpu_kernels": cpu_kernels(),
         "compared": compared,
         "largest_loss_difference": largest,
         **({"heldout_scope": OWN_DOMAIN} if own_domain_only else {}),

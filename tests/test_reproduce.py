@@ -13,6 +13,7 @@ from benchmark.records.reproduce import (
     check_data,
     compare_records,
     cpu_threads,
+    kernels_line,
     key_numbers,
     largest_differences,
     recorded_cpu_threads,
@@ -96,6 +97,28 @@ def test_config_round_trips_through_its_dict():
 def test_different_data_is_named():
     with pytest.raises(DapbenchError, match="task/t"):
         check_data(fake_record(), {"corpus/a": "x", "task/t": "other"})
+
+
+def test_the_cpu_kernels_of_record_and_rerun_are_named_and_a_difference_explained():
+    same = kernels_line({"environment": {"device": "cpu", "cpu_kernels": "AVX2"}}, "AVX2")
+    assert same == "CPU float kernels: AVX2 (the record's: AVX2)"
+    other = kernels_line({"environment": {"device": "cpu", "cpu_kernels": "AVX512"}}, "AVX2")
+    assert other.startswith("CPU float kernels: AVX2 (the record's: AVX512); other kernels round")
+    unknown = kernels_line({"environment": {"device": "cpu"}}, "AVX2")
+    assert "(the record's: not recorded); other kernels" in unknown
+    assert kernels_line({"environment": {"device": "cuda:0"}}, "AVX2") == ""
+
+
+def test_a_record_names_the_cpu_kernels_that_made_it():
+    from types import SimpleNamespace
+
+    import torch
+
+    from benchmark.engine.environment import environment_facts
+
+    accelerator = SimpleNamespace(device=torch.device("cpu"), num_processes=1, mixed_precision="no")
+    facts = environment_facts(accelerator)
+    assert facts["cpu_kernels"] == torch.backends.cpu.get_cpu_capability() != ""
 
 
 def test_reproduction_uses_the_recorded_cpu_thread_count():

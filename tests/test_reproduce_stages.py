@@ -48,6 +48,8 @@ def test_a_record_without_update_sizes_gets_those_of_its_matching_rerun(ncl_reco
     assert all(stage["update_sizes"]["weights"]["relative"] > 0 for stage in added["domains"])
     facts = added["update_sizes_measured"]
     assert facts["compared"] == result.compared > 50 and facts["largest_loss_difference"] == 0.0
+    assert facts["cpu_kernels"] == made["environment"]["cpu_kernels"]  # the kernels of the re-run, here the record's
+    assert result.kernels == f"CPU float kernels: {facts['cpu_kernels']} (the record's: {facts['cpu_kernels']})"
     assert {k: v for k, v in added.items() if k not in ("domains", "update_sizes_measured")} == {
         k: v for k, v in load_record(path).items() if k != "domains"
     }

@@ -108,7 +108,17 @@ def environment_facts(accelerator) -> dict:
         "num_processes": accelerator.num_processes,
         "mixed_precision": accelerator.mixed_precision,
         "torch_threads": torch.get_num_threads(),
+        "cpu_kernels": cpu_kernels(),
     }
+
+
+def cpu_kernels() -> str:
+    """The instruction set of the CPU float kernels torch dispatches to here ("AVX2", "AVX512", ...).
+
+    Two CPUs with other kernels round some sums differently, so a record says which made it: numbers that amplify
+    rounding (DAS's reference-code importance, a unit on a histogram's bin edge) can differ between them.
+    """
+    return torch.backends.cpu.get_cpu_capability()
 
 
 def memory_kind() -> str:

@@ -96,6 +96,8 @@ class Reproduction:
     compared: int
     mismatches: list
     largest: dict[str, tuple[str, float]]
+    kernels: str = ""
+    """:func:`kernels_line` of the reproduced record."""
 
     @property
     def ok(self) -> bool:
@@ -108,6 +110,7 @@ class Reproduction:
         out = [f"reproduced {record['method_label']} seed {record['seed']} -> {self.path}"]
         if self.threads:
             out.append(f"CPU threads: {self.threads} (the record's: {self.recorded_threads})")
+        out += [self.kernels] if self.kernels else []
         out.append(f"{self.compared} numbers compared, {len(self.mismatches)} outside tolerance {self.tolerance}")
         out += [f"  largest {kind} difference: {diff:.5f} ({name})" for kind, (name, diff) in self.largest.items()]
         out += [f"  {mismatch}" for mismatch in self.mismatches]
@@ -130,6 +133,8 @@ class StagesReproduction:
     compared: int
     mismatches: list
     largest_loss_difference: float
+    kernels: str = ""
+    """:func:`kernels_line` of the record."""
 
     @property
     def ok(self) -> bool:
@@ -139,6 +144,7 @@ class StagesReproduction:
     def lines(self) -> list[str]:
         """What ``dapbench reproduce --stages-only`` prints of it: the comparison, what was written, the verdict."""
         out = [f"CPU threads: {self.threads}"] if self.threads else []
+        out += [self.kernels] if self.kernels else []
         out.append(f"{self.compared} stage numbers compared, {len(self.mismatches)} outside tolerance {self.tolerance}")
         out.append(f"  largest loss difference: {self.largest_loss_difference:.5f}")
         out += [f"  {mismatch}" for mismatch in self.mismatches]
@@ -451,6 +457,23 @@ def recorded_cpu_threads(record: dict) -> int | None:
     """
     environment = record.get("environment", {})
     return environment.get("torch_threads") if environment.get("device") == "cpu" else None
+
+
+def kernels_line(record: dict, here: str) -> str:
+    """Which CPU float kernels made ``record`` and which re-run it (``here``), and what a difference means; empty for
+    accelerator records."""
+    environment = record.get("environment", {})
+    if environment.get("device") != "cpu":
+        return ""
+    theirs = environment.get("cpu_kernels")
+    line = f"CPU float kernels: {here} (the record's: {theirs or 'not recorded'})"
+    if theirs != here:
+        line += (
+            "; other kernels round some sums differently, so numbers that amplify rounding (DAS's reference-code"
+            " importance, a unit on a histogram's bin edge) may differ: re-run on a CPU of the record's kind to tell"
+            " a behaviour change from rounding"
+        )
+    return line
 
 
 @contextlib.contextmanager

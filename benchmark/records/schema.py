@@ -104,6 +104,9 @@ class UpdateSizesMeasured(TypedDict):
     """The commit that re-ran the stages."""
     torch_threads: int | None
     """The CPU threads of the re-run (the record's own, so the float summation order is the same)."""
+    cpu_kernels: NotRequired[str]
+    """The instruction set of the re-run's CPU float kernels (``environment.cpu_kernels``); absent in the
+    earliest re-runs."""
     compared: int
     """Stage numbers compared: held-out losses and chunk sums, drift, loss logs, method reports, counts."""
     largest_loss_difference: float
