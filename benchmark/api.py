@@ -453,6 +453,7 @@ def reproduce_stages(
     tolerance = tolerance or rep.DEFAULT_TOLERANCE
     compared, mismatches = rep.compare_stages(record, stages, tolerance, own_domain_only)
     largest = rep.largest_loss_difference(record, stages, own_domain_only)
+    kernels = cpu_kernels()
     outcome = functools.partial(
         rep.StagesReproduction,
         threads=threads,
@@ -460,14 +461,14 @@ def reproduce_stages(
         compared=compared,
         mismatches=mismatches,
         largest_loss_difference=largest,
-        kernels=rep.kernels_line(record, cpu_kernels()),
+        kernels=rep.kernels_line(record, kernels),
     )
     if mismatches:
         return outcome(record, None)
     facts = {
         "git_commit": git_commit(),
         "torch_threads": threads,
-        "cpu_kernels": cpu_kernels(),
+        "cpu_kernels": kernels,
         "compared": compared,
         "largest_loss_difference": largest,
         **({"heldout_scope": OWN_DOMAIN} if own_domain_only else {}),
