@@ -21,7 +21,14 @@ def test_runner_over_two_domains_writes_a_complete_record(tiny_config):
     assert record["lm_loss"]["columns"] == ["alpha", "beta", "general"]
     assert len(record["lm_loss"]["after_domain"]) == 2
     assert all(math.isfinite(v) for row in record["lm_loss"]["after_domain"] for v in row.values())
-    assert record["timing"]["tokens_per_second"] > 0 and record["timing"]["peak_memory_mb"] > 0
+    timing = record["timing"]
+    assert timing["tokens_per_second"] > 0 and timing["peak_memory_mb"] > 0
+    # Where the time went: every phase timed, the DAP phase holds the updates, and the phases fit in the wall time.
+    phases = timing["phase_seconds"]
+    assert set(phases) == {"base_evaluation", "dap", "heldout_evaluation", "checkpoint", "end_tasks"}
+    assert all(v >= 0 for v in phases.values()) and phases["dap"] > 0 and phases["heldout_evaluation"] > 0
+    assert phases["dap"] >= timing["dap_seconds"] - 0.1
+    assert sum(phases.values()) <= timing["wall_seconds"] + 0.5
     assert record["trainable_parameters"] > 0
     assert set(record["data_checksums"]) == {
         "corpus/alpha",
@@ -106,6 +113,25 @@ def test_interrupted_run_resumes_and_matches_an_uninterrupted_one(tiny_config, t
     timing = resumed["timing"]
     assert timing["invocations"] == 2 and full["timing"]["invocations"] == 1
     assert timing["wall_seconds"] == pytest.approx(kept_seconds + timing["last_invocation_seconds"], abs=0.2)
+    # The phases of the kept stages and cells are counted once, whichever invocation made them.
+    kept_dap = sum(d["phase_seconds"]["dap"] for d in resumed["domains"])
+    assert timing["phase_seconds"]["dap"] == pytest.approx(kept_dap, abs=0.1)
+
+
+def test_phase_seconds_are_left_out_rather_than_partial():
+    from benchmark.records.build import phase_seconds
+
+    timed = {"phase_seconds": {"dap": 2.0, "heldout_evaluation": 1.0, "checkpoint": 0.5}}
+    assert phase_seconds([timed, timed], 3.0, 4.0) == {
+        "base_evaluation": 3.0,
+        "dap": 4.0,
+        "heldout_evaluation": 2.0,
+        "checkpoint": 1.0,
+        "end_tasks": 4.0,
+    }
+    assert phase_seconds([timed, {}], 3.0, 4.0) is None  # a stage made before phases were timed
+    assert phase_seconds([timed], None, 4.0) is None
+    assert phase_seconds([timed], 3.0, None) is None
 
 
 def test_unknown_method_gets_did_you_mean(tiny_config):

@@ -4,6 +4,7 @@ spread over the processes of a multi-process run."""
 from __future__ import annotations
 
 import contextlib
+import time
 
 from benchmark.engine.parts import RunParts
 from benchmark.engine.stages import StageModels
@@ -38,6 +39,7 @@ class EndTaskRunner:
             ctx = FinetuneContext(
                 p.layout.verified_checkpoint(t), dap_model, task.num_labels, task_domain_index=domain_id
             )
+            start = time.perf_counter()
             seed = p.seed + p.config.finetune.seed_offset
             # Seeded before the classifier exists: its fresh head must not depend on what ran before
             # (a resumed run skips work and would otherwise draw a different head).
@@ -52,11 +54,24 @@ class EndTaskRunner:
                     result = protocol.evaluate(model, task, p.data.tokenizer, p.config.finetune, seed, p.accelerator)
             report = p.method.finetune_report(model)
             cell = {"row": t, "task": task.name, **result, **({"method_report": report} if report else {})}
+            cell["seconds"] = round(time.perf_counter() - start, 3)
             write_work_file(p.layout.finetune_cell(row_key, k), cell)
             p.tracker.log_values(f"end_task/{task.name}/after_{t}", result)
             on_cell_done()
         acc.wait_for_everyone()  # every cell of the row is on disk before anyone reads the matrix or trains on
         p.skip_phases(len(todo) - len(mine))  # the cells the other processes scored
+
+    def seconds(self) -> float | None:
+        """Seconds the finished cells took together (their models built, trained or probed, and scored); None where
+        a cell was made before cells recorded their time."""
+        p, total = self.parts, 0.0
+        for t in p.schedule.stages():
+            for k in p.schedule.row_tasks(t):
+                cell = read_work_file(p.layout.finetune_cell(p.schedule.row_key(t), k), "fine-tune result")
+                if "seconds" not in cell:
+                    return None
+                total += cell["seconds"]
+        return total
 
     def _finished(self, row_key: str, k: int) -> bool:
         """Whether cell ``k`` of row ``row_key`` is done (its file intact; a corrupt one is moved aside and redone)."""

@@ -4,6 +4,7 @@ per run directory) and the fixed probe of the general corpus that methods may re
 
 from __future__ import annotations
 
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,11 @@ class BaseEvaluation:
         """Per held-out set, the base model's MLM loss."""
         return self._measured()["losses"]
 
+    def seconds(self) -> float | None:
+        """Seconds the base model's evaluation took (loading it included); None in a run folder made before they
+        were recorded."""
+        return self._measured().get("seconds")
+
     def chunk_sums(self) -> dict[str, list[float]]:
         """Per held-out set and chunk, the base model's summed loss of the chunk's masked tokens."""
         return self._measured()["chunk_sums"]
@@ -49,13 +55,15 @@ class BaseEvaluation:
         layout, data, device = self.parts.layout, self.parts.data, self.parts.accelerator.device
         main = self.parts.accelerator.is_main_process
         if not (finished(layout.base_losses, "base MLM-loss file", main) and layout.base_features.exists()):
+            start = time.perf_counter()
             model, _ = load_lm(self.parts.config.model)
             model, processes = model.to(device), self.parts.accelerator
             features = heldout_features(model, data.feature_batches(), device, processes=processes)
             losses = heldout_evaluation(model, data.heldout_batches, device, processes=processes)
             if processes.is_main_process:
                 atomic_write_bytes(layout.base_features, lambda tmp: np.savez(tmp, **features))
-                write_work_file(layout.base_losses, vars(losses))
+                seconds = round(time.perf_counter() - start, 3)
+                write_work_file(layout.base_losses, {**vars(losses), "seconds": seconds})
             processes.wait_for_everyone()
         return read_work_file(layout.base_losses, "base MLM-loss file")
 

@@ -175,7 +175,7 @@ def _record(run: ContinualRun, clock: RunClock) -> RunRecord:
         base_losses=run.base.losses(),
         base_chunk_sums=run.base.chunk_sums(),
         base_anisotropy={name: round(anisotropy(v), 5) for name, v in run.base.features().items()},
-        timing=run_timing(clock, present, memory_kind()),
+        timing=run_timing(clock, present, memory_kind(), run.base.seconds(), run.end_tasks.seconds()),
         environment=environment_facts(p.accelerator),
     )
 

@@ -4,6 +4,7 @@ checkpoint that marks it finished (:class:`StageRunner`)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import torch
@@ -125,10 +126,14 @@ class StageRunner:
         model = self.models.for_stage(t)
         reset_peak_memory()
         stats: dict[str, Any] = {"domain": p.data.domains[t], "trained": False, "trainable_parameters": 0}
+        dap_seconds = 0.0
         if p.schedule.trains():
+            start = time.perf_counter()
             with p.phase(t, "DAP"):
                 trained, model = self._train(model, t)
             stats = {**stats, **trained}
+            dap_seconds = time.perf_counter() - start
+        stats["phase_seconds"] = {"dap": round(dap_seconds, 3)}  # the method's hooks included, not just its updates
         with p.phase(t, "held-out evaluation"):
             evaluate_and_checkpoint(p, self.base, model, t, stats)
         return stats
@@ -180,6 +185,7 @@ def evaluate_and_checkpoint(p: RunParts, base: BaseEvaluation, model, t: int, st
     view = _heldout_view(p, model)
     own = p.data.domains[t]
     sets = {own: p.data.heldout_batches[own]} if p.own_domain_only else p.data.heldout_batches
+    start = time.perf_counter()
     evaluation = heldout_evaluation(model, sets, device, view, p.accelerator)
     stats["lm_loss"], stats["lm_loss_chunks"] = evaluation.losses, evaluation.chunk_sums
     p.tracker.log_values("heldout", evaluation.losses, step=p.schedule.step_offset(t) + p.schedule.updates(t))
@@ -189,10 +195,14 @@ def evaluate_and_checkpoint(p: RunParts, base: BaseEvaluation, model, t: int, st
         features = heldout_features(model, p.data.feature_batches(), device, view, p.accelerator)
         stats["representation"] = representation_drift(base.features(), features)
     stats["peak_memory_mb"] = peak_memory_mb()
+    phases = stats.setdefault("phase_seconds", {})
+    phases["heldout_evaluation"] = round(time.perf_counter() - start, 3)
     if p.accelerator.is_main_process:  # once; the other processes hold the same model and numbers
+        start = time.perf_counter()
         with hook_call(p.method, "state_dict"):
             state = checked_state(p.method, p.method.state_dict())
         p.layout.save_checkpoint(t, p.accelerator.unwrap_model(model), p.data.tokenizer, state)
+        phases["checkpoint"] = round(time.perf_counter() - start, 3)
         write_work_file(p.layout.domain_done(t), stats)
     p.accelerator.wait_for_everyone()
     p.accelerator.free_memory()

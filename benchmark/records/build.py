@@ -152,13 +152,21 @@ def _lm_loss_block(data, base_losses: dict[str, float], after_domain: list, caps
     }
 
 
-def run_timing(clock, stats: list[dict[str, Any]], memory_kind: str) -> Timing:
-    """The ``timing`` block from the run clock and the finished stages' statistics."""
+def run_timing(
+    clock,
+    stats: list[dict[str, Any]],
+    memory_kind: str,
+    base_seconds: float | None = None,
+    end_task_seconds: float | None = None,
+) -> Timing:
+    """The ``timing`` block from the run clock, the finished stages' statistics and, where known, the seconds of the
+    base model's evaluation and of the end-task cells (``phase_seconds`` only where every part is known)."""
     trained = [s for s in stats if s.get("trained")]
 
     def mean(values: list[float]) -> float | None:
         return round(sum(values) / len(values), 3) if values else None
 
+    phases = phase_seconds(stats, base_seconds, end_task_seconds)
     return {
         # Summed over invocations: a resumed run counts the kept work of its earlier ones.
         "wall_seconds": round(clock.total(), 1),
@@ -169,7 +177,28 @@ def run_timing(clock, stats: list[dict[str, Any]], memory_kind: str) -> Timing:
         "step_seconds": mean([s["step_seconds"] for s in trained]),
         "peak_memory_mb": max(s["peak_memory_mb"] for s in stats),
         "memory_kind": memory_kind,
+        **({"phase_seconds": phases} if phases else {}),
     }
+
+
+def phase_seconds(
+    stats: list[dict[str, Any]], base_seconds: float | None, end_task_seconds: float | None
+) -> dict[str, float] | None:
+    """Where a run's time went (seconds summed over its stages): the base model's evaluation, DAP (the method's hooks
+    included), held-out evaluation, checkpoints and end tasks; None where a part was made before phases were timed
+    (a run resumed across that change), so no total is ever partial."""
+    stage_phases = [s.get("phase_seconds") for s in stats]
+    if base_seconds is None or end_task_seconds is None or any(not p for p in stage_phases):
+        return None
+    return {
+        "base_evaluation": round(base_seconds, 2),
+        **{name: round(sum(p.get(name, 0.0) for p in stage_phases), 2) for name in STAGE_PHASES},
+        "end_tasks": round(end_task_seconds, 2),
+    }
+
+
+STAGE_PHASES = ("dap", "heldout_evaluation", "checkpoint")
+"""The phases of one stage a stage's statistics time (``phase_seconds``; ``checkpoint`` only on the main process)."""
 
 
 def _majority_class(tasks: list) -> dict[str, float]:

@@ -161,6 +161,7 @@ NOT_RESULTS = MappingProxyType(
         "domains/*/train_seconds": "compute cost",
         "domains/*/tokens_per_second": "compute cost",
         "domains/*/step_seconds": "compute cost",
+        "domains/*/phase_seconds/*": "compute cost",
         "domains/*/peak_memory_mb": "compute cost (memory)",
         "environment/*": "facts about the machine that ran it",
         "schema": "the record format",

@@ -93,6 +93,10 @@ class Timing(TypedDict):
     peak_memory_mb: float
     memory_kind: str
     """``cuda_max_allocated`` or ``cpu_peak_rss_per_domain``."""
+    phase_seconds: NotRequired[dict[str, float]]
+    """Where the time went, in seconds summed over stages: ``base_evaluation``, ``dap`` (the method's hooks
+    included), ``heldout_evaluation`` (losses and drift features), ``checkpoint`` and ``end_tasks``; what is left of
+    ``wall_seconds`` is loading data and models. Absent in records made before phases were timed."""
 
 
 class UpdateSizesMeasured(TypedDict):
