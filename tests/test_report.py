@@ -551,6 +551,38 @@ def test_the_short_answer_states_its_budget_and_claims_only_resolved_verdicts(re
     assert any("end tasks" in line for line in lines)
 
 
+def _lower_losses(record: dict, label: str, capabilities: dict, nats: float = 0.05) -> dict:
+    """A copy of ``record`` as the row ``label`` whose every loss after a domain is ``nats`` lower, in every held-out
+    chunk alike: the same forgetting, ``nats`` more plasticity and ``nats`` less general rise than the original."""
+    out = copy.deepcopy(record)
+    losses, chunks = out["lm_loss"], out["lm_loss"]["chunks"]
+    losses["after_domain"] = [{k: v - nats for k, v in row.items()} for row in losses["after_domain"]]
+    chunks["after_domain"] = [
+        {k: [s - nats * n for s, n in zip(v, chunks["counts"][k], strict=True)] for k, v in row.items()}
+        for row in chunks["after_domain"]
+    ]
+    losses["metrics"] = record_loss_metrics(out)
+    out.update(method_label=label, run_id=f"{label}-seq0-seed{out['seed']}-0000000000", comparison_role=None)
+    out["capabilities"] = {**out["capabilities"], **capabilities}
+    return out
+
+
+def test_a_bound_that_needs_every_domain_at_once_is_never_the_short_answer(records):
+    """The oracle (re-trains on all data seen so far) and joint training on the union keep general knowledge better
+    than any continual method can: they are what the rows are measured against, never the method to use."""
+    from benchmark.report.answer import short_answer
+    from benchmark.report.writer import _statistics
+
+    def answer(capabilities):
+        lower = [_lower_losses(r, "lower", capabilities) for r in records if r["method_label"] == "ncl"]
+        groups, _ = group_records([{**r, "profile": "mini"} for r in [*records, *lower]])
+        return "\n".join(short_answer([(g, _statistics(g), {}) for g in groups]))
+
+    assert "`lower` keeps general knowledge best" in answer({})  # as a continual method, it is the answer
+    assert "`lower`" not in answer({"retrains_on_seen": True})
+    assert "`lower`" not in answer({"joint_training": True})
+
+
 def test_the_report_fills_a_readmes_marked_answer_block_and_touches_no_other_readme(records, tmp_path):
     from benchmark.report.writer import ANSWER_MARKERS, write_report
 

@@ -4,7 +4,10 @@ what does it cost?", in a few sentences generated from one group's resolved verd
 The group is the real-data masked-model group with the most method rows (its budget is stated first, since an
 answer holds only at the budget it was measured at); the synthetic world and the CI key numbers never answer. Every
 claim is a verdict the seeds and the evaluation sample both resolve against naive continual DAP (``ncl``'s role) or
-no DAP (``none``'s role), as in the group's own reading; rows flagged as untrained are left out of it.
+no DAP (``none``'s role), as in the group's own reading. Only continual methods that trained can be the answer:
+rows flagged as untrained are left out, and so are the bounds a continual method is measured against, which need
+every domain's data at once (joint training on the union, ``pool``; the oracle that re-trains on all data seen so far,
+``oracle``).
 """
 
 from __future__ import annotations
@@ -52,9 +55,18 @@ def _answers(group) -> bool:
     )
 
 
-def _trained(stats: GroupStatistics, label: str) -> bool:
+BOUNDS = ("joint_training", "retrains_on_seen")
+"""Capabilities of a row that is a bound rather than a continual method: it needs every domain's data at once."""
+
+
+def _candidate(stats: GroupStatistics, label: str) -> bool:
+    """Whether the row can be the answer: a continual method (no bound) that pre-trains and whose parameters moved."""
     records = [r for r in stats.records if r["method_label"] == label]
-    return bool(records) and records[0]["capabilities"].get("pretrains", True) and not untrained_flag(records)
+    if not records:
+        return False
+    caps = records[0]["capabilities"]
+    bound = any(caps.get(name, False) for name in BOUNDS)
+    return caps.get("pretrains", True) and not bound and not untrained_flag(records)
 
 
 def _best(stats: GroupStatistics, naive: str, title: str, says: str, unit: str) -> list[str]:
@@ -63,7 +75,7 @@ def _best(stats: GroupStatistics, naive: str, title: str, says: str, unit: str) 
     (resolved), with its plasticity and speed; and the row that lowers it most at any plasticity, where another."""
     plasticity = {c.label: c for c in stats.comparisons(naive, column_of("plasticity"))}
     lower = [c for c in stats.comparisons(naive, column_of(title)) if c.resolved() and c.mean < 0]
-    lower = [c for c in lower if _trained(stats, c.label)]
+    lower = [c for c in lower if _candidate(stats, c.label)]
     learning = [c for c in lower if _learns_as_well(plasticity.get(c.label))]
     lines = []
     if learning:
