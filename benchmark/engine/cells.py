@@ -64,14 +64,15 @@ class EndTaskRunner:
     def seconds(self) -> float | None:
         """Seconds the finished cells took together (their models built, trained or probed, and scored); None where
         a cell was made before cells recorded their time."""
-        p, total = self.parts, 0.0
+        seconds = [cell.get("seconds") for _, _, cell in self._cells()]
+        return None if None in seconds else sum(seconds)
+
+    def _cells(self):
+        """Every finished cell the matrix mode asks for, as ``(t, k, its work file's contents)``, row by row."""
+        p = self.parts
         for t in p.schedule.stages():
             for k in p.schedule.row_tasks(t):
-                cell = read_work_file(p.layout.finetune_cell(p.schedule.row_key(t), k), "fine-tune result")
-                if "seconds" not in cell:
-                    return None
-                total += cell["seconds"]
-        return total
+                yield t, k, read_work_file(p.layout.finetune_cell(p.schedule.row_key(t), k), "fine-tune result")
 
     def _finished(self, row_key: str, k: int) -> bool:
         """Whether cell ``k`` of row ``row_key`` is done (its file intact; a corrupt one is moved aside and redone)."""
@@ -82,15 +83,13 @@ class EndTaskRunner:
         """A[t][k] per score from the finished cells (None where the matrix mode skips a cell), each cell's test
         predictions keyed ``t/k`` (what the report bootstraps the test sample over) and the method's reports on the
         cells' fine-tuned models (``finetune_report``; empty for most methods)."""
-        p, size = self.parts, len(self.parts.data.domains)
+        size = len(self.parts.data.domains)
         out: dict[str, list[list[float | None]]] = {m: [[None] * size for _ in range(size)] for m in SCORES}
         predictions, reports = {}, {}
-        for t in p.schedule.stages():
-            for k in p.schedule.row_tasks(t):
-                cell = read_work_file(p.layout.finetune_cell(p.schedule.row_key(t), k), "fine-tune result")
-                for metric in out:
-                    out[metric][t][k] = cell[metric]
-                predictions[f"{t}/{k}"] = cell["predictions"]
-                if "method_report" in cell:
-                    reports[f"{t}/{k}"] = cell["method_report"]
+        for t, k, cell in self._cells():
+            for metric in out:
+                out[metric][t][k] = cell[metric]
+            predictions[f"{t}/{k}"] = cell["predictions"]
+            if "method_report" in cell:
+                reports[f"{t}/{k}"] = cell["method_report"]
         return out, predictions, reports
