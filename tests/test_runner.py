@@ -209,16 +209,74 @@ def test_heldout_batches_are_bit_identical_whatever_the_global_rng_did(tiny_conf
     assert first.heldout_checksums() == second.heldout_checksums()
 
 
-def test_base_losses_and_heldout_batches_are_identical_across_methods_of_a_group(tiny_config):
+def test_base_losses_and_heldout_batches_are_identical_across_methods_of_a_group(tiny_config, tmp_path):
     data = prepare_data(tiny_config)
     records = []
     for method in ("ncl", "das", "hat"):
         torch.manual_seed(len(records))  # each method finds the global RNG in another state
-        records.append(continual_run(tiny_config, data, method, 3, show_progress=False).execute())
+        # each in its own work folder, so each measures the base model (no cache entry to copy)
+        config = dataclasses.replace(tiny_config, work_dir=str(tmp_path / method))
+        records.append(continual_run(config, data, method, 3, show_progress=False).execute())
     for record in records[1:]:
         assert record["lm_loss"]["base"] == records[0]["lm_loss"]["base"]
         assert record["lm_loss"]["batch_checksums"] == records[0]["lm_loss"]["batch_checksums"]
         assert record["representation"]["base_anisotropy"] == records[0]["representation"]["base_anisotropy"]
+
+
+def _refuse_to_measure_the_base(monkeypatch):
+    """Make the base model's evaluation fail if it is measured (not copied from the work folder's cache)."""
+    import benchmark.engine.heldout as heldout
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the base model was evaluated again")
+
+    monkeypatch.setattr(heldout, "load_lm", refuse)
+
+
+def test_a_run_copies_the_base_evaluation_another_method_and_seed_measured(tiny_config, monkeypatch):
+    """Issue #46: every run of a group evaluates the same base model on the same batches, so the second run of a work
+    folder copies the first one's numbers (bit for bit) instead of measuring them again."""
+    data = prepare_data(tiny_config)
+    first = continual_run(tiny_config, data, "ncl", 3, show_progress=False).execute()
+    _refuse_to_measure_the_base(monkeypatch)
+    run = continual_run(tiny_config, data, "das", 4, show_progress=False)
+    second = run.execute()
+    assert second["lm_loss"]["base"] == first["lm_loss"]["base"]
+    assert second["lm_loss"]["batch_checksums"] == first["lm_loss"]["batch_checksums"]
+    assert second["representation"]["base_anisotropy"] == first["representation"]["base_anisotropy"]
+    copied = read_work_file(run.layout.base_losses, "base MLM-loss file")
+    assert copied["measured_seconds"] > copied["seconds"] >= 0  # this run's time is the copy's; the measurement's kept
+
+
+def test_an_edited_base_evaluation_cache_entry_is_measured_anew_to_the_same_numbers(tiny_config, capsys):
+    from benchmark.engine.heldout import BaseEvaluationCache
+
+    data = prepare_data(tiny_config)
+    first = continual_run(tiny_config, data, "ncl", 3, show_progress=False).execute()
+    entry = BaseEvaluationCache.of(continual_run(tiny_config, data, "ncl", 3, show_progress=False).parts)
+    stored = json.loads(entry.losses.read_text())
+    stored["content"]["losses"]["alpha"] += 1.0  # a wrong number must never reach a record
+    entry.losses.write_text(json.dumps(stored))
+    second = continual_run(tiny_config, data, "das", 4, show_progress=False).execute()
+    assert second["lm_loss"]["base"] == first["lm_loss"]["base"]
+    assert "cache entry" in capsys.readouterr().err
+
+
+def test_the_base_evaluation_cache_key_changes_with_what_moves_its_numbers(tiny_config):
+    from benchmark.engine.heldout import base_evaluation_key
+
+    data = prepare_data(tiny_config)
+    parts = continual_run(tiny_config, data, "ncl", 3, show_progress=False).parts
+    key = base_evaluation_key(parts)
+    assert base_evaluation_key(continual_run(tiny_config, data, "das", 4, show_progress=False).parts) == key
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)  # another thread count can round the sums another way
+        assert base_evaluation_key(parts) != key
+    finally:
+        torch.set_num_threads(threads)
+    masked = dataclasses.replace(tiny_config, dap=dataclasses.replace(tiny_config.dap, mlm_probability=0.2))
+    assert base_evaluation_key(continual_run(masked, prepare_data(masked), "ncl", 3, show_progress=False).parts) != key
 
 
 def test_record_carries_loss_metrics_and_representation_drift(tiny_config):
