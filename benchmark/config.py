@@ -57,7 +57,8 @@ class DapConfig:
     reverse the step)."""
     mlm_probability: float = setting(0.15, low=0, low_open=True, high=1, high_open=True)
     mixed_precision: str = setting("fp16", choices=("no", "fp16", "bf16"))
-    """``no``, ``fp16`` or ``bf16`` (passed to accelerate; ignored on CPU)."""
+    """``no``, ``fp16`` or ``bf16`` (passed to accelerate). On CPU ``bf16`` trains under bf16 autocast and ``fp16``
+    stays float32 (:func:`benchmark.engine.environment.cpu_mixed_precision`)."""
     max_corpus_lines: int | None = setting(None, low=1)
     """Read at most this many training lines of each corpus (None: all)."""
     heldout_fraction: float = setting(0.05, low=0, low_open=True, high=1, high_open=True)

@@ -279,6 +279,33 @@ def test_the_base_evaluation_cache_key_changes_with_what_moves_its_numbers(tiny_
     assert base_evaluation_key(continual_run(masked, prepare_data(masked), "ncl", 3, show_progress=False).parts) != key
 
 
+def test_bf16_on_cpu_is_its_own_run_that_trains_under_autocast_and_evaluates_in_float32(tiny_config, tmp_path):
+    """Issue #46: bf16 autocast on CPU is a named setting (``dap.mixed_precision=bf16``) with its own run id and
+    group, never a silent change; fp16, the GPU default, stays float32 on CPU as before."""
+    data = prepare_data(tiny_config)
+
+    def run(precision: str, work: str):
+        dap = dataclasses.replace(tiny_config.dap, mixed_precision=precision)
+        config = dataclasses.replace(tiny_config, dap=dap, work_dir=str(tmp_path / work))
+        return continual_run(config, data, "ncl", 3, show_progress=False)
+
+    fp32 = run("no", "first")
+    first = fp32.execute()
+    fp16 = run("fp16", "fp16")
+    assert fp16.parts.accelerator.mixed_precision == "no"
+    bf16 = run("bf16", "bf16")
+    assert bf16.parts.accelerator.mixed_precision == "bf16" and bf16.run_id != fp32.run_id
+    second = bf16.execute()
+    assert second["environment"]["mixed_precision"] == "bf16"
+    assert second["lm_loss"]["base"] == first["lm_loss"]["base"]  # held-out evaluation stays float32
+    assert [d["loss_log"] for d in second["domains"]] != [d["loss_log"] for d in first["domains"]]
+    assert all(math.isfinite(v) for row in second["lm_loss"]["after_domain"] for v in row.values())
+    again = run("no", "again").execute()  # the same process back in float32: the first run's numbers
+    assert again["environment"]["mixed_precision"] == "no"
+    assert [d["loss_log"] for d in again["domains"]] == [d["loss_log"] for d in first["domains"]]
+    assert again["lm_loss"] == first["lm_loss"]
+
+
 def test_record_carries_loss_metrics_and_representation_drift(tiny_config):
     record = continual_run(tiny_config, prepare_data(tiny_config), "ncl", 3, show_progress=False).execute()
     metrics = record["lm_loss"]["metrics"]
