@@ -96,10 +96,10 @@ def continual_run(config: RunConfig, data, method: str, seed: int, show_progress
 def validate_config(config: RunConfig) -> None:
     """Every check that needs no data: methods, their options, the end-task protocol, the DAP budget, seeds, names
     that become paths."""
-    from benchmark.protocols import get_protocol
+    from benchmark.protocols import protocols_of
     from benchmark.registry import default_registry
 
-    get_protocol(config.finetune.protocol)  # a registered one, named before any work
+    protocols_of(config.finetune)  # registered ones, named before any work
     registry = default_registry()
     for name in config.methods:
         registry.get(name)  # unknown names fail here, before any work

@@ -57,8 +57,7 @@ class DapConfig:
     reverse the step)."""
     mlm_probability: float = setting(0.15, low=0, low_open=True, high=1, high_open=True)
     mixed_precision: str = setting("fp16", choices=("no", "fp16", "bf16"))
-    """``no``, ``fp16`` or ``bf16`` (passed to accelerate). On CPU ``bf16`` trains under bf16 autocast and ``fp16``
-    stays float32 (:func:`benchmark.engine.environment.cpu_mixed_precision`)."""
+    """Passed to accelerate; on CPU bf16 is autocast, fp16 float32 (``environment.cpu_mixed_precision``)."""
     max_corpus_lines: int | None = setting(None, low=1)
     """Read at most this many training lines of each corpus (None: all)."""
     heldout_fraction: float = setting(0.05, low=0, low_open=True, high=1, high_open=True)
@@ -157,6 +156,8 @@ class FinetuneConfig:
     fit a logistic regression (scikit-learn) on the training split: several times cheaper and seed-free, so it
     measures what DAP left in the representations on budgets where full fine-tuning of a small model stays at the
     majority class. ``lm_eval``: a decoder scored zero-shot by lm-evaluation-harness over the label words."""
+    beside: str | None = setting(None, checked_by="the end-task protocol registry (benchmark.protocols.get_protocol)")
+    """A second protocol for the diagonal and last row, same checkpoints (``end_tasks_beside``; issue #46)."""
     probe_c: float = setting(1.0, low=0, low_open=True, high=1e6)
     """Inverse L2 strength of the probe's logistic regression (on standardised features)."""
     lr: float = setting(3e-5, low=0, low_open=True, high=1)
@@ -475,20 +476,20 @@ def _mini_rung(profile: str, factor: int) -> RunConfig:
 
 
 def _mini_4x() -> RunConfig:
-    """The budget ladder's middle rung (issue #46): ``mini`` with 4x its DAP updates per domain (96 updates, 98K
-    tokens), all else equal, so its group differs from ``mini``'s only in ``dap.steps`` (the report reads the rungs as
-    one ladder). At the mini rung's measured one-thread speeds (NCL 513 tokens/s, DAS 189) a run's DAP takes about
-    19 min (NCL) to 52 min (DAS) over six domains, plus the same evaluation as ``mini``."""
+    """The budget ladder's middle rung (issue #46): ``mini`` with 4x its DAP updates (96, 98K tokens per domain), all
+    else equal. At one thread (NCL 513 tokens/s, DAS 189) DAP takes about 19 min (NCL) to 52 min (DAS)."""
     return _mini_rung("mini-4x", 4)
 
 
 def _mini_pass() -> RunConfig:
-    """The budget ladder's top rung (issue #46): ``mini`` with 12x its DAP updates (288 updates of 16 x 64 tokens,
-    295K tokens per domain: about one pass over a domain's training text at the 1500-line cap, which packs into 1.9K
-    (camera) to 7.5K (pubmed) chunks of 64 tokens with the small model's tokenizer, 4.6K chunks at this budget). At
-    the one-thread speeds above a run's DAP takes about 1 h (NCL) to 2.6 h (DAS): the ladder spans sessions and
-    resumes from stage checkpoints."""
-    return _mini_rung("mini-pass", 12)
+    """The budget ladder's top rung (issue #46): ``mini`` with 12x its DAP updates (288 of 16 x 64 tokens, 295K tokens
+    per domain: about one pass over a domain's text at the 1500-line cap, 1.9K (camera) to 7.5K (pubmed) chunks of 64
+    tokens). DAP takes about 1 h (NCL) to 2.6 h (DAS) at one thread. Beside the probe, the diagonal and last row are
+    fine-tuned (``finetune.beside``): 3 epochs of the 500 training examples at lr 3e-4 (measured on the
+    base model: restaurant 50.5 macro-F1, ACL-ARC 17.7, above the majority class; 2-4 min a cell)."""
+    rung = _mini_rung("mini-pass", 12)
+    settings = {"beside": "finetune", "lr": 3e-4, "epochs": {}, "default_epochs": 3.0}
+    return dataclasses.replace(rung, finetune=dataclasses.replace(rung.finetune, **settings))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 from benchmark.config import RunConfig
 from benchmark.errors import DapbenchError
 from benchmark.io import path_inside, unlinked_path
-from benchmark.protocols import get_protocol
+from benchmark.protocols import protocols_of
 from benchmark.records.store import load_records
 
 
@@ -33,7 +33,8 @@ def check_run_data(config: RunConfig, data) -> None:
     from benchmark.settings import check_known_keys
 
     check_known_keys("finetune.epochs", config.finetune.epochs, _suite_tasks(config), "end task")
-    get_protocol(config.finetune.protocol).check(config, data)
+    for protocol in protocols_of(config.finetune):
+        protocol.check(config, data)
     check_measurable(config, data)
 
 

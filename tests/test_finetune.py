@@ -2,10 +2,12 @@ import dataclasses
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from benchmark.config import FinetuneConfig
 from benchmark.data.endtasks import EncodedTask
+from benchmark.errors import DapbenchError
 from benchmark.protocols.finetune import _train_loader
 from benchmark.protocols.linear_probe import encoder_features, probe_and_evaluate
 
@@ -100,3 +102,82 @@ def test_an_end_task_classifier_is_fp32_even_from_a_bf16_checkpoint(tiny_model, 
     assert AutoModelForMaskedLM.from_pretrained(stored).dtype == torch.bfloat16  # what transformers 5 loads by itself
     classifier = classifier_from_checkpoint(stored, num_labels=3)
     assert {p.dtype for p in classifier.parameters()} == {torch.float32}  # fine-tuned in fp32, as DAP trains
+
+
+def _beside(config, protocol: str, beside: str | None):
+    finetune = dataclasses.replace(config.finetune, protocol=protocol, beside=beside)
+    return dataclasses.replace(config, finetune=finetune)
+
+
+def test_a_protocol_beside_scores_every_cell_again_without_moving_the_runs_own_numbers(tiny_config, tmp_path):
+    """Issue #46: ``finetune.beside`` fine-tunes the diagonal and last row the linear probe scores, from the same
+    checkpoints; the probe's numbers are those of a run without it, and the record checks both sets against their
+    predictions."""
+    from benchmark.api import continual_run
+    from benchmark.data.inputs import prepare_data
+    from benchmark.records.checks import check_record
+
+    data = prepare_data(tiny_config)
+    alone = continual_run(_beside(tiny_config, "linear_probe", None), data, "ncl", 3, show_progress=False).execute()
+    both_config = dataclasses.replace(_beside(tiny_config, "linear_probe", "finetune"), work_dir=str(tmp_path / "b"))
+    run = continual_run(both_config, data, "ncl", 3, show_progress=False)
+    both = run.execute()
+    assert both["run_id"] != alone["run_id"]
+    assert both["matrices"] == alone["matrices"] and both["predictions"] == alone["predictions"]
+    assert both["lm_loss"] == alone["lm_loss"]
+    fine_tuned = both["end_tasks_beside"]["finetune"]
+    assert set(fine_tuned["predictions"]) == set(both["predictions"]) == {"0/0", "1/0", "1/1"}  # two domains: all
+    assert fine_tuned["summary"]["macro_f1"]["final"] is not None
+    assert (run.layout.root / "finetune" / "row1-task1-finetune.json").is_file()
+    check_record(both)
+    fine_tuned["matrices"]["acc"][1][1] = 1.5 - fine_tuned["matrices"]["acc"][1][1]  # an edited beside score
+    with pytest.raises(DapbenchError, match=r"end_tasks_beside\.finetune\.matrices\.acc\[1\]\[1\]"):
+        check_record(both)
+
+
+@pytest.mark.parametrize(
+    ("beside", "message"),
+    [("linear_probe", "is the run's protocol already"), ("nope", "invalid finetune.beside='nope'")],
+)
+def test_a_protocol_beside_that_cannot_be_is_refused_by_name_before_any_work(tiny_config, beside, message):
+    from benchmark.api import validate_config
+
+    with pytest.raises(DapbenchError, match=message) as caught:
+        validate_config(_beside(tiny_config, "linear_probe", beside))
+    assert caught.value.fix
+
+
+def test_the_leaderboard_sets_fine_tuned_cells_against_the_probe_and_against_no_dap(world_root, tiny_model, tmp_path):
+    """The group's section on the protocol beside its own: per method both final macro-F1s, their gap, and the
+    fine-tuned score against ``none`` with a seed-bootstrap interval, on the leaderboard and the site."""
+    from conftest import TINY_DAP, TINY_FINETUNE, world_config
+
+    from benchmark.api import continual_run
+    from benchmark.data.inputs import prepare_data
+    from benchmark.io import atomic_write_json
+    from benchmark.report.beside import final_macro_f1
+    from benchmark.report.writer import write_report
+
+    world = world_config(world_root, tiny_model, tmp_path, TINY_DAP, TINY_FINETUNE)
+    config = _beside(world, "linear_probe", "finetune")
+    data = prepare_data(config)
+    records = [
+        continual_run(config, data, method, seed, show_progress=False).execute()
+        for method in ("none", "ncl")
+        for seed in (1, 2)
+    ]
+    for record in records:
+        atomic_write_json(tmp_path / "results" / "beside" / f"{record['run_id']}.json", record)
+    write_report(tmp_path)
+    board = (tmp_path / "leaderboard.md").read_text()
+    section = board[board.index("### End tasks: fine-tune beside the linear probe") :]
+    ncl = [r for r in records if r["method"] == "ncl"]
+    probe = np.mean([final_macro_f1(r) for r in ncl])
+    tuned = np.mean([final_macro_f1(r, "finetune") for r in ncl])
+    row = next(line for line in section.splitlines() if line.startswith("| `ncl` |"))
+    assert f"| {probe:.2f} ± " in row and f"| {tuned:.2f} ± " in row and f"| {tuned - probe:.2f} ± " in row
+    assert "beyond seed noise" in section
+    assert "beside it, fine-tuning" in board
+    (page,) = (tmp_path / "results" / "report" / "site").glob("group-*.html")
+    page = page.read_text()
+    assert "fine-tune beside the linear probe" in page

@@ -90,3 +90,24 @@ def test_the_ladder_reading_gives_taus_within_their_intervals_and_verdicts_betwe
     assert all(v.rungs == (0, 1) and v.better != v.worse for v in reading.verdicts)
     # none does not train: its held-out losses are the base model's at every rung
     assert reading.means["plasticity"]["none"][0] == reading.means["plasticity"]["none"][1]
+
+
+def test_a_top_rung_that_also_fine_tunes_beside_its_probe_is_still_a_rung_of_the_probe_ladder():
+    """The top rung fine-tunes beside its linear probe (``finetune.beside``) at a rate of its own: settings the probe
+    does not read leave the rungs one ladder; a setting it reads (``probe_c``) does not."""
+    from types import SimpleNamespace
+
+    from benchmark.report.ladder import find_ladders
+
+    def group(key: str, steps: int, **finetune):
+        finetune = {"protocol": "linear_probe", **finetune}
+        config = {"dap": {"steps": steps, "batch_size": 16, "seq_len": 64}, "finetune": finetune}
+        payload = {"config": {"dap": {"steps": steps}, "finetune": finetune}, "model": "m"}
+        stats = SimpleNamespace(references={}, part={"method": ["ncl"]})
+        return SimpleNamespace(key=key, orders=None, payload=payload, records=[{"config": config}]), stats
+
+    bottom, top = group("mini", 24), group("mini-pass", 288, beside="finetune", lr=3e-4, default_epochs=3)
+    (ladder,) = find_ladders([(g, s, {}) for g, s in (bottom, top)])
+    assert [r.key for r in ladder.rungs] == ["mini", "mini-pass"]
+    other = group("mini-pass-c", 288, probe_c=0.1)
+    assert find_ladders([(g, s, {}) for g, s in (bottom, other)]) == []

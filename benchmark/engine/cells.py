@@ -7,89 +7,120 @@ import contextlib
 import time
 
 from benchmark.engine.parts import RunParts
+from benchmark.engine.schedule import BESIDE_MATRIX
 from benchmark.engine.stages import StageModels
 from benchmark.engine.workfiles import finished, read_work_file, write_work_file
 from benchmark.errors import error_context
 from benchmark.method import FinetuneContext
-from benchmark.protocols import LANGUAGE_MODEL, get_protocol
+from benchmark.protocols import LANGUAGE_MODEL, EndTaskProtocol, protocols_of
 
 SCORES = ("acc", "macro_f1", "micro_f1")
 """The end-task scores of every cell A[t][k] (fractions)."""
 
 
 class EndTaskRunner:
-    """The cells A[t][k]: each end task fine-tuned (or probed) from checkpoint t, once."""
+    """The cells A[t][k]: each end task fine-tuned (or probed) from checkpoint t, once per protocol the run scores
+    with (``finetune.protocol``, and ``finetune.beside`` when set)."""
 
     def __init__(self, parts: RunParts, models: StageModels):
         self.parts, self.models = parts, models
 
-    def run_row(self, t: int, on_cell_done=lambda: None) -> None:
-        """Every cell of row ``t`` that the matrix mode asks for and that is not finished yet."""
-        from transformers import set_seed
+    def protocols(self) -> list[EndTaskProtocol]:
+        """The run's protocols: its own first, then the one beside it, if any."""
+        return protocols_of(self.parts.config.finetune)
 
+    def run_row(self, t: int, on_cell_done=lambda: None) -> None:
+        """Every cell of row ``t`` that the matrix mode asks for and that is not finished yet, under each protocol
+        (the run's own first)."""
         p, row_key, acc = self.parts, self.parts.schedule.row_key(t), self.parts.accelerator
-        protocol = get_protocol(p.config.finetune.protocol)
-        todo = [k for k in p.schedule.row_tasks(t) if not self._finished(row_key, k)]
+        cells = [
+            (k, protocol, beside)
+            for beside, protocol in zip(self._besides(), self.protocols(), strict=True)
+            for k in self._row_tasks(t, beside)
+        ]
+        todo = [(k, protocol, beside) for k, protocol, beside in cells if not self._finished(row_key, k, beside)]
         mine = todo[acc.process_index :: acc.num_processes]  # several processes take whole fine-tunes each
-        p.skip_phases(len(p.schedule.row_tasks(t)) - len(todo))
+        p.skip_phases(len(cells) - len(todo))
         dap_model = self.models.load(t) if mine else None
-        for i, k in enumerate(mine):
-            task = p.data.tasks[p.data.domains[k]]
-            domain_id = k if p.method.capabilities.needs_domain_id_at_finetune else None
-            ctx = FinetuneContext(
-                p.layout.verified_checkpoint(t), dap_model, task.num_labels, task_domain_index=domain_id
-            )
-            start = time.perf_counter()
-            seed = p.seed + p.config.finetune.seed_offset
-            # Seeded before the classifier exists: its fresh head must not depend on what ran before
-            # (a resumed run skips work and would otherwise draw a different head).
-            set_seed(seed)
-            model = p.method.end_task_model(ctx, protocol.scores).to(p.accelerator.device)
-            phase = f"end task {i + 1}/{len(mine)} {task.name} ({protocol.words})"
-            # A protocol that scores the language model sees it as the method serves the task's domain, as the
-            # held-out losses do (a task mask, a domain's prompt).
-            view = p.method.heldout_view(model, k) if protocol.scores == LANGUAGE_MODEL else contextlib.nullcontext()
-            with error_context(f"{p.where}, checkpoint after domain {t}, end task {task.name}"), p.phase(t, phase):
-                with view:
-                    result = protocol.evaluate(model, task, p.data.tokenizer, p.config.finetune, seed, p.accelerator)
-            report = p.method.finetune_report(model)
-            cell = {"row": t, "task": task.name, **result, **({"method_report": report} if report else {})}
-            cell["seconds"] = round(time.perf_counter() - start, 3)
-            write_work_file(p.layout.finetune_cell(row_key, k), cell)
-            p.tracker.log_values(f"end_task/{task.name}/after_{t}", result)
+        for i, (k, protocol, beside) in enumerate(mine):
+            self._score(t, k, protocol, beside, dap_model, f"{i + 1}/{len(mine)}")
             on_cell_done()
         acc.wait_for_everyone()  # every cell of the row is on disk before anyone reads the matrix or trains on
         p.skip_phases(len(todo) - len(mine))  # the cells the other processes scored
 
+    def _score(self, t: int, k: int, protocol: EndTaskProtocol, beside: str | None, dap_model, counter: str) -> None:
+        """Score cell A[t][k] under ``protocol`` and write its work file."""
+        from transformers import set_seed
+
+        p, row_key = self.parts, self.parts.schedule.row_key(t)
+        task = p.data.tasks[p.data.domains[k]]
+        domain_id = k if p.method.capabilities.needs_domain_id_at_finetune else None
+        ctx = FinetuneContext(p.layout.verified_checkpoint(t), dap_model, task.num_labels, task_domain_index=domain_id)
+        start = time.perf_counter()
+        seed = p.seed + p.config.finetune.seed_offset
+        # Seeded before the classifier exists: its fresh head must not depend on what ran before
+        # (a resumed run skips work and would otherwise draw a different head).
+        set_seed(seed)
+        model = p.method.end_task_model(ctx, protocol.scores).to(p.accelerator.device)
+        phase = f"end task {counter} {task.name} ({protocol.words})"
+        # A protocol that scores the language model sees it as the method serves the task's domain, as the
+        # held-out losses do (a task mask, a domain's prompt).
+        view = p.method.heldout_view(model, k) if protocol.scores == LANGUAGE_MODEL else contextlib.nullcontext()
+        with error_context(f"{p.where}, checkpoint after domain {t}, end task {task.name}"), p.phase(t, phase):
+            with view:
+                result = protocol.evaluate(model, task, p.data.tokenizer, p.config.finetune, seed, p.accelerator)
+        report = p.method.finetune_report(model)
+        cell = {"row": t, "task": task.name, **result, **({"method_report": report} if report else {})}
+        cell["seconds"] = round(time.perf_counter() - start, 3)
+        write_work_file(p.layout.finetune_cell(row_key, k, beside), cell)
+        where = "end_task" if beside is None else f"end_task_{beside}"
+        p.tracker.log_values(f"{where}/{task.name}/after_{t}", result)
+
     def seconds(self) -> float | None:
-        """Seconds the finished cells took together (their models built, trained or probed, and scored); None where
-        a cell was made before cells recorded their time."""
-        seconds = [cell.get("seconds") for _, _, cell in self._cells()]
+        """Seconds the finished cells took together, under every protocol (their models built, trained or probed,
+        and scored); None where a cell was made before cells recorded their time."""
+        seconds = [cell.get("seconds") for beside in self._besides() for _, _, cell in self._cells(beside)]
         return None if None in seconds else sum(seconds)
 
-    def _cells(self):
-        """Every finished cell the matrix mode asks for, as ``(t, k, its work file's contents)``, row by row."""
+    def _besides(self) -> list[str | None]:
+        """The cell-file tags of the run's protocols: None for its own, the name of the one beside it."""
+        return [None, *(q.name for q in self.protocols()[1:])]
+
+    def _row_tasks(self, t: int, beside: str | None) -> list[int]:
+        """The columns of row ``t`` a protocol scores: the run's matrix mode for its own, the diagonal and last row
+        for the one beside it (:data:`~benchmark.engine.schedule.BESIDE_MATRIX`)."""
+        return self.parts.schedule.row_tasks(t, None if beside is None else BESIDE_MATRIX)
+
+    def _cells(self, beside: str | None = None):
+        """Every finished cell the protocol asks for, as ``(t, k, its work file's contents)``, row by row."""
         p = self.parts
         for t in p.schedule.stages():
-            for k in p.schedule.row_tasks(t):
-                yield t, k, read_work_file(p.layout.finetune_cell(p.schedule.row_key(t), k), "fine-tune result")
+            for k in self._row_tasks(t, beside):
+                path = p.layout.finetune_cell(p.schedule.row_key(t), k, beside)
+                yield t, k, read_work_file(path, "fine-tune result")
 
-    def _finished(self, row_key: str, k: int) -> bool:
+    def _finished(self, row_key: str, k: int, beside: str | None = None) -> bool:
         """Whether cell ``k`` of row ``row_key`` is done (its file intact; a corrupt one is moved aside and redone)."""
-        path, main = self.parts.layout.finetune_cell(row_key, k), self.parts.accelerator.is_main_process
+        path, main = self.parts.layout.finetune_cell(row_key, k, beside), self.parts.accelerator.is_main_process
         return finished(path, "fine-tune result", main)
 
-    def matrices(self) -> tuple[dict[str, list[list[float | None]]], dict[str, list[int]], dict[str, dict]]:
+    def matrices(self, beside: str | None = None):
         """A[t][k] per score from the finished cells (None where the matrix mode skips a cell), each cell's test
         predictions keyed ``t/k`` (what the report bootstraps the test sample over) and the method's reports on the
-        cells' fine-tuned models (``finetune_report``; empty for most methods)."""
+        cells' fine-tuned models (``finetune_report``; empty for most methods); those of the protocol ``beside`` the
+        run's own when named."""
         size = len(self.parts.data.domains)
         out: dict[str, list[list[float | None]]] = {m: [[None] * size for _ in range(size)] for m in SCORES}
         predictions, reports = {}, {}
-        for t, k, cell in self._cells():
+        for t, k, cell in self._cells(beside):
             for metric in out:
                 out[metric][t][k] = cell[metric]
             predictions[f"{t}/{k}"] = cell["predictions"]
             if "method_report" in cell:
                 reports[f"{t}/{k}"] = cell["method_report"]
         return out, predictions, reports
+
+    def beside(self) -> dict[str, tuple] | None:
+        """The matrices, predictions and reports of the protocol beside the run's own, by its name (None without)."""
+        names = [q.name for q in self.protocols()[1:]]
+        return {name: self.matrices(name) for name in names} or None

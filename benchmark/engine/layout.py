@@ -8,6 +8,7 @@ One directory per run id under ``<work_dir>/runs/``::
     domain-<t>.json         domain t is finished: its training and held-out statistics
     checkpoint-<t>/         model, tokenizer, method state and RNG after domain t (written atomically)
     finetune/<row>-task<k>.json   one finished cell A[t][k]
+    finetune/<row>-task<k>-<protocol>.json   the same cell scored by the protocol beside (``finetune.beside``)
 
 A file exists only when its unit of work is complete, so resuming is "skip what exists".
 Checkpoints hold tensors and plain values only and are read with ``weights_only``: resuming from a
@@ -46,9 +47,11 @@ class RunPaths:
         """The statistics file whose existence marks domain ``t`` as finished."""
         return self.root / f"domain-{t}.json"
 
-    def finetune_cell(self, row_key: str, k: int) -> Path:
-        """The result file of end task ``k`` fine-tuned from checkpoint ``row_key``."""
-        return self.root / "finetune" / f"{row_key}-task{k}.json"
+    def finetune_cell(self, row_key: str, k: int, beside: str | None = None) -> Path:
+        """The result file of end task ``k`` fine-tuned from checkpoint ``row_key`` (scored by the protocol
+        ``beside`` the run's own, when named: ``finetune.beside``)."""
+        name = f"{row_key}-task{k}" if beside is None else f"{row_key}-task{k}-{beside}"
+        return self.root / "finetune" / f"{name}.json"
 
     @property
     def base_losses(self) -> Path:

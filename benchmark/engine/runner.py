@@ -80,7 +80,8 @@ class ContinualRun:
         clock = RunClock(p.layout.clock)
         p.tracker.start()
         shown = p.show_progress and p.accelerator.is_main_process
-        p.progress = RunProgress(p.where, self.position, p.data.domains, run_phases(p.schedule), enabled=shown)
+        phases = run_phases(p.schedule, beside=len(self.end_tasks.protocols()) > 1)
+        p.progress = RunProgress(p.where, self.position, p.data.domains, phases, enabled=shown)
         try:
             self._stages(clock)
         finally:
@@ -172,6 +173,7 @@ def _record(run: ContinualRun, clock: RunClock) -> RunRecord:
         data=p.data,
         stage_stats=stats,
         cells=run.end_tasks.matrices(),
+        beside=run.end_tasks.beside(),
         base_losses=run.base.losses(),
         base_chunk_sums=run.base.chunk_sums(),
         base_anisotropy={name: round(anisotropy(v), 5) for name, v in run.base.features().items()},

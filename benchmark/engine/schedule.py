@@ -66,12 +66,13 @@ class StageSchedule:
         """The global step count before stage ``t`` (0 where the stage is a run of its own from the base model)."""
         return 0 if self.caps.joint_training or self.caps.retrains_on_seen else t * self.steps_per_domain
 
-    def row_tasks(self, t: int) -> list[int]:
-        """Columns k of row t that the matrix mode asks for. A per-domain method (the ONE family) scores each end
-        task with its own domain's model: only the diagonal enters any summary, so no other cell is computed."""
+    def row_tasks(self, t: int, matrix: str | None = None) -> list[int]:
+        """Columns k of row t that the matrix mode (the run's, or ``matrix``) asks for. A per-domain method (the ONE
+        family) scores each end task with its own domain's model: only the diagonal enters any summary, so no other
+        cell is computed."""
         if self.caps.independent_per_domain:
             return [t]
-        if self.matrix == "full" or t == self.num_domains - 1:
+        if (matrix or self.matrix) == "full" or t == self.num_domains - 1:
             return list(range(t + 1))
         return [t]
 
@@ -86,6 +87,16 @@ def stage_phases(schedule: StageSchedule) -> int:
     return 2 if schedule.trains() else 1
 
 
-def run_phases(schedule: StageSchedule) -> int:
-    """Every phase of a run on its progress line: the base model's evaluation, each stage's, each end-task cell."""
-    return 1 + sum(stage_phases(schedule) + len(schedule.row_tasks(t)) for t in schedule.stages())
+BESIDE_MATRIX = "final"
+"""The cells a protocol beside the run's own scores (``finetune.beside``): the diagonal and the last row, what the
+final scores and forgetting need, whatever the run's matrix mode (a second protocol over the whole triangle would
+cost as much again)."""
+
+
+def run_phases(schedule: StageSchedule, beside: bool = False) -> int:
+    """Every phase of a run on its progress line: the base model's evaluation, each stage's, each end-task cell (and
+    each cell scored ``beside`` the run's protocol)."""
+    cells = sum(len(schedule.row_tasks(t)) for t in schedule.stages())
+    if beside:
+        cells += sum(len(schedule.row_tasks(t, BESIDE_MATRIX)) for t in schedule.stages())
+    return 1 + len(schedule.stages()) * stage_phases(schedule) + cells

@@ -38,6 +38,24 @@ def get_protocol(name: str) -> EndTaskProtocol:
     return PROTOCOLS[name]
 
 
+def protocols_of(settings) -> list[EndTaskProtocol]:
+    """The protocols a run scores its cells with: ``finetune.protocol``, then ``finetune.beside`` if set (named
+    errors for unregistered names or a protocol beside itself); ``settings``: a run's ``FinetuneConfig``."""
+    first = get_protocol(settings.protocol)
+    if settings.beside is None:
+        return [first]
+    if settings.beside == settings.protocol:
+        raise DapbenchError(
+            f"finetune.beside={settings.beside!r} is the run's protocol already",
+            "set finetune.beside to another protocol (e.g. finetune beside linear_probe), or leave it unset",
+        )
+    try:
+        second = get_protocol(settings.beside)
+    except DapbenchError as exc:
+        raise DapbenchError(exc.problem.replace("finetune.protocol", "finetune.beside"), exc.fix) from None
+    return [first, second]
+
+
 def protocol_phrase(ft: dict) -> str:
     """How a record's end tasks were scored, in one phrase (its ``config.finetune``; a protocol not installed here
     reads as its name and sample sizes)."""
@@ -51,7 +69,15 @@ def protocol_short(ft: dict) -> str:
     return PROTOCOLS[name].short if name in PROTOCOLS else name
 
 
-__all__ = ["CLASSIFIER", "LANGUAGE_MODEL", "PROTOCOLS", "EndTaskProtocol", "get_protocol", "register_protocol"]
+__all__ = [
+    "CLASSIFIER",
+    "LANGUAGE_MODEL",
+    "PROTOCOLS",
+    "EndTaskProtocol",
+    "get_protocol",
+    "protocols_of",
+    "register_protocol",
+]
 
 # The built-in protocols register themselves on import (below the registry they fill).
 from benchmark.protocols import finetune, linear_probe, lm_eval  # noqa: E402, F401

@@ -28,6 +28,9 @@ class EndTaskProtocol:
     """What it scores: :data:`benchmark.method.CLASSIFIER` or :data:`benchmark.method.LANGUAGE_MODEL`."""
     trains: ClassVar[bool] = False
     """Whether it trains the scored model (its scores then depend on the fine-tune seed)."""
+    reads: ClassVar[tuple[str, ...] | None] = None
+    """The ``finetune`` settings its numbers depend on (None: all of them). Groups whose configurations differ only
+    in settings their protocol does not read are scored alike (the budget ladder reads them as rungs)."""
 
     def describe(self, ft: dict) -> str:
         """One phrase for the report on how a group's end tasks were scored, from a record's ``config.finetune``."""

@@ -25,6 +25,7 @@ class LinearProbe(EndTaskProtocol):
     name = "linear_probe"
     words = "linear probe"
     short = "probe"
+    reads = ("protocol", "probe_c", "max_length", "max_train_examples", "max_test_examples", "eval_batch_size")
 
     def describe(self, ft: dict) -> str:
         """The probe's features and regularisation, and the sample sizes."""

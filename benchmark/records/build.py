@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from benchmark.records.identity import recipe_label
 from benchmark.records.schema import (
     SCHEMA_VERSION,
     ChunkLosses,
+    EndTasksBeside,
     LossBlock,
     RunIdentityBlock,
     RunRecord,
@@ -38,11 +40,10 @@ def build_record(
     base_anisotropy: dict[str, float],
     timing: Timing,
     environment: dict[str, Any],
+    beside: dict[str, tuple] | None = None,
 ) -> RunRecord:
-    """The record of a finished run. ``stage_stats[t]`` is domain t's progress file (None: no model at t);
-    ``cells`` the matrices A[t][k] per score and each cell's test predictions."""
-    import dataclasses
-
+    """The record of a finished run. ``stage_stats[t]`` is domain t's progress file (None: no model at t); ``cells``
+    the matrices A[t][k] per score and each cell's test predictions (and ``beside``, those of a second protocol)."""
     caps, (matrices, predictions, reports) = method.capabilities, cells
     after_domain = [None if s is None else s["lm_loss"] for s in stage_stats]
     chunk_rows = [None if s is None else s["lm_loss_chunks"] for s in stage_stats]
@@ -81,7 +82,30 @@ def build_record(
         "domains": present,
         "environment": environment,
         "data_checksums": data.checksums,
-        **({"finetune_reports": reports} if reports else {}),  # only methods that report on fine-tuned models
+        **_optional_blocks(reports, beside, caps),
+    }
+
+
+def _optional_blocks(reports: dict, beside: dict[str, tuple] | None, caps) -> dict[str, Any]:
+    """The blocks only some records carry: the method's reports on its fine-tuned models (DoMIX) and the cells of the
+    protocol beside the run's own (``finetune.beside``)."""
+    out: dict[str, Any] = {}
+    if reports:
+        out["finetune_reports"] = reports
+    if beside:
+        out["end_tasks_beside"] = _beside_block(beside, caps)
+    return out
+
+
+def _beside_block(beside: dict[str, tuple], caps) -> dict[str, EndTasksBeside]:
+    """Per protocol scored beside the run's own: its matrices, their summaries and each cell's test predictions."""
+    return {
+        name: {
+            "matrices": matrices,
+            "summary": {metric: _summary(m, caps) for metric, m in matrices.items()},
+            "predictions": predictions,
+        }
+        for name, (matrices, predictions, _) in beside.items()
     }
 
 

@@ -109,20 +109,30 @@ def _derived_problems(record: dict[str, Any]) -> list[str]:
     for key, value in record["lm_loss"]["metrics"].items():
         if not _same(value, metrics.get(key)):
             out.append(f"lm_loss.metrics.{key} {value} is not what its held-out losses give ({metrics.get(key)})")
-    for score, block in record["summary"].items():
-        expected = summary_of(record["matrices"][score], record["capabilities"])
-        for key in set(block or {}) | set(expected or {}):
-            got, want = (block or {}).get(key), (expected or {}).get(key)
-            if not _same(got, want):
-                out.append(f"summary.{score}.{key} {got} is not what its matrix gives ({want})")
-    return out + _chunk_problems(record) + _prediction_problems(record)
+    for where, cells in _end_task_blocks(record):
+        for score, block in cells["summary"].items():
+            expected = summary_of(cells["matrices"][score], record["capabilities"])
+            for key in set(block or {}) | set(expected or {}):
+                got, want = (block or {}).get(key), (expected or {}).get(key)
+                if not _same(got, want):
+                    out.append(f"{where}summary.{score}.{key} {got} is not what its matrix gives ({want})")
+        out += _prediction_problems(record, where, cells)
+    return out + _chunk_problems(record)
 
 
-def _prediction_problems(record: dict[str, Any]) -> list[str]:
+def _end_task_blocks(record: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every set of end-task cells a record holds, with where it sits: the run's own protocol's (the record's
+    ``matrices``, ``summary`` and ``predictions``), then each protocol's beside it (``end_tasks_beside``)."""
+    yield "", record
+    for name, block in (record.get("end_tasks_beside") or {}).items():
+        yield f"end_tasks_beside.{name}.", block
+
+
+def _prediction_problems(record: dict[str, Any], where: str, cells: dict[str, Any]) -> list[str]:
     """Every scored cell's scores are what its test predictions give against the task's test labels."""
     from benchmark.metrics import classification_scores
 
-    predictions, labels = record.get("predictions"), record.get("test_labels")
+    predictions, labels = cells.get("predictions"), record.get("test_labels")
     if not predictions or not labels:
         return []
     out = []
@@ -130,17 +140,17 @@ def _prediction_problems(record: dict[str, Any]) -> list[str]:
         t, k = map(int, cell.split("/"))
         task = labels[record["end_tasks"][k]]
         if len(predicted) != len(task["labels"]):
-            out.append(f"predictions {cell} do not cover the test set of {record['end_tasks'][k]}")
+            out.append(f"{where}predictions {cell} do not cover the test set of {record['end_tasks'][k]}")
             continue
         scores = classification_scores(task["labels"], predicted, task["classes"])
         for score, value in scores.items():
-            recorded = record["matrices"][score][t][k]
+            recorded = cells["matrices"][score][t][k]
             if not _same(recorded, value):
-                out.append(f"matrices.{score}[{t}][{k}] {recorded} is not what its predictions give ({value})")
-    matrix = record["matrices"]["acc"]
+                out.append(f"{where}matrices.{score}[{t}][{k}] {recorded} is not what its predictions give ({value})")
+    matrix = cells["matrices"]["acc"]
     computed = {f"{t}/{k}" for t, row in enumerate(matrix) for k, v in enumerate(row) if v is not None}
     if computed != set(predictions):
-        out.append("the scored cells and the cells with predictions differ")
+        out.append(f"{where}the scored cells and the cells with predictions differ")
     return out
 
 

@@ -121,6 +121,15 @@ class UpdateSizesMeasured(TypedDict):
     absent where every stage number was."""
 
 
+class EndTasksBeside(TypedDict):
+    """The cells of one protocol scored beside the run's own (``finetune.beside``), as the record keeps the run's own:
+    ``matrices`` per score, their ``summary`` and each cell's test ``predictions``."""
+
+    matrices: dict[str, list[list[float | None]]]
+    summary: dict[str, dict[str, float | None] | None]
+    predictions: dict[str, list[int]]
+
+
 class RunIdentityBlock(TypedDict, total=False):
     """The code and options a run id hashed besides the record's config, sequence and checksums."""
 
@@ -192,12 +201,15 @@ class RunRecord(TypedDict):
     finetune_reports: NotRequired[dict[str, dict[str, Any]]]
     """Per cell ``t/k``: what the method reports about its fine-tuned model (DoMIX's learned bridge); present only
     for methods that report something."""
+    end_tasks_beside: NotRequired[dict[str, EndTasksBeside]]
+    """Per protocol scored beside ``config.finetune.protocol`` (``finetune.beside``): the same cells under it; present
+    only in runs that ask for one."""
     update_sizes_measured: NotRequired[UpdateSizesMeasured]
     """Present only in a record made before per-stage ``update_sizes`` were measured, whose sizes were added later
     by a stages-only re-run that matched it."""
 
 
-OPTIONAL = ("finetune_reports", "update_sizes_measured")
+OPTIONAL = ("finetune_reports", "end_tasks_beside", "update_sizes_measured")
 """Fields only some records carry (declared ``NotRequired``; the annotations are strings here, so named again)."""
 
 REQUIRED = tuple(name for name in RunRecord.__annotations__ if name not in OPTIONAL)

@@ -19,6 +19,7 @@ from itertools import combinations
 
 import numpy as np
 
+from benchmark.protocols import PROTOCOLS
 from benchmark.report.frame import END_TASK_COLUMNS, Column, loss_columns, tokens_per_domain
 from benchmark.report.statistics import REPLICATES, GroupStatistics
 
@@ -58,7 +59,9 @@ class Ladder:
 
 def find_ladders(sections: list[tuple]) -> list[Ladder]:
     """The ladders among a leaderboard's ``(group, statistics, plots)`` sections: two or more groups whose payloads
-    are equal once ``dap.steps`` is left out (parts of a group split by domain orders are left out)."""
+    are equal once ``dap.steps`` is left out, and with it the end-task settings the groups' protocol does not read
+    (a top rung that also fine-tunes beside its probe, ``finetune.beside``, at its own rate, is scored alike by the
+    probe). Parts of a group split by domain orders are left out."""
     by_key: dict[str, list[Rung]] = {}
     for group, stats, _ in sections:
         if group.orders:
@@ -67,6 +70,7 @@ def find_ladders(sections: list[tuple]) -> list[Ladder]:
         dap = payload.get("config", {}).get("dap", {})
         steps = int(group.records[0]["config"]["dap"]["steps"])
         dap.pop("steps", None)
+        _keep_what_the_protocol_reads(payload.get("config", {}), group.records[0]["config"]["finetune"])
         key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
         by_key.setdefault(key, []).append(Rung(stats, group.key, steps, tokens_per_domain(group.records[0])))
     ladders = []
@@ -75,6 +79,15 @@ def find_ladders(sections: list[tuple]) -> list[Ladder]:
             rungs = sorted(rungs, key=lambda r: r.steps)
             ladders.append(Ladder(rungs, key, rungs[-1].stats.references))
     return ladders
+
+
+def _keep_what_the_protocol_reads(config: dict, finetune: dict) -> None:
+    """Drop from a group payload's ``finetune`` section what its end-task protocol does not read (every setting is
+    kept for a protocol that does not say what it reads, or one not installed here)."""
+    protocol = PROTOCOLS.get(finetune.get("protocol", "finetune"))
+    reads = protocol.reads if protocol is not None else None
+    if reads is not None and "finetune" in config:
+        config["finetune"] = {k: v for k, v in config["finetune"].items() if k in reads}
 
 
 def replicates(stats: GroupStatistics, label: str, column: Column, rng: np.random.Generator) -> np.ndarray | None:

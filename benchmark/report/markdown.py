@@ -14,6 +14,7 @@ import pandas as pd
 from benchmark.families import FAMILIES, MASKED_LM, ModelFamily
 from benchmark.metrics import GATES_UNLEARNED_BELOW, UNTRAINED_BELOW
 from benchmark.protocols import protocol_phrase
+from benchmark.report.beside import beside_markdown
 from benchmark.report.end_task_reading import end_task_reading
 from benchmark.report.escape import code, text
 from benchmark.report.frame import (
@@ -83,6 +84,7 @@ def leaderboard_markdown(
         lines += ["### Continual ({}, {})".format(*loss_unit(group.records[0])), ""]
         lines += table(stats, group_loss_columns(stats.part), "final gain", verdicts(stats), trailing=COST_COLUMNS)
         lines += ["", "### End tasks", "", *table(stats, END_TASK_COLUMNS, "final macro-F1"), ""]
+        lines += beside_markdown(group.records)
         lines += order_tables(stats)
         lines += plot_links(plots)
         lines += ["", "**Reading** (generated from the numbers above):", "", *group_reading(stats), ""]
@@ -134,7 +136,7 @@ def group_header(group: Group) -> list[str]:
         *_decoder_line(first),
         *_generated_world_line(first),
         *_absent_methods_line(group),
-        f"- end tasks: {protocol_phrase(ft)}; matrix {code(config['matrix'])}",
+        f"- end tasks: {protocol_phrase(ft)}{_beside_phrase(ft)}; matrix {code(config['matrix'])}",
         f"- made by commit(s) {', '.join(code(c) for c in commits)} on {text('; '.join(devices))}; {wall / 3600:.2f} h"
         " of run wall time in all (runs that shared the machine overlap)",
         "",
@@ -145,6 +147,12 @@ def group_header(group: Group) -> list[str]:
         "```",
         "</details>",
     ]
+
+
+def _beside_phrase(ft: dict) -> str:
+    """How the cells were scored beside the group's own protocol, if they were (``finetune.beside``)."""
+    beside = ft.get("beside")
+    return "" if not beside else f"; beside it, {protocol_phrase({**ft, 'protocol': beside})}"
 
 
 def generated_world_note(record: dict) -> str | None:

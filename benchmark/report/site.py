@@ -25,6 +25,7 @@ import numpy as np
 from benchmark.method import default_of
 from benchmark.protocols import protocol_phrase
 from benchmark.report.answer import short_answer
+from benchmark.report.beside import beside_markdown, beside_protocols
 from benchmark.report.frame import (
     FLAGS,
     by_label,
@@ -89,6 +90,7 @@ def site_files(
             columns=group_columns(view.stats.part),
             verdict_after=len(group_loss_columns(view.stats.part)),
             reading=_markdown(view.reading),
+            beside=_markdown(beside_markdown(view.group.records)) if beside_protocols(view.group.records) else None,
         )
         files[f"data/{view.key}.csv"] = _table_csv(view)
     for name, appearances in _methods(views).items():
