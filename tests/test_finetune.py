@@ -116,6 +116,7 @@ def test_a_protocol_beside_scores_every_cell_again_without_moving_the_runs_own_n
     from benchmark.api import continual_run
     from benchmark.data.inputs import prepare_data
     from benchmark.records.checks import check_record
+    from benchmark.records.reproduce import Tolerance, compare_records, key_numbers
 
     data = prepare_data(tiny_config)
     alone = continual_run(_beside(tiny_config, "linear_probe", None), data, "ncl", 3, show_progress=False).execute()
@@ -130,6 +131,8 @@ def test_a_protocol_beside_scores_every_cell_again_without_moving_the_runs_own_n
     assert fine_tuned["summary"]["macro_f1"]["final"] is not None
     assert (run.layout.root / "finetune" / "row1-task1-finetune.json").is_file()
     check_record(both)
+    assert compare_records(both, both, Tolerance(score=0.0, loss=0.0)) == []  # reproduce classifies every number
+    assert any(name.startswith("end_tasks_beside/finetune/matrices/") for name in key_numbers(both))
     fine_tuned["matrices"]["acc"][1][1] = 1.5 - fine_tuned["matrices"]["acc"][1][1]  # an edited beside score
     with pytest.raises(DapbenchError, match=r"end_tasks_beside\.finetune\.matrices\.acc\[1\]\[1\]"):
         check_record(both)

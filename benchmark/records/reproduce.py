@@ -170,6 +170,7 @@ NOT_RESULTS = MappingProxyType(
         "method_config/*": "settings, part of the run id",
         "identity/*": "what the run id hashed (checked when the record is read)",
         "predictions/*": "single test predictions: the scores made of them are compared, within the score tolerance",
+        "end_tasks_beside/*/predictions/*": "single test predictions of the protocol beside: its scores are compared",
         "test_labels/*": "data (its checksum is part of the run id)",
         "update_sizes_measured/*": "how update sizes measured later were added: the check of that re-run, not a result",
     }
@@ -180,6 +181,8 @@ classification of a path is cached, :func:`kind_of`)."""
 KIND_RULES = (
     ("summary/*", "score"),
     ("matrices/*", "score"),
+    ("end_tasks_beside/*/summary/*", "score"),
+    ("end_tasks_beside/*/matrices/*", "score"),
     ("majority_class/*", "score"),
     ("lm_loss/chunks/counts/*", "exact"),
     ("lm_loss/chunks/*", "chunk"),
