@@ -34,16 +34,27 @@ def short_answer(sections: list[tuple]) -> list[str]:
     first = group.records[0]
     dap = first["config"]["dap"]
     tokens = tokens_per_domain(first)
-    seeds = len({r["seed"] for r in group.records})
     lines = [
         f"At {dap['steps']} DAP updates of {dap['batch_size']} x {dap['seq_len']} tokens per domain ({tokens:,} tokens;"
-        f" group {code(group.key)}, {first['profile']} profile, {seeds} seeds), against naive continual DAP"
+        f" group {code(group.key)}, {first['profile']} profile, {_seeds(group.records)}), against naive continual DAP"
         f" ({code(naive)}), resolved by seeds and held-out sample alike:"
     ]
     lines += _best(stats, naive, "forgetting", "forgets least", "less")
     lines += _best(stats, naive, "general rise", "keeps general knowledge best", "less general-loss rise")
     lines += _end_tasks(stats, none)
     return ["## The short answer", "", *[f"- {line}" for line in lines], ""]
+
+
+def _seeds(records: list[dict]) -> str:
+    """How many seeds the group's rows have: ``3 seeds``, or ``3-5 seeds per row`` where rows differ (the comparisons
+    pair each row with the reference by seed, so a row's extra seeds do not enter them)."""
+    per_row: dict[str, set] = {}
+    for record in records:
+        per_row.setdefault(record["method_label"], set()).add(record["seed"])
+    counts = sorted({len(seeds) for seeds in per_row.values()})
+    if len(counts) > 1:
+        return f"{counts[0]}-{counts[-1]} seeds per row"
+    return f"{counts[0]} seed{'' if counts[0] == 1 else 's'}"
 
 
 def _answers(group) -> bool:
