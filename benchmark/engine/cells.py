@@ -33,11 +33,7 @@ class EndTaskRunner:
         """Every cell of row ``t`` that the matrix mode asks for and that is not finished yet, under each protocol
         (the run's own first)."""
         p, row_key, acc = self.parts, self.parts.schedule.row_key(t), self.parts.accelerator
-        cells = [
-            (k, protocol, beside)
-            for beside, protocol in zip(self._besides(), self.protocols(), strict=True)
-            for k in self._row_tasks(t, beside)
-        ]
+        cells = [(k, protocol, beside) for beside, protocol in self._tagged() for k in self._row_tasks(t, beside)]
         todo = [(k, protocol, beside) for k, protocol, beside in cells if not self._finished(row_key, k, beside)]
         mine = todo[acc.process_index :: acc.num_processes]  # several processes take whole fine-tunes each
         p.skip_phases(len(cells) - len(todo))
@@ -79,12 +75,14 @@ class EndTaskRunner:
     def seconds(self) -> float | None:
         """Seconds the finished cells took together, under every protocol (their models built, trained or probed,
         and scored); None where a cell was made before cells recorded their time."""
-        seconds = [cell.get("seconds") for beside in self._besides() for _, _, cell in self._cells(beside)]
+        seconds = [cell.get("seconds") for beside, _ in self._tagged() for _, _, cell in self._cells(beside)]
         return None if None in seconds else sum(seconds)
 
-    def _besides(self) -> list[str | None]:
-        """The cell-file tags of the run's protocols: None for its own, the name of the one beside it."""
-        return [None, *(q.name for q in self.protocols()[1:])]
+    def _tagged(self) -> list[tuple[str | None, EndTaskProtocol]]:
+        """Each protocol of the run with the tag of its cell files: None for the run's own, its name for the one
+        beside it."""
+        own, *others = self.protocols()
+        return [(None, own), *((q.name, q) for q in others)]
 
     def _row_tasks(self, t: int, beside: str | None) -> list[int]:
         """The columns of row ``t`` a protocol scores: the run's matrix mode for its own, the diagonal and last row
@@ -122,5 +120,4 @@ class EndTaskRunner:
 
     def beside(self) -> dict[str, tuple] | None:
         """The matrices, predictions and reports of the protocol beside the run's own, by its name (None without)."""
-        names = [q.name for q in self.protocols()[1:]]
-        return {name: self.matrices(name) for name in names} or None
+        return {name: self.matrices(name) for name, _ in self._tagged()[1:]} or None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmark.protocols import PROTOCOLS
+from benchmark.protocols import PROTOCOLS, protocol_short
 from benchmark.report.escape import code, text
 from benchmark.report.frame import by_label
 
@@ -54,12 +54,12 @@ def beside_markdown(records: list[dict]) -> list[str]:
 
 def _section(records: list[dict], beside: str) -> list[str]:
     own_name = records[0]["config"]["finetune"].get("protocol", "finetune")
-    own, other = _short(own_name), _short(beside)
-    rows = {
-        label: (np.array([final_macro_f1(r) for r in runs]), np.array([final_macro_f1(r, beside) for r in runs]))
-        for label, runs in by_label(records).items()
-        if all(final_macro_f1(r) is not None and final_macro_f1(r, beside) is not None for r in runs)
-    }
+    own, other = _words(own_name), _words(beside)
+    rows = {}
+    for label, runs in by_label(records).items():
+        pairs = [(final_macro_f1(r), final_macro_f1(r, beside)) for r in runs]
+        if all(None not in pair for pair in pairs):
+            rows[label] = (np.array([a for a, _ in pairs]), np.array([b for _, b in pairs]))
     baseline = rows.get(NO_DAP)
     lines = [
         f"### End tasks: {text(other)} beside the {text(own)}",
@@ -88,19 +88,20 @@ def _section(records: list[dict], beside: str) -> list[str]:
     lines.append("")
     if baseline is not None:
         named = ", ".join(code(label) for label in beats)
+        scored = text(protocol_short({"protocol": beside}))
         lines.append(
-            f"Beating `{NO_DAP}` on {text(_short(beside, 'short'))} end tasks beyond seed noise: {named}."
+            f"Beating `{NO_DAP}` on {scored} end tasks beyond seed noise: {named}."
             if beats
-            else f"No method beats `{NO_DAP}` on {text(_short(beside, 'short'))} end tasks beyond seed noise."
+            else f"No method beats `{NO_DAP}` on {scored} end tasks beyond seed noise."
         )
         lines.append("")
     return lines
 
 
-def _short(name: str, attribute: str = "words") -> str:
-    """A protocol in words (``words``) or fewer (``short``); its name where it is not installed here."""
+def _words(name: str) -> str:
+    """A protocol in words; its name where it is not installed here."""
     protocol = PROTOCOLS.get(name)
-    return getattr(protocol, attribute) if protocol is not None else name
+    return protocol.words if protocol is not None else name
 
 
 def _spread(values: np.ndarray) -> str:
