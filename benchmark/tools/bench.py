@@ -29,7 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmark.config import RunConfig
 from benchmark.data.inputs import RunData, prepare_data
-from benchmark.engine.environment import make_accelerator
+from benchmark.engine.environment import cpu_model, make_accelerator
 from benchmark.engine.optimizers import fused_adamw
 from benchmark.engine.runner import ContinualRun
 from benchmark.families import MASKED_LM
@@ -330,12 +330,7 @@ def device_name(device: torch.device) -> str:
     """The accelerator's marketing name, or the CPU's model name."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    with contextlib.suppress(OSError, StopIteration):
-        with open("/proc/cpuinfo") as info:
-            return next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
-    import platform
-
-    return platform.processor() or "cpu"
+    return cpu_model()
 
 
 def device_slug(name: str) -> str:
