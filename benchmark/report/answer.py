@@ -13,9 +13,10 @@ every domain's data at once (joint training on the union, ``pool``; the oracle t
 from __future__ import annotations
 
 from benchmark.families import MASKED_LM
-from benchmark.report.escape import code
+from benchmark.report.escape import code, text
 from benchmark.report.frame import GENERATED_WORLD, tokens_per_domain, untrained_flag
 from benchmark.report.reading import column_of
+from benchmark.report.speed import same_machine_speed
 from benchmark.report.statistics import GroupStatistics
 
 NOT_AN_ANSWER = (GENERATED_WORLD, "ci")
@@ -123,10 +124,14 @@ def _learning(c, naive: str) -> str:
 
 
 def _speed(stats: GroupStatistics, label: str, naive: str) -> str:
-    speed = stats.part.groupby("method")["tokens/s"].mean()
-    if label not in speed or naive not in speed or not speed[naive]:
-        return ""
-    return f", at {speed[label] / speed[naive]:.2f}x its DAP tokens per second"
+    """What the row's DAP costs in speed against ``naive``, only between runs on the same machine."""
+    found = same_machine_speed(stats.records, label, naive)
+    if found is None:
+        return f", its speed not measured on a machine of {code(naive)}'s runs"
+    return (
+        f", at {found.ratio:.2f}x its DAP tokens per second ({found.runs} against {found.reference_runs} runs on"
+        f" {text(found.machine)})"
+    )
 
 
 def _end_tasks(stats: GroupStatistics, none: str | None) -> list[str]:

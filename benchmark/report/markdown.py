@@ -29,6 +29,7 @@ from benchmark.report.frame import (
 )
 from benchmark.report.groups import Group, LeftOut, order_of
 from benchmark.report.reading import loss_reading, sibling_reading, variant_reading, verdicts
+from benchmark.report.speed import machine_counts, speed_reading
 from benchmark.report.statistics import GroupStatistics
 from benchmark.report.training_reading import training_reading
 
@@ -106,7 +107,7 @@ def leaderboard_markdown(
 def group_reading(stats: GroupStatistics) -> list[str]:
     """A group's reading: the sentences generated from its numbers (loss metrics, training, variants, siblings, end
     tasks), as Markdown list lines."""
-    readings = (loss_reading, training_reading, variant_reading, sibling_reading, end_task_reading)
+    readings = (loss_reading, training_reading, speed_reading, variant_reading, sibling_reading, end_task_reading)
     return [line for reading in readings for line in reading(stats)]
 
 
@@ -117,12 +118,10 @@ def group_header(group: Group) -> list[str]:
     seeds = sorted({r["seed"] for r in records})
     orders = sorted({order_of(r) for r in records})
     commits = sorted({(r["environment"].get("git_commit") or "unknown")[:12] for r in records})
-    devices = sorted(
-        {f"{r['environment']['device_name']}, {r['environment']['torch_threads']} torch thread(s)" for r in records}
-    )
     versions = sorted({f"{r['method']} v{(r.get('identity') or {}).get('method_version', '?')}" for r in records})
     dap, ft = config["dap"], config["finetune"]
     wall = sum(r["timing"]["wall_seconds"] for r in records)
+    machines = "; ".join(machine_counts(records))
     return [
         f"- group {code(group.key)}: {len(records)} runs of {len({r['method_label'] for r in records})} method"
         f" labels, seeds {', '.join(map(str, seeds))}, domain order(s) {', '.join(orders)}; numerics version"
@@ -137,7 +136,7 @@ def group_header(group: Group) -> list[str]:
         *_generated_world_line(first),
         *_absent_methods_line(group),
         f"- end tasks: {protocol_phrase(ft)}{_beside_phrase(ft)}; matrix {code(config['matrix'])}",
-        f"- made by commit(s) {', '.join(code(c) for c in commits)} on {text('; '.join(devices))}; {wall / 3600:.2f} h"
+        f"- made by commit(s) {', '.join(code(c) for c in commits)} on {text(machines)}; {wall / 3600:.2f} h"
         " of run wall time in all (runs that shared the machine overlap)",
         "",
         "<details><summary>every setting the group's records share (canonical: defaults left out)</summary>",

@@ -1,0 +1,100 @@
+"""DAP speed compared only between runs on the same machine.
+
+A record's tokens per second say as much about the machine as about the method: the project's CPU runs span an
+AVX2-only CPU and a faster AVX-512 one, and a ratio of two rows' means over a mix of both is a ratio of machines.
+So a speed ratio is taken only between records that name the same machine (:func:`machine_of`). Records made before
+records named their CPU model but after they named its float kernels are taken as one machine per kernel set (the
+project's two CPUs differ there); records that name neither are never compared. Runs of a grid share the machine
+with each other (two streams at one thread each), so the ratio still carries that load, alike for both rows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from benchmark.report.escape import code, text
+
+
+def machine_of(record: dict) -> str | None:
+    """The machine a record's speed was measured on: the accelerator's or the CPU's model name with its float
+    kernels, the process and thread counts; for a CPU run made before records carried ``environment.cpu_model``, an
+    unnamed CPU of its kernels; None where it names neither (its machine is not known)."""
+    env = record["environment"]
+    processes = int(env.get("num_processes") or 1)
+    across = f" x {processes} processes" if processes > 1 else ""
+    if str(env.get("device", "cpu")).startswith("cuda"):
+        return f"{env['device_name']}{across}"
+    model, kernels = env.get("cpu_model"), env.get("cpu_kernels")
+    if not model and not kernels:
+        return None
+    cpu = f"{model} ({kernels})" if model else f"an unnamed {kernels} CPU"
+    return f"{cpu}, {env.get('torch_threads')} thread(s){across}"
+
+
+def machine_counts(records: list[dict]) -> list[str]:
+    """Each machine of ``records`` with its run count, as a group's header lists them (unnamed ones together)."""
+    counts = Counter(machine_of(r) or "a CPU that the records do not name" for r in records)
+    return [f"{machine} ({n} run{'' if n == 1 else 's'})" for machine, n in sorted(counts.items())]
+
+
+@dataclass(frozen=True)
+class SpeedRatio:
+    """A row's mean DAP tokens per second over a reference row's, both on one machine."""
+
+    ratio: float
+    machine: str
+    runs: int
+    """The row's records on that machine."""
+    reference_runs: int
+    """The reference's records on that machine."""
+
+
+def _speeds(records: list[dict], label: str) -> dict[str, list[float]]:
+    """Machine -> the tokens per second of ``label``'s records that name it and measured DAP."""
+    out: dict[str, list[float]] = {}
+    for record in records:
+        machine, speed = machine_of(record), record["timing"].get("tokens_per_second")
+        if record["method_label"] == label and machine is not None and speed:
+            out.setdefault(machine, []).append(float(speed))
+    return out
+
+
+def same_machine_speed(records: list[dict], label: str, reference: str) -> SpeedRatio | None:
+    """``label``'s speed against ``reference``'s on the machine where both have the most runs (the fewer of the two
+    counts, then the sum, then the name, decides), or None where no machine holds runs of both."""
+    mine, theirs = _speeds(records, label), _speeds(records, reference)
+    shared = set(mine) & set(theirs)
+    if not shared:
+        return None
+    machine = min(shared, key=lambda m: (-min(len(mine[m]), len(theirs[m])), -len(mine[m]) - len(theirs[m]), m))
+    a, b = mine[machine], theirs[machine]
+    return SpeedRatio((sum(a) / len(a)) / (sum(b) / len(b)), machine, len(a), len(b))
+
+
+def speed_reading(stats) -> list[str]:
+    """The group's DAP speed against its naive continual reference, each row only on a machine it shares with it;
+    the rows with no such machine named as not compared."""
+    naive = stats.references.get("naive_continual")
+    if naive is None:
+        return []
+    labels = sorted({r["method_label"] for r in stats.records if r["timing"].get("tokens_per_second")} - {naive})
+    ratios = {label: same_machine_speed(stats.records, label, naive) for label in labels}
+    by_machine: dict[str, list[str]] = {}
+    for label, found in ratios.items():
+        if found is not None:
+            by_machine.setdefault(found.machine, []).append(
+                f"{code(label)} {found.ratio:.2f}x ({found.runs} against {found.reference_runs} runs)"
+            )
+    lines = [
+        f"- DAP tokens per second against {code(naive)}, only between runs on the same machine, on"
+        f" {text(machine)}: {', '.join(rows)}."
+        for machine, rows in sorted(by_machine.items())
+    ]
+    apart = [code(label) for label, found in ratios.items() if found is None]
+    if apart:
+        lines.append(
+            f"- Speed not compared with {code(naive)} (no named machine holds runs of both; their tokens/s columns"
+            f" may come from different machines): {', '.join(apart)}."
+        )
+    return lines
