@@ -599,6 +599,32 @@ def test_the_report_fills_a_readmes_marked_answer_block_and_touches_no_other_rea
     assert (plain / "README.md").read_text() == "# a user's own readme\n"
 
 
+def test_the_report_fills_a_readmes_rows_blocks_with_the_answering_groups_numbers(records, tmp_path):
+    from benchmark.report.answer import ROWS_COLUMNS
+    from benchmark.report.markdown import table_cell
+    from benchmark.report.reading import column_of
+    from benchmark.report.writer import ROWS_MARKERS, _statistics, write_report
+
+    out = tmp_path / "out"
+    mini = [{**r, "profile": "mini"} for r in records]  # the synthetic world never answers: read these as real data
+    _write(out, mini)
+    start, end = ROWS_MARKERS
+    readme = f"# mine\n\n{start} das; ncl; absent -->\n| stale |\n{end}\n\nbetween\n\n{start} none -->\n{end}\nend\n"
+    (out / "README.md").write_text(readme)
+    write_report(out)
+    filled = (out / "README.md").read_text()
+    assert "| stale |" not in filled and filled.startswith("# mine\n") and filled.endswith("\nend\n")
+    assert "\nbetween\n" in filled and filled.count(start) == 2 and filled.count(end) == 2
+    (group,), _ = group_records(mini)
+    stats = _statistics(group)
+    das = next(line for line in filled.splitlines() if line.startswith("| `das` |"))
+    assert das == "| `das` | 3 | " + " | ".join(table_cell(stats, "das", column_of(t)) for t in ROWS_COLUMNS) + " |"
+    assert "| `absent` (no record in this group) | 0 |" in filled
+    lines = filled.splitlines()
+    assert lines.index(das) < next(i for i, line in enumerate(lines) if line.startswith("| `ncl` |"))  # as named
+    assert write_report(out, check=True)["stale"] == []  # filled once, up to date
+
+
 def test_a_record_made_before_a_metric_existed_shows_it_computed_from_its_losses(records):
     older = copy.deepcopy(records[4])
     del older["lm_loss"]["metrics"]["max_forgetting"]  # as if the metric had been added after the run

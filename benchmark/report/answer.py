@@ -15,6 +15,7 @@ from __future__ import annotations
 from benchmark.families import MASKED_LM
 from benchmark.report.escape import code, text
 from benchmark.report.frame import GENERATED_WORLD, tokens_per_domain, untrained_flag
+from benchmark.report.markdown import table_cell
 from benchmark.report.reading import column_of
 from benchmark.report.speed import same_machine_speed
 from benchmark.report.statistics import GroupStatistics
@@ -23,12 +24,21 @@ NOT_AN_ANSWER = (GENERATED_WORLD, "ci")
 """Profiles whose groups never answer: a generated world, and the CI key numbers."""
 
 
-def short_answer(sections: list[tuple]) -> list[str]:
-    """The answer's lines (empty where no group can give one), from the ``(group, statistics, plots)`` sections."""
+def answering_group(sections: list[tuple]) -> tuple | None:
+    """The ``(group, statistics)`` the short answer reads: the real-data masked-model group with the most method rows
+    (then the most records), or None where no group answers."""
     candidates = [(g, s) for g, s, _ in sections if _answers(g)]
     if not candidates:
+        return None
+    return max(candidates, key=lambda gs: (len(set(gs[1].part["method"])), len(gs[1].records)))
+
+
+def short_answer(sections: list[tuple]) -> list[str]:
+    """The answer's lines (empty where no group can give one), from the ``(group, statistics, plots)`` sections."""
+    found = answering_group(sections)
+    if found is None:
         return []
-    group, stats = max(candidates, key=lambda gs: (len(set(gs[1].part["method"])), len(gs[1].records)))
+    group, stats = found
     naive, none = stats.references.get("naive_continual"), stats.references.get("no_dap")
     if naive is None:
         return []
@@ -146,3 +156,28 @@ def _end_tasks(stats: GroupStatistics, none: str | None) -> list[str]:
         ]
     named = ", ".join(f"{code(c.label)} (+{100 * c.mean:.2f} points)" for c in better)
     return [f"on the end tasks, final macro-F1 above no DAP ({code(none)}): {named}"]
+
+
+ROWS_COLUMNS = ("plasticity", "forgetting", "general rise", "final gain")
+"""The loss metrics of a README rows table (:func:`rows_table`)."""
+
+
+def rows_table(stats: GroupStatistics, labels: list[str], first_header: str) -> list[str]:
+    """A Markdown table of the named rows of the answering group, in the order given: seeds, then each of
+    :data:`ROWS_COLUMNS` as mean ± combined SE of seeds and held-out sample, as the leaderboard shows them. A row that
+    is a bound (it needs every domain's data at once) says so; a label the group lacks is named, never left out."""
+    columns = [column_of(title) for title in ROWS_COLUMNS]
+    arrows = {True: " ↑", False: " ↓", None: ""}
+    lines = [
+        f"| {first_header} | seeds | " + " | ".join(f"{c.title}{arrows[c.higher_is_better]}" for c in columns) + " |",
+        "|" + "---|" * (2 + len(columns)),
+    ]
+    for label in labels:
+        runs = [r for r in stats.records if r["method_label"] == label]
+        if not runs:
+            lines.append(f"| {code(label)} (no record in this group) | 0 |" + " – |" * len(columns))
+            continue
+        bound = " (a bound, not a method)" if any(runs[0]["capabilities"].get(b, False) for b in BOUNDS) else ""
+        cells = [table_cell(stats, label, c) for c in columns]
+        lines.append(f"| {code(label)}{bound} | {len({r['seed'] for r in runs})} | " + " | ".join(cells) + " |")
+    return lines

@@ -269,9 +269,9 @@ def table(
     ranked = next(c for c in columns if c.title == sort_by)
     body = []
     for label, runs in stats.part.groupby("method"):
-        cells = [code(label), str(len(runs)), *(_cell(stats, label, c) for c in columns)]
+        cells = [code(label), str(len(runs)), *(table_cell(stats, label, c) for c in columns)]
         cells += [verdicts.get(label, "–")] if verdicts is not None else []
-        cells += [_cell(stats, label, c) for c in trailing]
+        cells += [table_cell(stats, label, c) for c in trailing]
         cells += [f"{int(runs['trainable params'].iloc[0]):,}", text(_flags(runs["flags"].iloc[0], stats, label))]
         key = runs[sort_by].mean()
         body.append((np.nan_to_num(key if ranked.higher_is_better else -key, nan=-np.inf), cells))
@@ -290,7 +290,8 @@ def _flags(capabilities: str, stats: GroupStatistics, label: str) -> str:
     return ", ".join(shown) or "–"
 
 
-def _cell(stats: GroupStatistics, label: str, column: Column) -> str:
+def table_cell(stats: GroupStatistics, label: str, column: Column) -> str:
+    """A row's value on ``column`` as the tables show it: mean ± combined SE (``n/a`` without one)."""
     found = stats.interval(label, column)
     if found is None:
         return "n/a"
