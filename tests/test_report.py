@@ -601,7 +601,6 @@ def test_the_report_fills_a_readmes_marked_answer_block_and_touches_no_other_rea
 
 def test_the_report_fills_a_readmes_rows_blocks_with_the_answering_groups_numbers(records, tmp_path):
     from benchmark.report.answer import ROWS_COLUMNS
-    from benchmark.report.markdown import table_cell
     from benchmark.report.reading import column_of
     from benchmark.report.writer import ROWS_MARKERS, _statistics, write_report
 
@@ -618,7 +617,7 @@ def test_the_report_fills_a_readmes_rows_blocks_with_the_answering_groups_number
     (group,), _ = group_records(mini)
     stats = _statistics(group)
     das = next(line for line in filled.splitlines() if line.startswith("| `das` |"))
-    assert das == "| `das` | 3 | " + " | ".join(table_cell(stats, "das", column_of(t)) for t in ROWS_COLUMNS) + " |"
+    assert das == "| `das` | 3 | " + " | ".join(stats.cell("das", column_of(t)) for t in ROWS_COLUMNS) + " |"
     assert "| `absent` (no record in this group) | 0 |" in filled
     lines = filled.splitlines()
     assert lines.index(das) < next(i for i, line in enumerate(lines) if line.startswith("| `ncl` |"))  # as named

@@ -15,7 +15,6 @@ from __future__ import annotations
 from benchmark.families import MASKED_LM
 from benchmark.report.escape import code, text
 from benchmark.report.frame import GENERATED_WORLD, tokens_per_domain, untrained_flag
-from benchmark.report.markdown import table_cell
 from benchmark.report.reading import column_of
 from benchmark.report.speed import same_machine_speed
 from benchmark.report.statistics import GroupStatistics
@@ -178,6 +177,6 @@ def rows_table(stats: GroupStatistics, labels: list[str], first_header: str) -> 
             lines.append(f"| {code(label)} (no record in this group) | 0 |" + " – |" * len(columns))
             continue
         bound = " (a bound, not a method)" if any(runs[0]["capabilities"].get(b, False) for b in BOUNDS) else ""
-        cells = [table_cell(stats, label, c) for c in columns]
+        cells = [stats.cell(label, c) for c in columns]
         lines.append(f"| {code(label)}{bound} | {len({r['seed'] for r in runs})} | " + " | ".join(cells) + " |")
     return lines

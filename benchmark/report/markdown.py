@@ -23,7 +23,6 @@ from benchmark.report.frame import (
     GENERATED_WORLD,
     Column,
     all_columns,
-    format_number,
     group_loss_columns,
     untrained_flag,
 )
@@ -269,9 +268,9 @@ def table(
     ranked = next(c for c in columns if c.title == sort_by)
     body = []
     for label, runs in stats.part.groupby("method"):
-        cells = [code(label), str(len(runs)), *(table_cell(stats, label, c) for c in columns)]
+        cells = [code(label), str(len(runs)), *(stats.cell(label, c) for c in columns)]
         cells += [verdicts.get(label, "–")] if verdicts is not None else []
-        cells += [table_cell(stats, label, c) for c in trailing]
+        cells += [stats.cell(label, c) for c in trailing]
         cells += [f"{int(runs['trainable params'].iloc[0]):,}", text(_flags(runs["flags"].iloc[0], stats, label))]
         key = runs[sort_by].mean()
         body.append((np.nan_to_num(key if ranked.higher_is_better else -key, nan=-np.inf), cells))
@@ -288,17 +287,6 @@ def _flags(capabilities: str, stats: GroupStatistics, label: str) -> str:
     untrained = untrained_flag([r for r in stats.records if r["method_label"] == label])
     shown = [f for f in (capabilities, untrained) if f and f != "–"]
     return ", ".join(shown) or "–"
-
-
-def table_cell(stats: GroupStatistics, label: str, column: Column) -> str:
-    """A row's value on ``column`` as the tables show it: mean ± combined SE (``n/a`` without one)."""
-    found = stats.interval(label, column)
-    if found is None:
-        return "n/a"
-    mean, se, _ = found
-    if column.kind == "int":
-        return format_number(mean, column.kind)
-    return format_number(mean, column.kind) + ("" if se is None else f" ± {format_number(se, column.kind)}")
 
 
 PLOT_TITLES = {

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from benchmark.metrics import loss_metric_arrays, mean_regret, served_losses
-from benchmark.report.frame import oracle_partners
+from benchmark.report.frame import format_number, oracle_partners
 
 REPLICATES = 1000
 """Bootstrap resamples of the evaluation sample (p-values resolve down to 1/1001)."""
@@ -258,6 +258,16 @@ class GroupStatistics:
         replicates = [self.sample.of(run, column.metric) if column.metric else None for run in rows["run_id"]]
         se = combined_se(rows[column.title] * scale, [None if r is None else r * scale for r in replicates])
         return float(rows[column.title].mean() * scale), se, len(rows)
+
+    def cell(self, label: str, column) -> str:
+        """``label``'s value on ``column`` as the tables show it: mean ± combined SE (``n/a`` without a value)."""
+        found = self.interval(label, column)
+        if found is None:
+            return "n/a"
+        mean, se, _ = found
+        if column.kind == "int":
+            return format_number(mean, column.kind)
+        return format_number(mean, column.kind) + ("" if se is None else f" ± {format_number(se, column.kind)}")
 
     def evaluation_errors(self, columns) -> list[float]:
         """The evaluation-sample standard errors of every paired difference from the references on ``columns``."""
