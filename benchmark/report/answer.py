@@ -86,8 +86,12 @@ def _candidate(stats: GroupStatistics, label: str) -> bool:
     if not records:
         return False
     caps = records[0]["capabilities"]
-    bound = any(caps.get(name, False) for name in BOUNDS)
-    return caps.get("pretrains", True) and not bound and not untrained_flag(records)
+    return caps.get("pretrains", True) and not _is_bound(caps) and not untrained_flag(records)
+
+
+def _is_bound(capabilities: dict) -> bool:
+    """Whether a row is a bound a continual method is measured against (:data:`BOUNDS`), not a continual method."""
+    return any(capabilities.get(name, False) for name in BOUNDS)
 
 
 def _best(stats: GroupStatistics, naive: str, title: str, says: str, unit: str) -> list[str]:
@@ -176,7 +180,7 @@ def rows_table(stats: GroupStatistics, labels: list[str], first_header: str) -> 
         if not runs:
             lines.append(f"| {code(label)} (no record in this group) | 0 |" + " – |" * len(columns))
             continue
-        bound = " (a bound, not a method)" if any(runs[0]["capabilities"].get(b, False) for b in BOUNDS) else ""
+        bound = " (a bound, not a method)" if _is_bound(runs[0]["capabilities"]) else ""
         cells = [stats.cell(label, c) for c in columns]
         lines.append(f"| {code(label)}{bound} | {len({r['seed'] for r in runs})} | " + " | ".join(cells) + " |")
     return lines
