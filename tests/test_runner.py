@@ -59,9 +59,15 @@ def test_independent_and_no_dap_methods(tiny_config):
     acc = one["matrices"]["acc"]
     assert acc[1][0] is None and acc[0][0] is not None and acc[1][1] is not None
     assert one["summary"]["acc"]["final"] == pytest.approx((acc[0][0] + acc[1][1]) / 2, abs=1e-3)
-    none = continual_run(tiny_config, data, "none", 3, show_progress=False).execute()
+    none_run = continual_run(tiny_config, data, "none", 3, show_progress=False)
+    none = none_run.execute()
     acc = none["matrices"]["acc"]
     assert acc[0][0] == acc[1][0]  # the same base model fine-tuned once per task
+    # ... and its time counted once, though both rows list the shared cell A[.][0].
+    cells = [read_work_file(none_run.layout.finetune_cell("base", k), "fine-tune result") for k in (0, 1)]
+    phases = none["timing"]["phase_seconds"]
+    assert phases["end_tasks"] == pytest.approx(sum(c["seconds"] for c in cells), abs=0.01)
+    assert sum(phases.values()) <= none["timing"]["wall_seconds"] + 0.5
     assert none["trainable_parameters"] == 0
     # No DAP: the held-out losses after every "domain" are those of the base model.
     assert none["lm_loss"]["after_domain"][-1] == none["lm_loss"]["base"]

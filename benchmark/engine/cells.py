@@ -75,7 +75,10 @@ class EndTaskRunner:
     def seconds(self) -> float | None:
         """Seconds the finished cells took together, under every protocol (their models built, trained or probed,
         and scored); None where a cell was made before cells recorded their time."""
-        seconds = [cell.get("seconds") for beside, _ in self._tagged() for _, _, cell in self._cells(beside)]
+        # Once per cell file: the no-DAP baseline's rows share their cells (``row_key``), and the matrix lists a
+        # shared cell in every row that asks for it.
+        paths = {path for beside, _ in self._tagged() for _, _, path in self._cell_paths(beside)}
+        seconds = [read_work_file(path, "fine-tune result").get("seconds") for path in paths]
         return None if None in seconds else sum(seconds)
 
     def _tagged(self) -> list[tuple[str | None, EndTaskProtocol]]:
@@ -89,13 +92,17 @@ class EndTaskRunner:
         for the one beside it (:data:`~benchmark.engine.schedule.BESIDE_MATRIX`)."""
         return self.parts.schedule.row_tasks(t, None if beside is None else BESIDE_MATRIX)
 
-    def _cells(self, beside: str | None = None):
-        """Every finished cell the protocol asks for, as ``(t, k, its work file's contents)``, row by row."""
+    def _cell_paths(self, beside: str | None = None):
+        """Every cell the protocol asks for, as ``(t, k, its work file)``, row by row (a shared cell in each row)."""
         p = self.parts
         for t in p.schedule.stages():
             for k in self._row_tasks(t, beside):
-                path = p.layout.finetune_cell(p.schedule.row_key(t), k, beside)
-                yield t, k, read_work_file(path, "fine-tune result")
+                yield t, k, p.layout.finetune_cell(p.schedule.row_key(t), k, beside)
+
+    def _cells(self, beside: str | None = None):
+        """Every finished cell the protocol asks for, as ``(t, k, its work file's contents)``, row by row."""
+        for t, k, path in self._cell_paths(beside):
+            yield t, k, read_work_file(path, "fine-tune result")
 
     def _finished(self, row_key: str, k: int, beside: str | None = None) -> bool:
         """Whether cell ``k`` of row ``row_key`` is done (its file intact; a corrupt one is moved aside and redone)."""
