@@ -63,23 +63,22 @@ def main(out: Path, model: str, data_root: Path, methods: list[str]) -> None:
 
 
 def _digest_models_as_evaluated(folder: Path, rank: int) -> dict:
-    """Wrap the runner's held-out evaluation (which every process runs on its trained model) so that it
-    also writes a digest of that model's parameters; returns the holder of the current stage's name."""
+    """Wrap the runner's held-out evaluation and checkpoint (which every process runs on its trained model, the
+    no-DAP baseline's base model included) so that it also writes a digest of that model's parameters; returns the
+    holder of the current stage's name."""
     from benchmark.engine import stages as runner
 
-    evaluate, stage = runner.heldout_evaluation, {"name": ""}
+    evaluate, stage = runner.evaluate_and_checkpoint, {"name": ""}
 
-    def digest_then_evaluate(model, *args, **kwargs):
+    def digest_then_evaluate(p, base, model, *args, **kwargs):
         digest = hashlib.sha256()
         for name, tensor in sorted(model.state_dict().items()):
             digest.update(name.encode() + tensor.detach().float().cpu().numpy().tobytes())
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{stage['name']}-rank{rank}.digest"
-        if not path.exists():  # the trained model comes first; the base model's evaluation may follow
-            path.write_text(digest.hexdigest())
-        return evaluate(model, *args, **kwargs)
+        (folder / f"{stage['name']}-rank{rank}.digest").write_text(digest.hexdigest())
+        return evaluate(p, base, model, *args, **kwargs)
 
-    runner.heldout_evaluation = digest_then_evaluate
+    runner.evaluate_and_checkpoint = digest_then_evaluate
     return stage
 
 

@@ -73,6 +73,33 @@ def test_independent_and_no_dap_methods(tiny_config):
     assert none["lm_loss"]["after_domain"][-1] == none["lm_loss"]["base"]
 
 
+def test_no_dap_stages_take_the_base_evaluation_bit_for_bit(tiny_config, monkeypatch):
+    from benchmark.engine import stages
+    from benchmark.engine.evaluation import heldout_evaluation, heldout_features, representation_drift
+    from benchmark.modeling import load_lm
+
+    data = prepare_data(tiny_config)
+    run = continual_run(tiny_config, data, "none", 3, show_progress=False)
+    assert stages.serves_base_model(run.parts) and not stages.serves_base_model(
+        continual_run(tiny_config, data, "ncl", 3, show_progress=False).parts
+    )
+
+    def measured(*args, **kwargs):
+        raise AssertionError("a no-DAP stage measured its held-out sets again")
+
+    monkeypatch.setattr(stages, "heldout_evaluation", measured)
+    monkeypatch.setattr(stages, "heldout_features", measured)
+    record = run.execute()
+    # What measuring the stage's model (the base model) gives, number for number.
+    model, _ = load_lm(tiny_config.model)
+    own = heldout_evaluation(model, data.heldout_batches, "cpu")
+    drift = representation_drift(run.base.features(), heldout_features(model, data.feature_batches(), "cpu"))
+    for t in (0, 1):
+        assert record["lm_loss"]["after_domain"][t] == own.losses
+        assert record["representation"]["after_domain"][t] == drift
+    assert record["lm_loss"]["chunks"]["after_domain"][1] == own.chunk_sums
+
+
 def test_linear_probe_protocol_fills_the_matrix(tiny_config):
     config = dataclasses.replace(
         tiny_config, finetune=dataclasses.replace(tiny_config.finetune, protocol="linear_probe")

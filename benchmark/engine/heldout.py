@@ -11,6 +11,7 @@ import shutil
 import sys
 import time
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 
 from benchmark.data.corpora import load_heldout_text
 from benchmark.data.masking import fixed_mlm_batches
-from benchmark.engine.evaluation import DeviceBatches, heldout_evaluation, heldout_features
+from benchmark.engine.evaluation import DeviceBatches, HeldoutLosses, heldout_evaluation, heldout_features
 from benchmark.engine.workfiles import finished, read_work_file, write_work_file
 from benchmark.errors import CorruptStateError
 from benchmark.io import atomic_write_bytes
@@ -46,6 +47,12 @@ class BaseEvaluation:
         """Seconds the base model's evaluation took (loading it included); None in a run folder made before they
         were recorded."""
         return self._measured().get("seconds")
+
+    def evaluation(self, sets: Iterable[str]) -> HeldoutLosses:
+        """The base model's losses and chunk sums on the held-out ``sets``, as a stage's evaluation gives them."""
+        names = list(sets)
+        losses, chunk_sums = self.losses(), self.chunk_sums()
+        return HeldoutLosses({n: losses[n] for n in names}, {n: chunk_sums[n] for n in names})
 
     def chunk_sums(self) -> dict[str, list[float]]:
         """Per held-out set and chunk, the base model's summed loss of the chunk's masked tokens."""
