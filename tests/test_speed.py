@@ -5,7 +5,7 @@ import copy
 import pytest
 
 from benchmark.engine.environment import cpu_model
-from benchmark.report.speed import machine_counts, machine_of, same_machine_speed
+from benchmark.report.speed import machine_counts, machine_of, mixed_machines_flag, same_machine_speed
 
 EPYC = {"device": "cpu", "device_name": "cpu", "cpu_model": "AMD EPYC", "cpu_kernels": "AVX512", "torch_threads": 1}
 XEON = {**EPYC, "cpu_model": "Intel Xeon", "cpu_kernels": "AVX2"}
@@ -58,6 +58,15 @@ def test_threads_processes_and_gpus_are_part_of_the_machine():
     gpus = _record("ncl", 1.0, {"device": "cuda:0", "device_name": "NVIDIA H200", "num_processes": 4})
     assert machine_of(two_threads) != machine_of(_record("ncl", 1.0, EPYC))
     assert machine_of(gpus) == "NVIDIA H200 x 4 processes"
+
+
+def test_a_row_whose_tokens_per_second_mix_machines_is_flagged():
+    unnamed = {"device": "cpu", "device_name": "cpu", "torch_threads": 1}
+    assert mixed_machines_flag([_record("ncl", 800.0, EPYC), _record("ncl", 700.0, EPYC)]) == ""
+    assert mixed_machines_flag([_record("ncl", 800.0, EPYC), _record("ncl", 300.0, XEON)]) == "tokens/s over 2 machines"
+    # A run whose machine is not known may be another one; a run without DAP has no speed to mix.
+    assert mixed_machines_flag([_record("ncl", 800.0, EPYC), _record("ncl", 800.0, unnamed)]) != ""
+    assert mixed_machines_flag([_record("none", None, EPYC), _record("none", None, XEON)]) == ""
 
 
 def test_runs_without_dap_have_no_speed_to_compare():

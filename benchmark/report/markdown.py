@@ -28,7 +28,7 @@ from benchmark.report.frame import (
 )
 from benchmark.report.groups import Group, LeftOut, order_of
 from benchmark.report.reading import loss_reading, sibling_reading, variant_reading, verdicts
-from benchmark.report.speed import machine_counts, speed_reading
+from benchmark.report.speed import machine_counts, mixed_machines_flag, speed_reading
 from benchmark.report.statistics import GroupStatistics
 from benchmark.report.training_reading import training_reading
 
@@ -283,9 +283,10 @@ def table(
 
 
 def _flags(capabilities: str, stats: GroupStatistics, label: str) -> str:
-    """A row's capability flags and, where its records say so, what it did not train (over all its records)."""
-    untrained = untrained_flag([r for r in stats.records if r["method_label"] == label])
-    shown = [f for f in (capabilities, untrained) if f and f != "–"]
+    """A row's capability flags and, where its records say so, what it did not train (over all its records) and that
+    its tokens/s mix machines."""
+    records = [r for r in stats.records if r["method_label"] == label]
+    shown = [f for f in (capabilities, untrained_flag(records), mixed_machines_flag(records)) if f and f != "–"]
     return ", ".join(shown) or "–"
 
 

@@ -41,6 +41,7 @@ from benchmark.report.frame import (
 from benchmark.report.groups import Group
 from benchmark.report.markdown import generated_world_note, group_reading, loss_unit
 from benchmark.report.reading import verdict_cells, verdict_text
+from benchmark.report.speed import mixed_machines_flag
 from benchmark.report.statistics import GroupStatistics
 
 SITE_FOLDER = "site"
@@ -201,7 +202,7 @@ def _row(stats: GroupStatistics, label: str, role: str | None, cells: dict, colo
     for column in group_columns(stats.part):
         found = stats.interval(label, column)
         values[column.title] = None if found is None else {"mean": found[0], "se": found[1], "n": found[2]}
-    capabilities = records[0]["capabilities"]
+    capabilities, mixed = records[0]["capabilities"], mixed_machines_flag(records)
     return {
         "method": label,
         "base": records[0]["method"],
@@ -213,7 +214,7 @@ def _row(stats: GroupStatistics, label: str, role: str | None, cells: dict, colo
         "values": values,
         "verdict": _verdict_text(cells),
         "verdict_long": _verdict_sentences(cells),
-        "flags": [name for key, name in FLAGS.items() if capabilities.get(key)],
+        "flags": [name for key, name in FLAGS.items() if capabilities.get(key)] + ([mixed] if mixed else []),
         "untrained": untrained_flag(records),
         "params": int(runs["trainable params"].iloc[0]),
         "runs": [{"run_id": r["run_id"], "seed": r["seed"]} for r in sorted(records, key=lambda r: r["seed"])],

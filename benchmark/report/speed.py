@@ -38,6 +38,13 @@ def machine_counts(records: list[dict]) -> list[str]:
     return [f"{machine} ({n} run{'' if n == 1 else 's'})" for machine, n in sorted(counts.items())]
 
 
+def mixed_machines_flag(records: list[dict]) -> str:
+    """A row's flag where its tokens/s column is a mean over runs of more than one machine (one whose records do not
+    name it counts as another), so that column is no speed of the method alone; "" where one machine made them all."""
+    machines = {machine_of(r) for r in records if r["timing"].get("tokens_per_second")}
+    return f"tokens/s over {len(machines)} machines" if len(machines) > 1 else ""
+
+
 @dataclass(frozen=True)
 class SpeedRatio:
     """A row's mean DAP tokens per second over a reference row's, both on one machine."""
