@@ -76,7 +76,7 @@ def _the_site_draws_the_ladder_on_each_rungs_page(out):
 def test_the_ladder_reading_gives_taus_within_their_intervals_and_verdicts_between_consecutive_rungs(rungs):
     from benchmark.records.store import leaderboard_records
     from benchmark.report.groups import group_records
-    from benchmark.report.ladder import find_ladders, read_ladder
+    from benchmark.report.ladder import find_ladders, ladder_markdown, read_ladder
     from benchmark.report.writer import _statistics
 
     groups, _ = group_records(leaderboard_records(rungs / "results"))
@@ -90,6 +90,10 @@ def test_the_ladder_reading_gives_taus_within_their_intervals_and_verdicts_betwe
     assert all(v.rungs == (0, 1) and v.better != v.worse for v in reading.verdicts)
     # none does not train: its held-out losses are the base model's at every rung
     assert reading.means["plasticity"]["none"][0] == reading.means["plasticity"]["none"][1]
+    # Below 3 shared rows there is no ranking to correlate: the section says so instead of an empty table.
+    shown = "\n".join(ladder_markdown(dataclasses.replace(reading, taus=[]), None))
+    assert "No Kendall's tau yet" in shown and "| metric |" not in shown
+    assert "| metric |" in "\n".join(ladder_markdown(reading, None))
 
 
 def test_a_top_rung_that_also_fine_tunes_beside_its_probe_is_still_a_rung_of_the_probe_ladder():

@@ -217,15 +217,18 @@ def ladder_markdown(reading: LadderReading, plot: str | None) -> list[str]:
     budget = [f"{r.steps} updates ({r.tokens_per_domain:,} tokens per domain)" for r in rungs]
     lines = [f"### Ladder {code(reading.ladder.key)}: {' -> '.join(budget)}", ""]
     lines += [f"Groups {', '.join(code(r.key) for r in rungs)}; {len(reading.ladder.labels())} rows at every rung."]
-    lines += ["Kendall's tau of the rows' ranking between rungs, with a 95% bootstrap interval over seeds and the"]
-    lines += ["evaluation sample (1 = the same order, 0 = unrelated, -1 = reversed):", ""]
-    lines += ["| metric | rungs | rows | tau | 95% interval |", "|---|---|---|---|---|"]
+    if not reading.taus:
+        lines += ["No Kendall's tau yet: no two rungs share the 3 rows a ranking needs.", ""]
+    else:
+        lines += ["Kendall's tau of the rows' ranking between rungs, with a 95% bootstrap interval over seeds and the"]
+        lines += ["evaluation sample (1 = the same order, 0 = unrelated, -1 = reversed):", ""]
+        lines += ["| metric | rungs | rows | tau | 95% interval |", "|---|---|---|---|---|"]
     for t in reading.taus:
         steps = f"{rungs[t.rungs[0]].steps} -> {rungs[t.rungs[1]].steps} updates"
         tau = "n/a (every row tied)" if np.isnan(t.tau) else f"{t.tau:+.2f}"
         interval = "n/a" if np.isnan(t.low) else f"[{t.low:+.2f}, {t.high:+.2f}]"
         lines.append(f"| {t.column} | {steps} | {t.rows} | {tau} | {interval} |")
-    lines.append("")
+    lines += [""] if reading.taus else []
     for i in range(len(rungs) - 1):
         changes = [v for v in reading.verdicts if v.rungs == (i, i + 1)]
         counts = {kind: sum(v.change == kind for v in changes) for kind in ("kept", "flipped", "appeared")}
