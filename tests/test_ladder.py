@@ -96,6 +96,31 @@ def test_the_ladder_reading_gives_taus_within_their_intervals_and_verdicts_betwe
     assert "| metric |" in "\n".join(ladder_markdown(reading, None))
 
 
+def test_the_short_answer_says_whether_it_holds_at_the_top_of_its_ladder(rungs):
+    from benchmark.records.store import leaderboard_records
+    from benchmark.report.answer import _beyond_budget
+    from benchmark.report.groups import group_records
+    from benchmark.report.ladder import find_ladders, read_ladder
+    from benchmark.report.writer import _statistics
+
+    groups, _ = group_records(leaderboard_records(rungs / "results"))
+    sections = [(g, _statistics(g), {}) for g in groups]
+    ladder = find_ladders(sections)[0]
+    bottom, top = ladder.rungs[0], ladder.rungs[-1]
+    (line,) = _beyond_budget(sections, bottom.key, ["ncl", "das", "ncl"])
+    assert f"at 6 updates per domain (1,536 tokens; group `{top.key}`, 2 seeds)" in line
+    assert "the 3 rows measured at every rung of the ladder (`ncl`, `none`, `one`)" in line
+    assert "Kendall's tau of their ranking (95% interval over seeds and sample): " in line and "plasticity +" in line
+    reading = read_ladder(ladder)
+    kept = sum(v.change == "kept" for v in reading.verdicts)
+    assert f"every metric): {kept} kept, " in line
+    for t in reading.taus:
+        if t.column in ("forgetting", "general rise", "plasticity") and not np.isnan(t.tau):
+            assert f"{t.column} {t.tau:+.2f} [{t.low:+.2f}, {t.high:+.2f}]" in line
+    assert line.endswith("; not measured there yet: `das`")  # the answer's own rows the top rung lacks, once each
+    assert _beyond_budget(sections, top.key, ["ncl"]) == []  # the top rung has nothing above it
+
+
 def test_a_top_rung_that_also_fine_tunes_beside_its_probe_is_still_a_rung_of_the_probe_ladder():
     """The top rung fine-tunes beside its linear probe (``finetune.beside``) at a rate of its own: settings the probe
     does not read leave the rungs one ladder; a setting it reads (``probe_c``) does not."""

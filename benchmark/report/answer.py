@@ -12,6 +12,8 @@ every domain's data at once (joint training on the union, ``pool``; the oracle t
 
 from __future__ import annotations
 
+import math
+
 from benchmark.families import MASKED_LM
 from benchmark.report.escape import code, text
 from benchmark.report.frame import GENERATED_WORLD, tokens_per_domain, untrained_flag
@@ -49,9 +51,11 @@ def short_answer(sections: list[tuple]) -> list[str]:
         f" group {code(group.key)}, {first['profile']} profile, {_seeds(group.records)}), against naive continual DAP"
         f" ({code(naive)}), resolved by seeds and held-out sample alike:"
     ]
-    lines += _best(stats, naive, "forgetting", "forgets least", "less")
-    lines += _best(stats, naive, "general rise", "keeps general knowledge best", "less general-loss rise")
+    named: list[str] = []
+    lines += _best(stats, naive, "forgetting", "forgets least", "less", named)
+    lines += _best(stats, naive, "general rise", "keeps general knowledge best", "less general-loss rise", named)
     lines += _end_tasks(stats, none)
+    lines += _beyond_budget(sections, group.key, named)
     return ["## The short answer", "", *[f"- {line}" for line in lines], ""]
 
 
@@ -94,10 +98,11 @@ def _is_bound(capabilities: dict) -> bool:
     return any(capabilities.get(name, False) for name in BOUNDS)
 
 
-def _best(stats: GroupStatistics, naive: str, title: str, says: str, unit: str) -> list[str]:
+def _best(stats: GroupStatistics, naive: str, title: str, says: str, unit: str, named: list[str]) -> list[str]:
     """Among the trained rows that learn each domain as well as ``naive`` (plasticity not resolved below it: a row
     that learns less forgets less for that reason alone), the one that lowers ``title`` most against ``naive``
-    (resolved), with its plasticity and speed; and the row that lowers it most at any plasticity, where another."""
+    (resolved), with its plasticity and speed; and the row that lowers it most at any plasticity, where another.
+    Each row it names is added to ``named``."""
     plasticity = {c.label: c for c in stats.comparisons(naive, column_of("plasticity"))}
     lower = [c for c in stats.comparisons(naive, column_of(title)) if c.resolved() and c.mean < 0]
     lower = [c for c in lower if _candidate(stats, c.label)]
@@ -105,6 +110,7 @@ def _best(stats: GroupStatistics, naive: str, title: str, says: str, unit: str) 
     lines = []
     if learning:
         best = min(learning, key=lambda c: c.mean)
+        named.append(best.label)
         cost = _learning(plasticity.get(best.label), naive) + _speed(stats, best.label, naive)
         lines.append(
             f"{code(best.label)} {says} of the rows that learn each domain as well as {code(naive)}:"
@@ -114,11 +120,51 @@ def _best(stats: GroupStatistics, naive: str, title: str, says: str, unit: str) 
         lines.append(f"no row that learns as well as {code(naive)} is resolved better on {title}")
     overall = min(lower, key=lambda c: c.mean) if lower else None
     if overall is not None and overall not in learning:
+        named.append(overall.label)
         lines.append(
             f"at any plasticity, {code(overall.label)}: {abs(overall.mean):.3f} nats {unit}"
             f"{_learning(plasticity.get(overall.label), naive)}"
         )
     return lines
+
+
+LADDER_METRICS = ("forgetting", "general rise", "plasticity")
+"""The metrics whose ranking stability the short answer states (the ones its claims are about)."""
+
+
+def _beyond_budget(sections: list[tuple], key: str, named: list[str]) -> list[str]:
+    """Whether the answer holds at a larger budget: on the budget ladder the answering group (``key``) is the bottom
+    rung of, Kendall's tau of the rows both budgets share on :data:`LADDER_METRICS` between it and the top rung, the
+    pairwise verdicts that kept, flipped or appeared on the way, and which of the answer's ``named`` rows the top rung
+    lacks. Nothing where the group is no ladder's bottom rung."""
+    from benchmark.report.ladder import find_ladders, read_ladder
+
+    ladder = next((lad for lad in find_ladders(sections) if lad.rungs[0].key == key), None)
+    if ladder is None:
+        return []
+    reading, top = read_ladder(ladder), ladder.rungs[-1]
+    last = len(ladder.rungs) - 1
+    taus = {t.column: t for t in reading.taus if t.rungs == (0, last)}
+    shared = ladder.labels()
+    stated = [
+        f"{title} {t.tau:+.2f} [{t.low:+.2f}, {t.high:+.2f}]"
+        for title in LADDER_METRICS
+        if (t := taus.get(title)) is not None and not math.isnan(t.tau)
+    ]
+    order = (
+        f"Kendall's tau of their ranking (95% interval over seeds and sample): {', '.join(stated)}"
+        if stated
+        else "too few rows for a Kendall's tau"
+    )
+    counts = {kind: sum(v.change == kind for v in reading.verdicts) for kind in ("kept", "flipped", "appeared")}
+    missing = [label for label in dict.fromkeys(named) if label not in set(top.stats.part["method"])]
+    lacking = f"; not measured there yet: {', '.join(code(m) for m in missing)}" if missing else ""
+    return [
+        f"beyond this budget: at {top.steps} updates per domain ({top.tokens_per_domain:,} tokens; group"
+        f" {code(top.key)}, {_seeds(top.stats.records)}), the {len(shared)} rows measured at every rung of the ladder"
+        f" ({', '.join(code(s) for s in shared)}): {order}; pairwise verdicts resolved at consecutive budgets (every"
+        f" metric): {', '.join(f'{n} {kind}' for kind, n in counts.items())}{lacking}"
+    ]
 
 
 def _learns_as_well(c) -> bool:
