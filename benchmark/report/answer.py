@@ -16,7 +16,7 @@ import math
 
 from benchmark.families import MASKED_LM
 from benchmark.report.escape import code, text
-from benchmark.report.frame import GENERATED_WORLD, tokens_per_domain, untrained_flag
+from benchmark.report.frame import GENERATED_WORLD, column_header, tokens_per_domain, untrained_flag
 from benchmark.report.reading import column_of
 from benchmark.report.speed import same_machine_speed
 from benchmark.report.statistics import GroupStatistics
@@ -216,9 +216,8 @@ def rows_table(stats: GroupStatistics, labels: list[str], first_header: str) -> 
     :data:`ROWS_COLUMNS` as mean ± combined SE of seeds and held-out sample, as the leaderboard shows them. A row that
     is a bound (it needs every domain's data at once) says so; a label the group lacks is named, never left out."""
     columns = [column_of(title) for title in ROWS_COLUMNS]
-    arrows = {True: " ↑", False: " ↓", None: ""}
     lines = [
-        f"| {first_header} | seeds | " + " | ".join(f"{c.title}{arrows[c.higher_is_better]}" for c in columns) + " |",
+        f"| {first_header} | seeds | " + " | ".join(column_header(c) for c in columns) + " |",
         "|" + "---|" * (2 + len(columns)),
     ]
     for label in labels:

@@ -39,6 +39,12 @@ class Column:
     """The name of the replicated metric behind it (held-out loss metric or end-task summary), if any."""
 
 
+def column_header(column: Column) -> str:
+    """A column's table header: its title and the arrow of its better direction (none where neither is better)."""
+    arrow = {True: " ↑", False: " ↓", None: ""}[column.higher_is_better]
+    return f"{column.title}{arrow}"
+
+
 GENERATED_WORLD = "synthetic"
 """The profile whose data are generated (:mod:`benchmark.data.synthetic`), not real text."""
 

@@ -23,6 +23,7 @@ from benchmark.report.frame import (
     GENERATED_WORLD,
     Column,
     all_columns,
+    column_header,
     group_loss_columns,
     untrained_flag,
 )
@@ -261,10 +262,9 @@ def table(
 ) -> list[str]:
     """One row per method label: n, the columns as mean ± combined SE, the verdicts, the ``trailing`` columns,
     trainable parameters and flags; sorted by ``sort_by``, best first."""
-    arrows: dict[bool | None, str] = {True: " ↑", False: " ↓", None: ""}
-    header = ["method", "n", *(f"{c.title}{arrows[c.higher_is_better]}" for c in columns)]
+    header = ["method", "n", *(column_header(c) for c in columns)]
     header += ["verdicts"] if verdicts is not None else []
-    header += [f"{c.title}{arrows[c.higher_is_better]}" for c in trailing] + ["trainable params", "flags"]
+    header += [column_header(c) for c in trailing] + ["trainable params", "flags"]
     ranked = next(c for c in columns if c.title == sort_by)
     body = []
     for label, runs in stats.part.groupby("method"):
