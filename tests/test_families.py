@@ -15,7 +15,7 @@ from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
 from benchmark.errors import DapbenchError
 from benchmark.families import CAUSAL_LM, MASKED_LM, get_family, register_family, unregister_family
-from benchmark.report.markdown import loss_unit
+from benchmark.report.frame import loss_unit
 
 
 def _renamed_architecture(model_dir, out, architecture: str):

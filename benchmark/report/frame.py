@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from benchmark.families import FAMILIES, MASKED_LM, ModelFamily
 from benchmark.metrics import (
     GATE_DECISIONS,
     LOSS_METRIC_REGISTRY,
@@ -43,6 +44,25 @@ def column_header(column: Column) -> str:
     """A column's table header: its title and the arrow of its better direction (none where neither is better)."""
     arrow = {True: " ↑", False: " ↓", None: ""}[column.higher_is_better]
     return f"{column.title}{arrow}"
+
+
+def record_family(record: dict) -> ModelFamily | None:
+    """The family of the record's base model (:mod:`benchmark.families`; records made before the field existed are
+    of masked models); None for a family this process has not registered (a plugin's, not imported)."""
+    return FAMILIES.get(record.get("model_kind", MASKED_LM.name))
+
+
+def is_decoder(record: dict) -> bool:
+    """Whether the record's base model scores text left to right (a causal LM: its held-out losses are next-token
+    losses per token, so their exponent is a perplexity)."""
+    family = record_family(record)
+    return bool(family and family.scores_continuations)
+
+
+def loss_unit(record: dict) -> tuple[str, str]:
+    """What the record's held-out losses measure, and their unit, as its family says them."""
+    family = record_family(record)
+    return family.heldout_reading if family else (f"held-out loss ({record['model_kind']} model)", "nats")
 
 
 GENERATED_WORLD = "synthetic"

@@ -11,7 +11,6 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from benchmark.families import FAMILIES, MASKED_LM, ModelFamily
 from benchmark.metrics import GATES_UNLEARNED_BELOW, UNTRAINED_BELOW
 from benchmark.protocols import protocol_phrase
 from benchmark.report.beside import beside_markdown
@@ -25,6 +24,8 @@ from benchmark.report.frame import (
     all_columns,
     column_header,
     group_loss_columns,
+    is_decoder,
+    loss_unit,
     untrained_flag,
 )
 from benchmark.report.groups import Group, LeftOut, order_of
@@ -187,25 +188,6 @@ def _absent_methods_line(group: Group) -> list[str]:
     if len(group.orders) > 1:
         why = "run over fewer of these orders (shown in the group's part of the orders they have), refused or not run"
     return [f"- registered methods without a record in this group: {', '.join(code(m) for m in absent)} ({why})"]
-
-
-def record_family(record: dict) -> ModelFamily | None:
-    """The family of the record's base model (:mod:`benchmark.families`; records made before the field existed are
-    of masked models); None for a family this process has not registered (a plugin's, not imported)."""
-    return FAMILIES.get(record.get("model_kind", MASKED_LM.name))
-
-
-def is_decoder(record: dict) -> bool:
-    """Whether the record's base model scores text left to right (a causal LM: its held-out losses are next-token
-    losses per token, so their exponent is a perplexity)."""
-    family = record_family(record)
-    return bool(family and family.scores_continuations)
-
-
-def loss_unit(record: dict) -> tuple[str, str]:
-    """What the record's held-out losses measure, and their unit, as its family says them."""
-    family = record_family(record)
-    return family.heldout_reading if family else (f"held-out loss ({record['model_kind']} model)", "nats")
 
 
 def _decoder_line(record: dict) -> list[str]:

@@ -11,8 +11,14 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.io import atomic_write_bytes
-from benchmark.report.frame import by_label, mean_over_seeds, mean_score_matrix, method_colours, reference_labels
-from benchmark.report.markdown import loss_unit
+from benchmark.report.frame import (
+    by_label,
+    loss_unit,
+    mean_over_seeds,
+    mean_score_matrix,
+    method_colours,
+    reference_labels,
+)
 
 
 def _pyplot():

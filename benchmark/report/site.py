@@ -32,6 +32,7 @@ from benchmark.report.frame import (
     format_number,
     group_columns,
     group_loss_columns,
+    loss_unit,
     mean_over_seeds,
     mean_score_matrix,
     method_colours,
@@ -39,7 +40,7 @@ from benchmark.report.frame import (
     untrained_flag,
 )
 from benchmark.report.groups import Group
-from benchmark.report.markdown import generated_world_note, group_reading, loss_unit
+from benchmark.report.markdown import generated_world_note, group_reading
 from benchmark.report.reading import verdict_cells, verdict_text
 from benchmark.report.speed import mixed_machines_flag
 from benchmark.report.statistics import GroupStatistics

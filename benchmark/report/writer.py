@@ -18,9 +18,9 @@ from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_text, read_json, unlinked_path
 from benchmark.records.store import REPORT_FOLDER, leaderboard_entries
 from benchmark.report.escape import code, text
-from benchmark.report.frame import leaderboard_frame, method_colours, reference_labels
+from benchmark.report.frame import is_decoder, leaderboard_frame, loss_unit, method_colours, reference_labels
 from benchmark.report.groups import Group, group_records
-from benchmark.report.markdown import is_decoder, leaderboard_markdown, loss_unit
+from benchmark.report.markdown import leaderboard_markdown
 from benchmark.report.site import PLOTLY_ASSET, SITE_FOLDER, plotly_bundle, site_files
 from benchmark.report.statistics import GroupStatistics
 
