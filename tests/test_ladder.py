@@ -109,7 +109,7 @@ def test_the_short_answer_says_whether_it_holds_at_the_top_of_its_ladder(rungs):
     bottom, top = ladder.rungs[0], ladder.rungs[-1]
     (line,) = _beyond_budget(sections, bottom.key, ["ncl", "das", "ncl"])
     assert f"at 6 updates per domain (1,536 tokens; group `{top.key}`, 2 seeds)" in line
-    assert "the 3 rows measured at every rung of the ladder (`ncl`, `none`, `one`)" in line
+    assert "the 3 rows measured at both budgets (`ncl`, `none`, `one`)" in line
     assert "Kendall's tau of their ranking (95% interval over seeds and sample): " in line and "plasticity +" in line
     reading = read_ladder(ladder)
     kept = sum(v.change == "kept" for v in reading.verdicts)
@@ -119,6 +119,33 @@ def test_the_short_answer_says_whether_it_holds_at_the_top_of_its_ladder(rungs):
             assert f"{t.column} {t.tau:+.2f} [{t.low:+.2f}, {t.high:+.2f}]" in line
     assert line.endswith("; not measured there yet: `das`")  # the answer's own rows the top rung lacks, once each
     assert _beyond_budget(sections, top.key, ["ncl"]) == []  # the top rung has nothing above it
+
+
+def test_a_top_rung_with_fewer_rows_so_far_does_not_shrink_the_comparison_below_it(
+    rungs, tmp_path, world_root, tiny_model
+):
+    import shutil
+
+    from benchmark.records.store import leaderboard_records
+    from benchmark.report.answer import _beyond_budget
+    from benchmark.report.groups import group_records
+    from benchmark.report.ladder import find_ladders, read_ladder
+    from benchmark.report.writer import _statistics
+
+    shutil.copytree(rungs / "results", tmp_path / "results")
+    config = world_config(world_root, tiny_model, tmp_path, TINY_DAP, TINY_FINETUNE)
+    top = dataclasses.replace(config, profile="rung-c", dap=dataclasses.replace(config.dap, steps=10, lr=1e-4))
+    record = continual_run(top, prepare_data(top), "none", 1, show_progress=False).execute()
+    atomic_write_json(tmp_path / "results" / "rung-c" / f"{record['run_id']}.json", record)
+    groups, _ = group_records(leaderboard_records(tmp_path / "results"))
+    sections = [(g, _statistics(g), {}) for g in groups]
+    (ladder,) = [lad for lad in find_ladders(sections) if len(lad.rungs) == 3]
+    assert ladder.labels() == ["none"] and ladder.measured() == ["ncl", "none", "one"]
+    reading = read_ladder(ladder)
+    assert any(t.rungs == (0, 1) and t.rows == 3 for t in reading.taus)  # the two lower rungs keep their 3 rows
+    assert not any(t.rungs[1] == 2 for t in reading.taus)  # one row at the top: no ranking there yet
+    (line,) = _beyond_budget(sections, ladder.rungs[0].key, ["ncl"])
+    assert "at 6 updates per domain" in line and "the 3 rows measured at both budgets" in line
 
 
 def test_a_top_rung_that_also_fine_tunes_beside_its_probe_is_still_a_rung_of_the_probe_ladder():

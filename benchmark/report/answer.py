@@ -134,7 +134,8 @@ LADDER_METRICS = ("forgetting", "general rise", "plasticity")
 
 def _beyond_budget(sections: list[tuple], key: str, named: list[str]) -> list[str]:
     """Whether the answer holds at a larger budget: on the budget ladder the answering group (``key``) is the bottom
-    rung of, Kendall's tau of the rows both budgets share on :data:`LADDER_METRICS` between it and the top rung, the
+    rung of, Kendall's tau of the rows both budgets share on :data:`LADDER_METRICS` between it and the highest rung
+    compared with it (the top, or the next rung while the top holds fewer than 3 of its rows), the
     pairwise verdicts that kept, flipped or appeared on the way, and which of the answer's ``named`` rows the top rung
     lacks. Nothing where the group is no ladder's bottom rung."""
     from benchmark.report.ladder import find_ladders, read_ladder
@@ -142,10 +143,12 @@ def _beyond_budget(sections: list[tuple], key: str, named: list[str]) -> list[st
     ladder = next((lad for lad in find_ladders(sections) if lad.rungs[0].key == key), None)
     if ladder is None:
         return []
-    reading, top = read_ladder(ladder), ladder.rungs[-1]
-    last = len(ladder.rungs) - 1
-    taus = {t.column: t for t in reading.taus if t.rungs == (0, last)}
-    shared = ladder.labels()
+    reading, last = read_ladder(ladder), len(ladder.rungs) - 1
+    # The highest rung compared with this one (the top, or the next where the top shares fewer than 3 rows so far).
+    top_index = next((j for j in (last, 1) if any(t.rungs == (0, j) for t in reading.taus)), last)
+    top = ladder.rungs[top_index]
+    taus = {t.column: t for t in reading.taus if t.rungs == (0, top_index)}
+    shared = ladder.shared(0, top_index)
     stated = [
         f"{title} {t.tau:+.2f} [{t.low:+.2f}, {t.high:+.2f}]"
         for title in LADDER_METRICS
@@ -156,12 +159,13 @@ def _beyond_budget(sections: list[tuple], key: str, named: list[str]) -> list[st
         if stated
         else "too few rows for a Kendall's tau"
     )
-    counts = {kind: sum(v.change == kind for v in reading.verdicts) for kind in ("kept", "flipped", "appeared")}
+    steps = [v for v in reading.verdicts if v.rungs[1] <= top_index]
+    counts = {kind: sum(v.change == kind for v in steps) for kind in ("kept", "flipped", "appeared")}
     missing = [label for label in dict.fromkeys(named) if label not in set(top.stats.part["method"])]
     lacking = f"; not measured there yet: {', '.join(code(m) for m in missing)}" if missing else ""
     return [
         f"beyond this budget: at {top.steps} updates per domain ({top.tokens_per_domain:,} tokens; group"
-        f" {code(top.key)}, {_seeds(top.stats.records)}), the {len(shared)} rows measured at every rung of the ladder"
+        f" {code(top.key)}, {_seeds(top.stats.records)}), the {len(shared)} rows measured at both budgets"
         f" ({', '.join(code(s) for s in shared)}): {order}; pairwise verdicts resolved at consecutive budgets (every"
         f" metric): {', '.join(f'{n} {kind}' for kind, n in counts.items())}{lacking}"
     ]

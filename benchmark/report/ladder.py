@@ -56,6 +56,15 @@ class Ladder:
         shared = set.intersection(*(set(r.stats.part["method"]) for r in self.rungs))
         return sorted(shared)
 
+    def measured(self) -> list[str]:
+        """The method rows any rung has: two rungs are compared over the rows both have, so a top rung that holds
+        fewer rows so far does not shrink the comparison of the rungs below it."""
+        return sorted(set.union(*(set(r.stats.part["method"]) for r in self.rungs)))
+
+    def shared(self, i: int, j: int) -> list[str]:
+        """The method rows rungs ``i`` and ``j`` both have."""
+        return sorted(set(self.rungs[i].stats.part["method"]) & set(self.rungs[j].stats.part["method"]))
+
 
 def find_ladders(sections: list[tuple]) -> list[Ladder]:
     """The ladders among a leaderboard's ``(group, statistics, plots)`` sections: two or more groups whose payloads
@@ -153,7 +162,7 @@ def read_ladder(ladder: Ladder) -> LadderReading:
     """Tau per metric between consecutive rungs (and bottom to top), and every pairwise verdict that kept, flipped or
     appeared between consecutive rungs."""
     rng = np.random.default_rng(int(ladder.key, 16))
-    labels = ladder.labels()
+    labels = ladder.measured()
     columns = ladder_columns()
     samples = {
         c.title: [{lab: replicates(r.stats, lab, c, rng) for lab in labels} for r in ladder.rungs] for c in columns
@@ -216,7 +225,8 @@ def ladder_markdown(reading: LadderReading, plot: str | None) -> list[str]:
     rungs = reading.ladder.rungs
     budget = [f"{r.steps} updates ({r.tokens_per_domain:,} tokens per domain)" for r in rungs]
     lines = [f"### Ladder {code(reading.ladder.key)}: {' -> '.join(budget)}", ""]
-    lines += [f"Groups {', '.join(code(r.key) for r in rungs)}; {len(reading.ladder.labels())} rows at every rung."]
+    every = len(reading.ladder.labels())
+    lines += [f"Groups {', '.join(code(r.key) for r in rungs)}; {every} row{'' if every == 1 else 's'} at every rung."]
     if not reading.taus:
         lines += ["No Kendall's tau yet: no two rungs share the 3 rows a ranking needs.", ""]
     else:
