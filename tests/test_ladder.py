@@ -107,18 +107,18 @@ def test_the_short_answer_says_whether_it_holds_at_the_top_of_its_ladder(rungs):
     sections = [(g, _statistics(g), {}) for g in groups]
     ladder = find_ladders(sections)[0]
     bottom, top = ladder.rungs[0], ladder.rungs[-1]
-    (line,) = _beyond_budget(sections, bottom.key, ["ncl", "das", "ncl"])
+    reading = read_ladder(ladder)
+    (line,) = _beyond_budget([reading], bottom.key, ["ncl", "das", "ncl"])
     assert f"at 6 updates per domain (1,536 tokens; group `{top.key}`, 2 seeds)" in line
     assert "the 3 rows measured at both budgets (`ncl`, `none`, `one`)" in line
     assert "Kendall's tau of their ranking (95% interval over seeds and sample): " in line and "plasticity +" in line
-    reading = read_ladder(ladder)
     kept = sum(v.change == "kept" for v in reading.verdicts)
     assert f"every metric): {kept} kept, " in line
     for t in reading.taus:
         if t.column in ("forgetting", "general rise", "plasticity") and not np.isnan(t.tau):
             assert f"{t.column} {t.tau:+.2f} [{t.low:+.2f}, {t.high:+.2f}]" in line
     assert line.endswith("; not measured there yet: `das`")  # the answer's own rows the top rung lacks, once each
-    assert _beyond_budget(sections, top.key, ["ncl"]) == []  # the top rung has nothing above it
+    assert _beyond_budget([reading], top.key, ["ncl"]) == []  # the top rung has nothing above it
 
 
 def test_a_top_rung_with_fewer_rows_so_far_does_not_shrink_the_comparison_below_it(
@@ -144,7 +144,7 @@ def test_a_top_rung_with_fewer_rows_so_far_does_not_shrink_the_comparison_below_
     reading = read_ladder(ladder)
     assert any(t.rungs == (0, 1) and t.rows == 3 for t in reading.taus)  # the two lower rungs keep their 3 rows
     assert not any(t.rungs[1] == 2 for t in reading.taus)  # one row at the top: no ranking there yet
-    (line,) = _beyond_budget(sections, ladder.rungs[0].key, ["ncl"])
+    (line,) = _beyond_budget([reading], ladder.rungs[0].key, ["ncl"])
     assert "at 6 updates per domain" in line and "the 3 rows measured at both budgets" in line
 
 

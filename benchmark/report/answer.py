@@ -34,8 +34,10 @@ def answering_group(sections: list[tuple]) -> tuple | None:
     return max(candidates, key=lambda gs: (len(set(gs[1].part["method"])), len(gs[1].records)))
 
 
-def short_answer(sections: list[tuple]) -> list[str]:
-    """The answer's lines (empty where no group can give one), from the ``(group, statistics, plots)`` sections."""
+def short_answer(sections: list[tuple], readings: list = ()) -> list[str]:
+    """The answer's lines (empty where no group can give one), from the ``(group, statistics, plots)`` sections and
+    the report's budget-ladder ``readings`` (:func:`benchmark.report.ladder.read_ladder`: whether it holds beyond its
+    budget)."""
     found = answering_group(sections)
     if found is None:
         return []
@@ -55,7 +57,7 @@ def short_answer(sections: list[tuple]) -> list[str]:
     lines += _best(stats, naive, "forgetting", "forgets least", "less", named)
     lines += _best(stats, naive, "general rise", "keeps general knowledge best", "less general-loss rise", named)
     lines += _end_tasks(stats, none)
-    lines += _beyond_budget(sections, group.key, named)
+    lines += _beyond_budget(readings, group.key, named)
     return ["## The short answer", "", *[f"- {line}" for line in lines], ""]
 
 
@@ -132,18 +134,16 @@ LADDER_METRICS = ("forgetting", "general rise", "plasticity")
 """The metrics whose ranking stability the short answer states (the ones its claims are about)."""
 
 
-def _beyond_budget(sections: list[tuple], key: str, named: list[str]) -> list[str]:
+def _beyond_budget(readings: list, key: str, named: list[str]) -> list[str]:
     """Whether the answer holds at a larger budget: on the budget ladder the answering group (``key``) is the bottom
     rung of, Kendall's tau of the rows both budgets share on :data:`LADDER_METRICS` between it and the highest rung
     compared with it (the top, or the next rung while the top holds fewer than 3 of its rows), the
     pairwise verdicts that kept, flipped or appeared on the way, and which of the answer's ``named`` rows the top rung
     lacks. Nothing where the group is no ladder's bottom rung."""
-    from benchmark.report.ladder import find_ladders, read_ladder
-
-    ladder = next((lad for lad in find_ladders(sections) if lad.rungs[0].key == key), None)
-    if ladder is None:
+    reading = next((r for r in readings if r.ladder.rungs[0].key == key), None)
+    if reading is None:
         return []
-    reading, last = read_ladder(ladder), len(ladder.rungs) - 1
+    ladder, last = reading.ladder, len(reading.ladder.rungs) - 1
     # The highest rung compared with this one (the top, or the next where the top shares fewer than 3 rows so far).
     top_index = next((j for j in (last, 1) if any(t.rungs == (0, j) for t in reading.taus)), last)
     top = ladder.rungs[top_index]

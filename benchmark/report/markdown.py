@@ -72,13 +72,15 @@ LEFT_OUT_KINDS = {
 
 
 def leaderboard_markdown(
-    sections: list[tuple[Group, GroupStatistics, dict[str, str]]], left_out: list[LeftOut] = (), ladders: list = ()
+    sections: list[tuple[Group, GroupStatistics, dict[str, str]]],
+    left_out: list[LeftOut] = (),
+    ladders: list = (),
+    answer: list[str] = (),
 ) -> str:
     """The whole leaderboard: ``sections`` are each group with its statistics and its plots (kind -> link);
-    ``ladders`` the lines of each budget ladder's section (:func:`benchmark.report.ladder.ladder_markdown`)."""
-    from benchmark.report.answer import short_answer
-
-    lines = [*HEADER, *short_answer(sections)]
+    ``ladders`` the lines of each budget ladder's section (:func:`benchmark.report.ladder.ladder_markdown`); ``answer``
+    the short answer's (:func:`benchmark.report.answer.short_answer`, made once per report)."""
+    lines = [*HEADER, *answer]
     if not sections:
         lines.append("No complete run records yet.")
     for group, stats, plots in sections:

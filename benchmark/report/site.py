@@ -24,7 +24,6 @@ import numpy as np
 
 from benchmark.method import default_of
 from benchmark.protocols import protocol_phrase
-from benchmark.report.answer import short_answer
 from benchmark.report.beside import beside_markdown, beside_protocols
 from benchmark.report.frame import (
     FLAGS,
@@ -72,16 +71,21 @@ class GroupView:
 
 
 def site_files(
-    sections: list[tuple], ladders: list, record_files: dict[str, str], colours: dict[str, str] | None = None
+    sections: list[tuple],
+    ladders: list,
+    record_files: dict[str, str],
+    colours: dict[str, str] | None = None,
+    answer: list[str] = (),
 ) -> dict[str, str]:
     """Every file of the site but Plotly's bundle, as text keyed by its path in the site: ``sections`` are the
     leaderboard's ``(group, statistics, plots)``, ``ladders`` its ladder readings, ``record_files`` each run id's record
     file relative to the output folder's ``results/``, ``colours`` each method label's (the plots' own; by default
-    :func:`~benchmark.report.frame.method_colours` of the sections' labels)."""
+    :func:`~benchmark.report.frame.method_colours` of the sections' labels), ``answer`` the short answer's lines
+    (:func:`benchmark.report.answer.short_answer`, made once per report)."""
     colours = colours or method_colours([label for _, stats, _ in sections for label in stats.part["method"]])
     views = [_group_view(group, stats, colours) for group, stats, _ in sections]
     env = _environment()
-    files = {"index.html": _page(env, "index.html.j2", answer=_markdown(short_answer(sections)[2:]), views=views)}
+    files = {"index.html": _page(env, "index.html.j2", answer=_markdown(list(answer)[2:]), views=views)}
     for view in views:
         charts = {**view.charts, "ladders": _ladder_charts(ladders, view.key, colours)}
         files[f"group-{view.key}.html"] = _page(
