@@ -160,10 +160,45 @@ def test_a_top_rung_that_also_fine_tunes_beside_its_probe_is_still_a_rung_of_the
         config = {"dap": {"steps": steps, "batch_size": 16, "seq_len": 64}, "finetune": finetune}
         payload = {"config": {"dap": {"steps": steps}, "finetune": finetune}, "model": "m"}
         stats = SimpleNamespace(references={}, part={"method": ["ncl"]})
-        return SimpleNamespace(key=key, orders=None, payload=payload, records=[{"config": config}]), stats
+        record = {"config": config, "method_label": "ncl", "domains": []}
+        return SimpleNamespace(key=key, orders=None, payload=payload, records=[record]), stats
 
     bottom, top = group("mini", 24), group("mini-pass", 288, beside="finetune", lr=3e-4, default_epochs=3)
     (ladder,) = find_ladders([(g, s, {}) for g, s in (bottom, top)])
     assert [r.key for r in ladder.rungs] == ["mini", "mini-pass"]
     other = group("mini-pass-c", 288, probe_c=0.1)
     assert find_ladders([(g, s, {}) for g, s in (bottom, other)]) == []
+
+
+def test_a_row_flagged_untrained_at_either_budget_is_left_out_of_the_comparison_and_named(rungs):
+    """A row whose own parameters did not move at one rung ranks a method that did not train there: the ladder's
+    taus, verdicts and short answer leave it out of that rung pair and the section says which row and why."""
+    from benchmark.records.store import leaderboard_records
+    from benchmark.report.answer import _beyond_budget
+    from benchmark.report.groups import group_records
+    from benchmark.report.ladder import find_ladders, ladder_markdown, read_ladder
+    from benchmark.report.writer import _statistics
+
+    groups, _ = group_records(leaderboard_records(rungs / "results"))
+    bottom = next(g for g in groups if g.records[0]["profile"] == "rung-a")
+    for record in bottom.records:
+        if record["method_label"] == "ncl":  # as if ncl's weights had barely moved in any domain at 2 updates
+            for stage in record["domains"]:
+                stage["update_sizes"] = {"weights": {"parameters": 10, "relative": 1e-5}}
+    sections = [(g, _statistics(g), {}) for g in groups]
+    (ladder,) = find_ladders(sections)
+    assert ladder.rungs[0].untrained == {"ncl": "untrained: weights ≤ 1.0e-05"} and ladder.rungs[1].untrained == {}
+    assert ladder.shared(0, 1) == ["none", "one"]
+    assert ladder.left_out(0, 1) == {"ncl": ["untrained: weights ≤ 1.0e-05 at 2 updates"]}
+    reading = read_ladder(ladder)
+    assert reading.taus == []  # two compared rows are too few for a ranking
+    assert all("ncl" not in (v.better, v.worse) for v in reading.verdicts)
+    assert reading.means["plasticity"]["ncl"][0] is not None  # still drawn against the budget, only not compared
+    section = "\n".join(ladder_markdown(reading, None))
+    assert "No Kendall's tau yet" in section
+    assert (
+        "Left out of 2 -> 6 updates, as a budget did not train them: `ncl` (untrained: weights ≤ 1.0e-05 at 2 updates)."
+        in section
+    )
+    (line,) = _beyond_budget([reading], ladder.rungs[0].key, ["ncl"])
+    assert "the 2 rows measured at both budgets (`none`, `one`) (left out as untrained at a budget: `ncl`)" in line

@@ -138,8 +138,8 @@ def _beyond_budget(readings: list, key: str, named: list[str]) -> list[str]:
     """Whether the answer holds at a larger budget: on the budget ladder the answering group (``key``) is the bottom
     rung of, Kendall's tau of the rows both budgets share on :data:`LADDER_METRICS` between it and the highest rung
     compared with it (the top, or the next rung while the top holds fewer than 3 of its rows), the
-    pairwise verdicts that kept, flipped or appeared on the way, and which of the answer's ``named`` rows the top rung
-    lacks. Nothing where the group is no ladder's bottom rung."""
+    pairwise verdicts that kept, flipped or appeared on the way, the rows left out as untrained at either budget, and
+    which of the answer's ``named`` rows the top rung lacks. Nothing where the group is no ladder's bottom rung."""
     reading = next((r for r in readings if r.ladder.rungs[0].key == key), None)
     if reading is None:
         return []
@@ -163,11 +163,13 @@ def _beyond_budget(readings: list, key: str, named: list[str]) -> list[str]:
     counts = {kind: sum(v.change == kind for v in steps) for kind in ("kept", "flipped", "appeared")}
     missing = [label for label in dict.fromkeys(named) if label not in set(top.stats.part["method"])]
     lacking = f"; not measured there yet: {', '.join(code(m) for m in missing)}" if missing else ""
+    left = ladder.left_out(0, top_index)
+    untrained = f" (left out as untrained at a budget: {', '.join(code(m) for m in left)})" if left else ""
     return [
         f"beyond this budget: at {top.steps} updates per domain ({top.tokens_per_domain:,} tokens; group"
         f" {code(top.key)}, {_seeds(top.stats.records)}), the {len(shared)} rows measured at both budgets"
-        f" ({', '.join(code(s) for s in shared)}): {order}; pairwise verdicts resolved at consecutive budgets (every"
-        f" metric): {', '.join(f'{n} {kind}' for kind, n in counts.items())}{lacking}"
+        f" ({', '.join(code(s) for s in shared)}){untrained}: {order}; pairwise verdicts resolved at consecutive"
+        f" budgets (every metric): {', '.join(f'{n} {kind}' for kind, n in counts.items())}{lacking}"
     ]
 
 

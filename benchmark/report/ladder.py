@@ -7,7 +7,10 @@ the rungs share are ranked at each rung and compared between consecutive rungs (
 tau, with a bootstrap interval that resamples each method's seeds and the held-out chunks (or test examples) the
 metric was measured on, the same replicates the leaderboard's own intervals use. A pairwise verdict (method A better
 than B) is resolved at a rung when the 95% bootstrap interval of their difference excludes zero; between rungs it
-keeps, flips (resolved both times, opposite ways) or appears (resolved only at the larger budget).
+keeps, flips (resolved both times, opposite ways) or appears (resolved only at the larger budget). A row flagged
+untrained at either of two rungs (:func:`benchmark.report.frame.untrained_flag`: its own parameters or gates did not
+learn) is left out of their comparison, as the short answer leaves it out: its rank measures a method that did not
+train, and the section names it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from itertools import combinations
 import numpy as np
 
 from benchmark.protocols import PROTOCOLS
-from benchmark.report.frame import END_TASK_COLUMNS, Column, loss_columns, tokens_per_domain
+from benchmark.report.frame import END_TASK_COLUMNS, Column, by_label, loss_columns, tokens_per_domain, untrained_flag
 from benchmark.report.statistics import REPLICATES, GroupStatistics
 
 
@@ -41,6 +44,8 @@ class Rung:
     key: str
     steps: int
     tokens_per_domain: int
+    untrained: dict[str, str] = field(default_factory=dict)
+    """Per row flagged untrained at this budget, its flag (``untrained: gate decisions ≤ 2.3%``)."""
 
 
 @dataclass
@@ -62,8 +67,22 @@ class Ladder:
         return sorted(set.union(*(set(r.stats.part["method"]) for r in self.rungs)))
 
     def shared(self, i: int, j: int) -> list[str]:
-        """The method rows rungs ``i`` and ``j`` both have."""
-        return sorted(set(self.rungs[i].stats.part["method"]) & set(self.rungs[j].stats.part["method"]))
+        """The method rows rungs ``i`` and ``j`` both have and compare: those flagged untrained at either are left
+        out (:meth:`left_out`)."""
+        both = set(self.rungs[i].stats.part["method"]) & set(self.rungs[j].stats.part["method"])
+        return sorted(both - set(self.left_out(i, j)))
+
+    def left_out(self, i: int, j: int) -> dict[str, list[str]]:
+        """The rows rungs ``i`` and ``j`` both have but do not compare, each with its untrained flags (rung by rung,
+        with the rung's budget), because one of the two budgets did not train it."""
+        both = set(self.rungs[i].stats.part["method"]) & set(self.rungs[j].stats.part["method"])
+        out: dict[str, list[str]] = {}
+        for label in sorted(both):
+            pair = (self.rungs[i], self.rungs[j])
+            flags = [f"{r.untrained[label]} at {r.steps} updates" for r in pair if label in r.untrained]
+            if flags:
+                out[label] = flags
+        return out
 
 
 def find_ladders(sections: list[tuple]) -> list[Ladder]:
@@ -81,7 +100,9 @@ def find_ladders(sections: list[tuple]) -> list[Ladder]:
         dap.pop("steps", None)
         _keep_what_the_protocol_reads(payload.get("config", {}), group.records[0]["config"]["finetune"])
         key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
-        by_key.setdefault(key, []).append(Rung(stats, group.key, steps, tokens_per_domain(group.records[0])))
+        untrained = {label: flag for label, rows in by_label(group.records).items() if (flag := untrained_flag(rows))}
+        rung = Rung(stats, group.key, steps, tokens_per_domain(group.records[0]), untrained)
+        by_key.setdefault(key, []).append(rung)
     ladders = []
     for key, rungs in sorted(by_key.items()):
         if len({r.steps for r in rungs}) >= 2:
@@ -160,7 +181,7 @@ class LadderReading:
 
 def read_ladder(ladder: Ladder) -> LadderReading:
     """Tau per metric between consecutive rungs (and bottom to top), and every pairwise verdict that kept, flipped or
-    appeared between consecutive rungs."""
+    appeared between consecutive rungs, each over the rows the two rungs share and compare (:meth:`Ladder.shared`)."""
     rng = np.random.default_rng(int(ladder.key, 16))
     labels = ladder.measured()
     columns = ladder_columns()
@@ -173,9 +194,9 @@ def read_ladder(ladder: Ladder) -> LadderReading:
     taus, verdicts = [], []
     for column in columns:
         for i, j in pairs:
-            taus += _tau(column, samples[column.title], means[column.title], i, j)
+            taus += _tau(column, samples[column.title], means[column.title], i, j, ladder.shared(i, j))
         for i, j in pairs[: len(ladder.rungs) - 1]:
-            verdicts += _verdicts(column, samples[column.title], i, j)
+            verdicts += _verdicts(column, samples[column.title], i, j, ladder.shared(i, j))
     return LadderReading(ladder, taus, verdicts, means)
 
 
@@ -184,8 +205,8 @@ def _mean(stats: GroupStatistics, label: str, column: Column) -> float | None:
     return None if rows.empty else float(rows.mean())
 
 
-def _tau(column: Column, samples: list[dict], means: dict, i: int, j: int) -> list[TauResult]:
-    rows = [lab for lab in means if means[lab][i] is not None and means[lab][j] is not None]
+def _tau(column: Column, samples: list[dict], means: dict, i: int, j: int, compared: list[str]) -> list[TauResult]:
+    rows = [lab for lab in compared if means[lab][i] is not None and means[lab][j] is not None]
     if len(rows) < 3:
         return []
     point = float(kendall_tau(np.array([means[r][i] for r in rows]), np.array([means[r][j] for r in rows])))
@@ -196,9 +217,9 @@ def _tau(column: Column, samples: list[dict], means: dict, i: int, j: int) -> li
     return [TauResult(column.title, (i, j), len(rows), point, float(low), float(high))]
 
 
-def _verdicts(column: Column, samples: list[dict], i: int, j: int) -> list[Verdict]:
+def _verdicts(column: Column, samples: list[dict], i: int, j: int, compared: list[str]) -> list[Verdict]:
     out = []
-    rows = [lab for lab in samples[i] if samples[i][lab] is not None and samples[j][lab] is not None]
+    rows = [lab for lab in compared if samples[i][lab] is not None and samples[j][lab] is not None]
     for a, b in combinations(rows, 2):
         before, after = _resolved(column, samples[i][a], samples[i][b]), _resolved(column, samples[j][a], samples[j][b])
         if after is None:
@@ -239,6 +260,7 @@ def ladder_markdown(reading: LadderReading, plot: str | None) -> list[str]:
         interval = "n/a" if np.isnan(t.low) else f"[{t.low:+.2f}, {t.high:+.2f}]"
         lines.append(f"| {t.column} | {steps} | {t.rows} | {tau} | {interval} |")
     lines += [""] if reading.taus else []
+    lines += _left_out_lines(reading.ladder)
     for i in range(len(rungs) - 1):
         changes = [v for v in reading.verdicts if v.rungs == (i, i + 1)]
         counts = {kind: sum(v.change == kind for v in changes) for kind in ("kept", "flipped", "appeared")}
@@ -255,6 +277,22 @@ def ladder_markdown(reading: LadderReading, plot: str | None) -> list[str]:
     if plot:
         lines += ["", f"![metric against budget]({plot})"]
     return [*lines, ""]
+
+
+def _left_out_lines(ladder: Ladder) -> list[str]:
+    """A line per rung pair naming the rows both rungs have but do not compare, and why (flagged untrained)."""
+    from benchmark.report.escape import code
+
+    last = len(ladder.rungs) - 1
+    pairs = [(i, i + 1) for i in range(last)] + ([(0, last)] if last > 1 else [])
+    lines = []
+    for i, j in pairs:
+        left = ladder.left_out(i, j)
+        if left:
+            steps = f"{ladder.rungs[i].steps} -> {ladder.rungs[j].steps} updates"
+            rows = "; ".join(f"{code(label)} ({', '.join(flags)})" for label, flags in left.items())
+            lines.append(f"Left out of {steps}, as a budget did not train them: {rows}.")
+    return [*lines, ""] if lines else []
 
 
 def plot_ladder(reading: LadderReading, path, colours: dict[str, str] | None = None) -> object:
