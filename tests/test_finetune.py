@@ -184,3 +184,27 @@ def test_the_leaderboard_sets_fine_tuned_cells_against_the_probe_and_against_no_
     (page,) = (tmp_path / "results" / "report" / "site").glob("group-*.html")
     page = page.read_text()
     assert "fine-tune beside the linear probe" in page
+
+
+def test_a_row_of_one_seed_is_never_resolved_against_no_dap_on_the_protocol_beside():
+    """One seed has no seed noise to resample: its interval against ``none`` would show ``none``'s noise alone, so the
+    row gets its difference without an interval and is not named as beating no DAP; two seeds a side are compared."""
+    from benchmark.report.beside import _section
+
+    def record(label: str, probe: float, tuned: float) -> dict:
+        return {
+            "method_label": label,
+            "config": {"finetune": {"protocol": "linear_probe"}},
+            "summary": {"macro_f1": {"final": probe}},
+            "end_tasks_beside": {"finetune": {"summary": {"macro_f1": {"final": tuned}}}},
+        }
+
+    records = [record("none", 0.45, t) for t in (0.33, 0.35, 0.38)] + [record("ncl", 0.45, 0.40)]
+    lines = _section(records, "finetune")
+    row = next(line for line in lines if line.startswith("| `ncl` |"))
+    assert row.endswith("| +4.67 (one seed: seed noise not measured) |")
+    assert "No method beats `none` on fine-tuned end tasks beyond seed noise." in lines
+    records.append(record("ncl", 0.45, 0.41))  # a second seed: now compared, and far enough above to resolve
+    lines = _section(records, "finetune")
+    row = next(line for line in lines if line.startswith("| `ncl` |"))
+    assert " resolved |" in row and "Beating `none` on fine-tuned end tasks beyond seed noise: `ncl`." in lines

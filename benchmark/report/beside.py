@@ -6,7 +6,8 @@ A linear probe reads what a frozen model's features hold; fine-tuning also lets 
 whose probe score falls while its fine-tuned score does not lost linear readout rather than knowledge ("spurious
 forgetting", Zheng et al., ICLR 2025). The gap is taken per seed (the same checkpoints scored both ways), and the
 comparison with ``none`` resamples each method's seeds (percentile bootstrap, a fixed generator), so a difference is
-resolved only when its 95% interval excludes zero.
+resolved only when its 95% interval excludes zero, and only between rows of at least :data:`MIN_SEEDS` seeds each: a
+row of one seed has no seed noise to resample, and its interval would show the other row's noise alone.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ BOOTSTRAP = 4000
 """Seed resamples per comparison with no DAP."""
 NO_DAP = "none"
 """The row every method is compared with."""
+MIN_SEEDS = 2
+"""The fewest seeds each of two rows needs before their seed-bootstrap comparison is drawn."""
 
 
 def beside_protocols(records: list[dict]) -> list[str]:
@@ -75,7 +78,9 @@ def _section(records: list[dict], beside: str) -> list[str]:
     beats = []
     for label, (first, second) in sorted(rows.items(), key=lambda item: -item[1][1].mean()):
         versus = "–"
-        if baseline is not None and label != NO_DAP:
+        if baseline is not None and label != NO_DAP and min(len(second), len(baseline[1])) < MIN_SEEDS:
+            versus = f"{second.mean() - baseline[1].mean():+.2f} (one seed: seed noise not measured)"
+        elif baseline is not None and label != NO_DAP:
             mean, low, high = seed_difference(second, baseline[1], rng)
             resolved = low > 0 or high < 0
             versus = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]{' resolved' if resolved else ''}"
