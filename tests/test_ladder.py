@@ -117,7 +117,7 @@ def test_the_short_answer_says_whether_it_holds_at_the_top_of_its_ladder(rungs):
     for t in reading.taus:
         if t.column in ("forgetting", "general rise", "plasticity") and not np.isnan(t.tau):
             assert f"{t.column} {t.tau:+.2f} [{t.low:+.2f}, {t.high:+.2f}]" in line
-    assert line.endswith("; not measured there yet: `das`")  # the answer's own rows the top rung lacks, once each
+    assert line.endswith("; not measured at 6 updates yet: `das`")  # the answer's rows the top rung lacks, once each
     assert _beyond_budget([reading], top.key, ["ncl"]) == []  # the top rung has nothing above it
 
 
@@ -146,6 +146,16 @@ def test_a_top_rung_with_fewer_rows_so_far_does_not_shrink_the_comparison_below_
     assert not any(t.rungs[1] == 2 for t in reading.taus)  # one row at the top: no ranking there yet
     (line,) = _beyond_budget([reading], ladder.rungs[0].key, ["ncl"])
     assert "at 6 updates per domain" in line and "the 3 rows measured at both budgets" in line
+    assert "at 10 updates per domain" not in line and "not measured" not in line  # one row up there: no ranking yet
+
+    for method in ("ncl", "one"):  # the top rung now holds the 3 rows: both higher rungs are stated, bottom first
+        record = continual_run(top, prepare_data(top), method, 1, show_progress=False).execute()
+        atomic_write_json(tmp_path / "results" / "rung-c" / f"{record['run_id']}.json", record)
+    groups, _ = group_records(leaderboard_records(tmp_path / "results"))
+    (ladder,) = [lad for lad in find_ladders([(g, _statistics(g), {}) for g in groups]) if len(lad.rungs) == 3]
+    (line,) = _beyond_budget([read_ladder(ladder)], ladder.rungs[0].key, ["ncl"])
+    middle, highest = line.index("at 6 updates per domain"), line.index("at 10 updates per domain")
+    assert middle < highest and line.count("the 3 rows measured at both budgets") == 2
 
 
 def test_a_top_rung_that_also_fine_tunes_beside_its_probe_is_still_a_rung_of_the_probe_ladder():

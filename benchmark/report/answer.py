@@ -135,20 +135,35 @@ LADDER_METRICS = ("forgetting", "general rise", "plasticity")
 
 
 def _beyond_budget(readings: list, key: str, named: list[str]) -> list[str]:
-    """Whether the answer holds at a larger budget: on the budget ladder the answering group (``key``) is the bottom
-    rung of, Kendall's tau of the rows both budgets share on :data:`LADDER_METRICS` between it and the highest rung
-    compared with it (the top, or the next rung while the top holds fewer than 3 of its rows), the
-    pairwise verdicts that kept, flipped or appeared on the way, the rows left out as untrained at either budget, and
-    which of the answer's ``named`` rows the top rung lacks. Nothing where the group is no ladder's bottom rung."""
+    """Whether the answer holds at larger budgets: on the budget ladder the answering group (``key``) is the bottom
+    rung of, per higher rung that shares at least 3 compared rows with it (or the top where none does yet), Kendall's
+    tau of those rows on :data:`LADDER_METRICS`, and the rows left out as untrained at either budget; then the
+    pairwise verdicts that kept, flipped or appeared on the way to the highest of them, and which of the answer's
+    ``named`` rows that rung lacks. Every compared rung is stated, so a top rung of few rows so far is read beside a
+    middle one of many. Nothing where the group is no ladder's bottom rung."""
     reading = next((r for r in readings if r.ladder.rungs[0].key == key), None)
     if reading is None:
         return []
     ladder, last = reading.ladder, len(reading.ladder.rungs) - 1
-    # The highest rung compared with this one (the top, or the next where the top shares fewer than 3 rows so far).
-    top_index = next((j for j in (last, 1) if any(t.rungs == (0, j) for t in reading.taus)), last)
-    top = ladder.rungs[top_index]
-    taus = {t.column: t for t in reading.taus if t.rungs == (0, top_index)}
-    shared = ladder.shared(0, top_index)
+    compared = [j for j in range(1, last + 1) if any(t.rungs == (0, j) for t in reading.taus)] or [last]
+    top = ladder.rungs[compared[-1]]
+    steps = [v for v in reading.verdicts if v.rungs[1] <= compared[-1]]
+    counts = {kind: sum(v.change == kind for v in steps) for kind in ("kept", "flipped", "appeared")}
+    missing = [label for label in dict.fromkeys(named) if label not in set(top.stats.part["method"])]
+    lacking = f"; not measured at {top.steps} updates yet: {', '.join(code(m) for m in missing)}" if missing else ""
+    clauses = "; ".join(_rung_clause(reading, j) for j in compared)
+    return [
+        f"beyond this budget: {clauses}; pairwise verdicts resolved at consecutive budgets (every metric):"
+        f" {', '.join(f'{n} {kind}' for kind, n in counts.items())}{lacking}"
+    ]
+
+
+def _rung_clause(reading, j: int) -> str:
+    """What the ladder says of rung ``j`` against its bottom rung: its budget, the rows both compare (and those left
+    out as untrained), and Kendall's tau of those rows on :data:`LADDER_METRICS`."""
+    ladder, rung = reading.ladder, reading.ladder.rungs[j]
+    taus = {t.column: t for t in reading.taus if t.rungs == (0, j)}
+    shared, left = ladder.shared(0, j), ladder.left_out(0, j)
     stated = [
         f"{title} {t.tau:+.2f} [{t.low:+.2f}, {t.high:+.2f}]"
         for title in LADDER_METRICS
@@ -159,18 +174,12 @@ def _beyond_budget(readings: list, key: str, named: list[str]) -> list[str]:
         if stated
         else "too few rows for a Kendall's tau"
     )
-    steps = [v for v in reading.verdicts if v.rungs[1] <= top_index]
-    counts = {kind: sum(v.change == kind for v in steps) for kind in ("kept", "flipped", "appeared")}
-    missing = [label for label in dict.fromkeys(named) if label not in set(top.stats.part["method"])]
-    lacking = f"; not measured there yet: {', '.join(code(m) for m in missing)}" if missing else ""
-    left = ladder.left_out(0, top_index)
     untrained = f" (left out as untrained at a budget: {', '.join(code(m) for m in left)})" if left else ""
-    return [
-        f"beyond this budget: at {top.steps} updates per domain ({top.tokens_per_domain:,} tokens; group"
-        f" {code(top.key)}, {_seeds(top.stats.records)}), the {len(shared)} rows measured at both budgets"
-        f" ({', '.join(code(s) for s in shared)}){untrained}: {order}; pairwise verdicts resolved at consecutive"
-        f" budgets (every metric): {', '.join(f'{n} {kind}' for kind, n in counts.items())}{lacking}"
-    ]
+    return (
+        f"at {rung.steps} updates per domain ({rung.tokens_per_domain:,} tokens; group {code(rung.key)},"
+        f" {_seeds(rung.stats.records)}), the {len(shared)} rows measured at both budgets"
+        f" ({', '.join(code(s) for s in shared)}){untrained}: {order}"
+    )
 
 
 def _learns_as_well(c) -> bool:
