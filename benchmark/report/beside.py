@@ -78,14 +78,15 @@ def _section(records: list[dict], beside: str) -> list[str]:
     beats = []
     for label, (first, second) in sorted(rows.items(), key=lambda item: -item[1][1].mean()):
         versus = "–"
-        if baseline is not None and label != NO_DAP and min(len(second), len(baseline[1])) < MIN_SEEDS:
-            versus = f"{second.mean() - baseline[1].mean():+.2f} (one seed: seed noise not measured)"
-        elif baseline is not None and label != NO_DAP:
-            mean, low, high = seed_difference(second, baseline[1], rng)
-            resolved = low > 0 or high < 0
-            versus = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]{' resolved' if resolved else ''}"
-            if resolved and mean > 0:
-                beats.append(label)
+        if baseline is not None and label != NO_DAP:
+            if min(len(second), len(baseline[1])) < MIN_SEEDS:
+                versus = f"{second.mean() - baseline[1].mean():+.2f} (one seed: seed noise not measured)"
+            else:
+                mean, low, high = seed_difference(second, baseline[1], rng)
+                resolved = low > 0 or high < 0
+                versus = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]{' resolved' if resolved else ''}"
+                if resolved and mean > 0:
+                    beats.append(label)
         gap = second - first
         lines.append(
             f"| {code(label)} | {len(first)} | {_spread(first)} | {_spread(second)} | {_spread(gap)} | {versus} |"

@@ -66,19 +66,25 @@ class Ladder:
         fewer rows so far does not shrink the comparison of the rungs below it."""
         return sorted(set.union(*(set(r.stats.part["method"]) for r in self.rungs)))
 
+    def pairs(self) -> list[tuple[int, int]]:
+        """The rung pairs a ladder compares: consecutive rungs, and bottom to top where there are more than two."""
+        last = len(self.rungs) - 1
+        return [(i, i + 1) for i in range(last)] + ([(0, last)] if last > 1 else [])
+
+    def _both(self, i: int, j: int) -> set[str]:
+        return set(self.rungs[i].stats.part["method"]) & set(self.rungs[j].stats.part["method"])
+
     def shared(self, i: int, j: int) -> list[str]:
         """The method rows rungs ``i`` and ``j`` both have and compare: those flagged untrained at either are left
         out (:meth:`left_out`)."""
-        both = set(self.rungs[i].stats.part["method"]) & set(self.rungs[j].stats.part["method"])
-        return sorted(both - set(self.left_out(i, j)))
+        return sorted(self._both(i, j) - set(self.left_out(i, j)))
 
     def left_out(self, i: int, j: int) -> dict[str, list[str]]:
         """The rows rungs ``i`` and ``j`` both have but do not compare, each with its untrained flags (rung by rung,
         with the rung's budget), because one of the two budgets did not train it."""
-        both = set(self.rungs[i].stats.part["method"]) & set(self.rungs[j].stats.part["method"])
+        pair = (self.rungs[i], self.rungs[j])
         out: dict[str, list[str]] = {}
-        for label in sorted(both):
-            pair = (self.rungs[i], self.rungs[j])
+        for label in sorted(self._both(i, j)):
             flags = [f"{r.untrained[label]} at {r.steps} updates" for r in pair if label in r.untrained]
             if flags:
                 out[label] = flags
@@ -189,14 +195,14 @@ def read_ladder(ladder: Ladder) -> LadderReading:
         c.title: [{lab: replicates(r.stats, lab, c, rng) for lab in labels} for r in ladder.rungs] for c in columns
     }
     means = {c.title: {lab: [_mean(r.stats, lab, c) for r in ladder.rungs] for lab in labels} for c in columns}
-    pairs = [(i, i + 1) for i in range(len(ladder.rungs) - 1)]
-    pairs += [(0, len(ladder.rungs) - 1)] if len(ladder.rungs) > 2 else []
+    pairs = ladder.pairs()
+    compared = {pair: ladder.shared(*pair) for pair in pairs}
     taus, verdicts = [], []
     for column in columns:
         for i, j in pairs:
-            taus += _tau(column, samples[column.title], means[column.title], i, j, ladder.shared(i, j))
+            taus += _tau(column, samples[column.title], means[column.title], i, j, compared[i, j])
         for i, j in pairs[: len(ladder.rungs) - 1]:
-            verdicts += _verdicts(column, samples[column.title], i, j, ladder.shared(i, j))
+            verdicts += _verdicts(column, samples[column.title], i, j, compared[i, j])
     return LadderReading(ladder, taus, verdicts, means)
 
 
@@ -283,10 +289,8 @@ def _left_out_lines(ladder: Ladder) -> list[str]:
     """A line per rung pair naming the rows both rungs have but do not compare, and why (flagged untrained)."""
     from benchmark.report.escape import code
 
-    last = len(ladder.rungs) - 1
-    pairs = [(i, i + 1) for i in range(last)] + ([(0, last)] if last > 1 else [])
     lines = []
-    for i, j in pairs:
+    for i, j in ladder.pairs():
         left = ladder.left_out(i, j)
         if left:
             steps = f"{ladder.rungs[i].steps} -> {ladder.rungs[j].steps} updates"
