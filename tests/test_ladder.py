@@ -186,7 +186,7 @@ def test_a_row_flagged_untrained_at_either_budget_is_left_out_of_the_comparison_
     from benchmark.records.store import leaderboard_records
     from benchmark.report.answer import _beyond_budget
     from benchmark.report.groups import group_records
-    from benchmark.report.ladder import find_ladders, ladder_markdown, read_ladder
+    from benchmark.report.ladder import budget_series, find_ladders, ladder_markdown, read_ladder
     from benchmark.report.writer import _statistics
 
     groups, _ = group_records(leaderboard_records(rungs / "results"))
@@ -204,6 +204,11 @@ def test_a_row_flagged_untrained_at_either_budget_is_left_out_of_the_comparison_
     assert reading.taus == []  # two compared rows are too few for a ranking
     assert all("ncl" not in (v.better, v.worse) for v in reading.verdicts)
     assert reading.means["plasticity"]["ncl"][0] is not None  # still drawn against the budget, only not compared
+    line, flagged = budget_series(ladder, "ncl", reading.means["plasticity"]["ncl"], 1.0)
+    assert np.isnan(line[0]) and line[1] == reading.means["plasticity"]["ncl"][1]  # no trend through the flagged rung
+    assert flagged == [(ladder.rungs[0].tokens_per_domain, reading.means["plasticity"]["ncl"][0])]
+    line, flagged = budget_series(ladder, "none", reading.means["plasticity"]["none"], 1.0)
+    assert flagged == [] and not np.isnan(line).any()
     section = "\n".join(ladder_markdown(reading, None))
     assert "No Kendall's tau yet" in section
     assert (

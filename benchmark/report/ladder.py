@@ -301,7 +301,8 @@ def _left_out_lines(ladder: Ladder) -> list[str]:
 
 def plot_ladder(reading: LadderReading, path, colours: dict[str, str] | None = None) -> object:
     """Each metric against the budget (tokens per domain, log scale), one small panel per metric, a line per row;
-    the reference rows (no DAP, naive continual, the proposed method) drawn in colour, the others in grey."""
+    the reference rows (no DAP, naive continual, the proposed method) drawn in colour, the others in grey; a row's
+    point at a budget that did not train it is a mark off its line (:func:`budget_series`)."""
     from benchmark.report.plots import _pyplot, _save
 
     plt = _pyplot()
@@ -314,17 +315,44 @@ def plot_ladder(reading: LadderReading, path, colours: dict[str, str] | None = N
     for ax, column in zip(axes.flat, columns, strict=False):
         scale = 100.0 if column.kind == "pct" else 1.0
         for label, means in sorted(reading.means[column.title].items(), key=lambda item: item[0] in references):
-            ys = [np.nan if m is None else m * scale for m in means]
+            ys, flagged = budget_series(reading.ladder, label, means, scale)
             style = {"lw": 2.2, "marker": "o", "label": label, "color": (colours or {}).get(label)}
-            style = style if label in references else {"lw": 0.8, "color": "0.65"}
+            # grey rows keep a small marker: a row trained at one rung only has no segment to draw
+            style = style if label in references else {"lw": 0.8, "marker": "o", "ms": 2.5, "color": "0.65"}
             ax.plot(tokens, ys, **style)
+            if flagged:
+                xs, marks = zip(*flagged, strict=True)
+                ax.scatter(xs, marks, marker="x", s=22, color="0.35", zorder=3, label=UNTRAINED_MARK)
         ax.set_xscale("log")
+        ax.minorticks_off()  # log-scale minor labels (3x10^4, 4x10^4, ...) overlap; the rungs are the ticks
+        ax.set_xticks(tokens, [f"{t / 1000:,.0f}K" for t in tokens])
         ax.set_title(f"{column.title} ({'higher' if column.higher_is_better else 'lower'} is better)", fontsize=9)
         ax.set_xlabel("DAP tokens per domain", fontsize=8)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(columns) :]:
         ax.axis("off")
-    handles, names = axes.flat[0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, names, loc="lower right", fontsize=8, title="reference rows (others grey)")
+    legend: dict[str, object] = {}
+    for ax in axes.flat:  # one entry per name: the untrained mark may be drawn on a panel without reference rows
+        for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(name, handle)
+    if legend:
+        fig.legend(legend.values(), legend.keys(), loc="lower right", fontsize=8, title="reference rows (others grey)")
     return _save(fig, path)
+
+
+UNTRAINED_MARK = "flagged untrained at this budget (not compared)"
+"""The legend's name for a row's point at a rung whose budget did not train it (:attr:`Rung.untrained`)."""
+
+
+def budget_series(ladder: Ladder, label: str, means: list, scale: float) -> tuple[list[float], list[tuple]]:
+    """A row's line against the budget, and its points at rungs that flag it untrained, drawn apart as marks: a
+    line through them would read as a method's trend over budgets at which it did not train (rungs without the
+    row, or a mean the metric lacks, are gaps)."""
+    line, flagged = [], []
+    for rung, mean in zip(ladder.rungs, means, strict=True):
+        value = np.nan if mean is None else mean * scale
+        if label in rung.untrained:
+            flagged += [] if np.isnan(value) else [(rung.tokens_per_domain, value)]
+            value = np.nan
+        line.append(value)
+    return line, flagged
