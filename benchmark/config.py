@@ -91,6 +91,10 @@ class DapConfig:
     the loss and the method's hooks stay eager): faster updates after a one-off compile of each mode. Random draws
     (dropout) come from torch's generator as in eager (inductor's ``fallback_random``), so the same numbers up to
     float rounding, and not in the run id."""
+    flush_denormals: bool = False
+    """Flush denormal floats (below 1.2e-38) to zero on CPU, on every thread (:mod:`benchmark.engine.denormals`): CPUs
+    compute with them far more slowly, Intel's most (HAT's near-closed gates make them); the same numbers, so not in
+    the run id."""
 
     def __post_init__(self):
         check_settings("dap", self)
@@ -492,23 +496,17 @@ def _mini_pass() -> RunConfig:
     return dataclasses.replace(rung, finetune=dataclasses.replace(rung.finetune, **settings))
 
 
-@dataclass(frozen=True)
-class Profile:
-    """A named starting configuration."""
-
-    build: Callable[[], RunConfig]
-
-
-PROFILES = {
-    "synthetic": Profile(_synthetic),
-    "mini": Profile(_mini),
-    "mini-causal": Profile(_mini_causal),
-    "mini-4x": Profile(_mini_4x),
-    "mini-pass": Profile(_mini_pass),
-    "gpu-small": Profile(_gpu_small),
-    "ci": Profile(_ci),
-    "paper": Profile(_paper),
+PROFILES: dict[str, Callable[[], RunConfig]] = {
+    "synthetic": _synthetic,
+    "mini": _mini,
+    "mini-causal": _mini_causal,
+    "mini-4x": _mini_4x,
+    "mini-pass": _mini_pass,
+    "gpu-small": _gpu_small,
+    "ci": _ci,
+    "paper": _paper,
 }
+"""The named starting configurations, each built afresh by its function (a profile is its builder)."""
 
 
 def shared_root() -> Path:
@@ -529,7 +527,7 @@ def profile_config(name: str) -> RunConfig:
         close = difflib.get_close_matches(name, PROFILES, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise DapbenchError(f"unknown profile {name!r}{hint}", f"choose one of: {', '.join(PROFILES)}")
-    return PROFILES[name].build()
+    return PROFILES[name]()
 
 
 def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:

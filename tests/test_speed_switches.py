@@ -1,6 +1,7 @@
 """Switches that change how fast a run goes, not what it computes: compiled blocks (``dap.compile=true``, every
-transformer block through ``torch.compile``, inductor on CPU) and activation checkpointing
-(``dap.activation_checkpointing=true``) each give the record a plain run gives, under the same run id."""
+transformer block through ``torch.compile``, inductor on CPU), activation checkpointing
+(``dap.activation_checkpointing=true``) and denormals flushed to zero (``dap.flush_denormals=true``) each give the
+record a plain run gives, under the same run id."""
 
 from __future__ import annotations
 
@@ -58,6 +59,11 @@ def _switched_equal_plain(
 
 def test_compiled_or_checkpointed_runs_give_the_plain_record(world_root, tiny_model, tmp_path):
     _switched_equal_plain(world_root, tiny_model, tmp_path, FAST, EACH_SWITCH)
+
+
+def test_flushing_denormals_gives_the_plain_record(world_root, tiny_model, tmp_path):
+    # HAT, whose gates at s = smax make the denormals the switch is for, and NCL, the plain update
+    _switched_equal_plain(world_root, tiny_model, tmp_path, ("ncl", "hat"), (("dap.flush_denormals=true",),))
 
 
 @pytest.mark.slow

@@ -38,6 +38,7 @@ def make_accelerator(config):
 
     cpu = _on_cpu(config)
     state = process_state(config)
+    apply_float_mode(config.dap.flush_denormals)
     precision = cpu_mixed_precision(config.dap.mixed_precision) if cpu else config.dap.mixed_precision
     _allow_precision(precision, state.num_processes)
     trackers = {} if config.report_to == "none" else {"log_with": config.report_to}
@@ -48,6 +49,21 @@ def make_accelerator(config):
         project_dir=str(Path(config.output_dir) / "tracking"),
         **trackers,
     )
+
+
+def apply_float_mode(flush: bool) -> None:
+    """Set this process's denormal mode to the run's ``dap.flush_denormals`` (also back to the default, so that a run
+    after a flushing one in the same process computes as it would alone); refuse, before any work, a flush that
+    would reach only some of the threads."""
+    from benchmark.engine.denormals import flush_denormals
+
+    if not flush_denormals(flush) and flush:
+        flush_denormals(False)
+        raise DapbenchError(
+            "dap.flush_denormals=true cannot be set on every CPU thread here (no flush mode on this CPU, or no OpenMP"
+            f" runtime found in torch's lib folder for its {torch.get_num_threads()} threads)",
+            "leave dap.flush_denormals=false, or run with OMP_NUM_THREADS=1",
+        )
 
 
 def cpu_mixed_precision(asked: str) -> str:

@@ -75,6 +75,7 @@ def bench(
         "model_kind": data.family.name,
         "compiled": cfg.dap.compile,
         "activation_checkpointing": cfg.dap.activation_checkpointing,
+        "flush_denormals": cfg.dap.flush_denormals,
         "micro_batch": cfg.dap.per_device_batch_size,
         "global_batch": cfg.dap.batch_size,
         "seq_len": cfg.dap.seq_len,
@@ -353,6 +354,7 @@ def report_file_name(report: dict[str, Any], profile: str) -> str:
     parts += [f"mb{micro}"] if micro != dap.per_device_batch_size else []
     parts += ["compiled"] if report.get("compiled") else []
     parts += ["checkpointed"] if report.get("activation_checkpointing") else []
+    parts += ["flushed"] if report.get("flush_denormals") else []
     return "-".join(parts) + ".json"
 
 
