@@ -22,7 +22,13 @@ before = denormal_results()
 assert flush_denormals(True)
 flushed = denormal_results()
 assert flush_denormals(False)
-print(before, flushed, denormal_results())
+after = denormal_results()
+torch.set_num_threads(1)
+assert flush_denormals(True)  # the calling thread alone
+torch.set_num_threads(2)
+assert flush_denormals(True)  # asked again for a grown pool: its other thread is set too, not skipped as done
+grown = denormal_results()
+print(before, flushed, after, grown)
 """
 
 
@@ -31,10 +37,11 @@ def test_flushing_reaches_every_thread_of_the_pool_and_is_undone():
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    before, flushed, after = map(int, done.stdout.split())
+    before, flushed, after, grown = map(int, done.stdout.split())
     # every product a denormal before, none while flushing (a thread left computing them would keep its share), all
-    # again after: the mode is set, and unset, on the pool's threads as well as the calling one
-    assert (before, flushed, after) == (1 << 20, 0, 1 << 20)
+    # again after: the mode is set, and unset, on the pool's threads as well as the calling one; and none once the
+    # pool grew after a one-thread flush and the flush was asked again
+    assert (before, flushed, after, grown) == (1 << 20, 0, 1 << 20, 0)
 
 
 def test_a_flush_that_cannot_reach_every_thread_is_refused_by_name(monkeypatch):
@@ -42,7 +49,7 @@ def test_a_flush_that_cannot_reach_every_thread_is_refused_by_name(monkeypatch):
     from benchmark.engine.environment import apply_float_mode
     from benchmark.errors import DapbenchError
 
-    monkeypatch.setattr(denormals, "_set_pool_threads", lambda on: False)
+    monkeypatch.setattr(denormals, "_set_pool_threads", lambda on, threads: False)
     with pytest.raises(DapbenchError, match="dap.flush_denormals=true cannot be set on every CPU thread"):
         apply_float_mode(True)
     assert denormals._state["flushing"] is False  # left as the default, for whatever runs next in the process

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
-_state = {"flushing": False}
-"""What this process last set: every process starts with denormals computed (the CPU's default)."""
+_state = {"flushing": False, "threads": 1}
+"""What this process last set, and over how many torch threads: every process starts with denormals computed (the
+CPU's default). The thread count is part of it because a pool grown since was not set."""
 
 _OPENMP_LIBRARIES = ("libgomp.so.1", "libgomp.so", "libomp.so", "libomp.dylib", "libiomp5.so")
 """The OpenMP runtimes a torch build ships in its ``lib`` folder (the first one present is the one it loaded)."""
@@ -38,19 +39,20 @@ _REGION = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 def flush_denormals(on: bool) -> bool:
     """Flush denormal floats to zero (``on``) or compute them (the default) on this process's CPU threads: the calling
     thread and every thread of torch's OpenMP pool. Returns whether every thread was set (False where the CPU has no
-    flush mode or no OpenMP runtime is found: then at most the calling thread is). A no-op when already set."""
-    if _state["flushing"] == on:
+    flush mode or no OpenMP runtime is found: then at most the calling thread is). A no-op when already set for the
+    same number of threads."""
+    threads = torch.get_num_threads()
+    if _state["flushing"] == on and (not on or _state["threads"] == threads):
         return True
     supported = torch.set_flush_denormal(on)
-    pool = _set_pool_threads(on) if supported else False
-    _state["flushing"] = on
+    pool = _set_pool_threads(on, threads) if supported else False
+    _state.update(flushing=on, threads=threads)
     return supported and pool
 
 
-def _set_pool_threads(on: bool) -> bool:
-    """Run ``torch.set_flush_denormal(on)`` once on each of torch's OpenMP threads (one parallel region of
-    ``torch.get_num_threads()`` threads: OpenMP reuses the idle threads of the pool for it)."""
-    threads = torch.get_num_threads()
+def _set_pool_threads(on: bool, threads: int) -> bool:
+    """Run ``torch.set_flush_denormal(on)`` once on each of torch's ``threads`` OpenMP threads (one parallel region of
+    that many threads: OpenMP reuses the idle threads of the pool for it)."""
     if threads == 1:
         return True
     runtime = _openmp_runtime()

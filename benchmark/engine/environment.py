@@ -32,7 +32,9 @@ def make_accelerator(config):
     """The run's ``accelerate.Accelerator``: CPU when asked or when no GPU is present, the configured mixed
     precision on a GPU. Under ``accelerate launch``/``torchrun`` with several processes, DDP over every
     process; ``find_unused_parameters`` because several methods leave parameters out of some steps (the
-    experts of other domains, masked units, a replay pass that only runs once the buffer holds data)."""
+    experts of other domains, masked units, a replay pass that only runs once the buffer holds data). Sets the
+    process's denormal mode first (``dap.flush_denormals``): every run and bench builds its accelerator before any
+    work."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
