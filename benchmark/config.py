@@ -95,6 +95,8 @@ class DapConfig:
     """Flush denormal floats (below 1.2e-38) to zero on CPU, on every thread (:mod:`benchmark.engine.denormals`): CPUs
     compute with them far more slowly, Intel's most (HAT's near-closed gates make them); the same numbers, so not in
     the run id."""
+    deterministic: bool = False
+    """On a GPU, deterministic kernels (:func:`benchmark.engine.environment.apply_determinism`); not in the run id."""
 
     def __post_init__(self):
         check_settings("dap", self)
@@ -353,11 +355,9 @@ def _gpu_small() -> RunConfig:
     10% warmup, bf16 autocast; every held-out chunk of each set (5% of each corpus, about 100-220 chunks of 128);
     DAS importance over every training chunk (the paper's whole-corpus pass). End tasks: the paper's protocol
     unchanged (full fine-tuning on the full splits, per-task epochs, lr 3e-5, batch 16, length 164): on the small
-    base model it leaves the majority class (measured on the CPU machine, ``docs/protocol.md``). One run of a method
-    is a few minutes on an H100; several runs share one GPU. The base model is ``small`` with its weights rounded to
-    float16 (``recipe:small-half``), which fits a lent GPU's 64 MiB carry and builds byte-identically from the
-    float32 original.
-    """
+    base model it leaves the majority class (measured on the CPU machine, ``docs/protocol.md``). A run is host-bound
+    (on an H200: about 17 min for a continual method, 5 for no DAP), so many runs share one GPU. The base model is
+    ``small`` rounded to float16 (``recipe:small-half``): half the bytes to carry, built byte-identically."""
     mini = _mini()
     return dataclasses.replace(
         mini,
@@ -375,6 +375,7 @@ def _gpu_small() -> RunConfig:
             probe_batch_size=64,
             log_every=25,
             loader_workers=2,
+            deterministic=True,  # so that a record can be re-run to its last digit on the same GPU
         ),
         finetune=FinetuneConfig(),
     )

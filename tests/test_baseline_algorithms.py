@@ -114,6 +114,17 @@ def test_replay_collation_offsets_positions_per_row():
     assert batch["mlm_targets"].tolist() == [7, 8, 9] and batch["stored_outputs"].shape == (3, 3)
 
 
+def test_replay_collation_works_under_a_cpu_runs_bf16_autocast():
+    # DER++ stores its outputs in float16; CPU bf16 autocast refused to concatenate them (found rehearsing the
+    # gpu-small profile, bf16, on a CPU: every derpp update after the first failed)
+    from methods._shared.replay import ReplayItem, collate_replay
+
+    items = [ReplayItem(torch.arange(4), torch.tensor([i]), torch.tensor([i]), torch.ones(1, 3).half()) for i in (1, 2)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        batch = collate_replay(items, "cpu")
+    assert batch["stored_outputs"].dtype == torch.float16 and batch["stored_outputs"].tolist() == [[1.0] * 3] * 2
+
+
 def test_derpp_buffer_respects_the_token_budget(tiny_config):
     import dataclasses
 

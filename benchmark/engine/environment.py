@@ -33,14 +33,15 @@ def make_accelerator(config):
     precision on a GPU. Under ``accelerate launch``/``torchrun`` with several processes, DDP over every
     process; ``find_unused_parameters`` because several methods leave parameters out of some steps (the
     experts of other domains, masked units, a replay pass that only runs once the buffer holds data). Sets the
-    process's denormal mode first (``dap.flush_denormals``): every run and bench builds its accelerator before any
-    work."""
+    process's denormal mode (``dap.flush_denormals``) and, on a GPU, its choice of kernels (``dap.deterministic``)
+    first: every run and bench builds its accelerator before any work."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
     cpu = _on_cpu(config)
     state = process_state(config)
     apply_float_mode(config.dap.flush_denormals)
+    apply_determinism(config.dap.deterministic and not cpu)
     precision = cpu_mixed_precision(config.dap.mixed_precision) if cpu else config.dap.mixed_precision
     _allow_precision(precision, state.num_processes)
     trackers = {} if config.report_to == "none" else {"log_with": config.report_to}
@@ -66,6 +67,43 @@ def apply_float_mode(flush: bool) -> None:
             f" runtime found in torch's lib folder for its {torch.get_num_threads()} threads)",
             "leave dap.flush_denormals=false, or run with OMP_NUM_THREADS=1",
         )
+
+
+CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"
+"""cuBLAS's workspace setting under which its kernels repeat bit for bit (NVIDIA's cuBLAS reproducibility notes)."""
+
+
+_ATOMIC_ATTENTION = ("flash", "mem_efficient", "cudnn")
+"""torch's attention kernels whose backward pass accumulates with atomic adds (kept so under ``warn_only``)."""
+_attention_before: dict[str, bool] = {}
+"""Which of them were enabled before a deterministic run turned them off (restored after it)."""
+
+
+def apply_determinism(on: bool) -> None:
+    """Set this process's choice of kernels to the run's ``dap.deterministic`` on a GPU (and back afterwards, so that
+    a run after a deterministic one in the same process computes as it would alone).
+
+    Attention runs on the math kernel: the flash, memory-efficient and cuDNN kernels accumulate their backward pass
+    with atomic adds, and torch keeps them so under ``warn_only``. Other ops without a deterministic kernel warn (the
+    warning names them) rather than stop a run that is already under way. cuBLAS reads its workspace setting when it
+    first starts, which a run's accelerator precedes; a value the user set is kept. Deterministic mode would also
+    fill every new tensor with NaN (a guard against reading memory before writing it, which no run does: its
+    non-finite checks would stop it): that is one more kernel launch per allocation in a host-bound run, so it stays
+    off; no number depends on it."""
+    import torch.utils.deterministic
+
+    cuda = torch.backends.cuda
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC_WORKSPACE)
+        for kind in _ATOMIC_ATTENTION:
+            _attention_before.setdefault(kind, getattr(cuda, f"{kind}_sdp_enabled")())
+            getattr(cuda, f"enable_{kind}_sdp")(False)
+    else:
+        for kind, enabled in _attention_before.items():
+            getattr(cuda, f"enable_{kind}_sdp")(enabled)
+        _attention_before.clear()
+    torch.use_deterministic_algorithms(on, warn_only=on)
+    torch.utils.deterministic.fill_uninitialized_memory = not on  # torch's default when off
 
 
 def cpu_mixed_precision(asked: str) -> str:

@@ -11,8 +11,9 @@
 # sharing the GPU, until $END. Everything comes back as at most 8 files under $OUT: log.txt, bench.tar.xz (reports
 # and operator tables), traces.tar.xz (Chrome traces), grid.tar.xz (finished records, run logs).
 # DRY=1: a CPU rehearsal at toy shapes (OUT: an empty folder): every step runs, with tiny budgets.
-# SKIP_BENCH=1: the grid alone, the whole call (the next lent session's plan: with MPS=1; a run took 3.5 to 15 min
-# with seven sharing the GPU in time slices, most of it fine-tuning); GRID_METHODS, GRID_SEEDS choose the runs.
+# SKIP_BENCH=1: the grid alone, the whole call (a run took 3.5 to 15 min with seven sharing the GPU in time slices,
+# most of it fine-tuning). GRID_ORDER (method:seed ...), SLOTS, START_LEFT, MPS and REPRODUCE shape the grid (step 4).
+# Session 2026-12-04's call: SKIP_BENCH=1 MPS=1 REPRODUCE=none:2021 bash docs/device/gpu-bench.sh
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor DAPBENCH_SHARED=$PWD/.devkit/shared
@@ -21,8 +22,9 @@ K=.devkit
 W=/tmp/work   # raw outputs; packed into $OUT at the end
 T0=$(date +%s)
 END=${END:-555}
-GRID_METHODS=${GRID_METHODS:-none,ncl,das,one,kd,ewc,derpp}
-GRID_SEEDS=${GRID_SEEDS:-2021}
+# the runs in the order they start (method:seed): the longest first for the seeds that start at once, the shortest
+# first for the seed that starts as slots free up (a run cut off by the call's end leaves nothing)
+GRID_ORDER=${GRID_ORDER:-$(for s in 2021 111 222; do for m in $([ $s = 222 ] && echo none one ncl kd ewc das derpp || echo derpp das kd ewc ncl one none); do echo -n "$m:$s "; done; done)}
 stamp() { echo "=== $(( $(date +%s) - T0 ))s $*" | tee -a $LOG; }
 left() { echo $(( END - ($(date +%s) - T0) )); }
 mkdir -p $W/bench $W/traces $W/grid
@@ -36,7 +38,8 @@ else
   M=$W/m D=$W/d
 fi
 python3 -c "import torch,transformers,datasets,accelerate,peft,pyarrow;print(torch.__version__,transformers.__version__,datasets.__version__,accelerate.__version__,peft.__version__,pyarrow.__version__)" >>$LOG 2>&1 || exit 5
-[ -f $M/rb/config.json ] || { mkdir -p $D $M && tar xJf $K/data.tar.xz -C $D && MODELS=${MODELS:-rb,gpt2s} python3 docs/device/make_models.py $M $K/tok >>$LOG 2>&1 || exit 4; }
+[ -d $D/data ] || { mkdir -p $D && tar xJf $K/data.tar.xz -C $D || exit 4; }
+[ "${SKIP_BENCH:-0}" = 1 ] || [ -f $M/rb/config.json ] || { mkdir -p $M && MODELS=${MODELS:-rb,gpt2s} python3 docs/device/make_models.py $M $K/tok >>$LOG 2>&1 || exit 4; }
 stamp setup done
 DATA="--data-root $D/data/continuallm-layout --general-heldout $D/data/general/heldout.txt"
 B="python3 -m benchmark.cli bench --profile paper $DATA --sequence restaurant,phone --quiet --set dap.mixed_precision=bf16 --set dap.per_device_batch_size=124"
@@ -51,6 +54,25 @@ bench() { local t=$1 name=$2; shift 2; stamp "$name start"; timeout -k 15 $t $B 
 # The gpu-small base model, built on the CPU while the bench runs (every grid process then finds it cached).
 [ "${1:-all}" = rerun ] || python3 -c "from benchmark.data.bases import build_recipe; build_recipe('recipe:small-half', '$W/grid/.dapbench')" >>$LOG 2>&1 &
 
+if [ "${1:-all}" = reproduce ]; then
+# A second, short call (issue #51, 2026-12-04): `dapbench reproduce` of a gpu-small record the grid made (carried as
+# $2), alone on the GPU, then the compiled NCL step at one micro-batch of 248 with a trace while the call has time
+wait
+stamp "reproduce $2"
+OMP_NUM_THREADS=4 timeout -k 10 $(( $(left) - 15 )) python3 -m benchmark.cli reproduce $2 --data-root $D/data/continuallm-layout \
+  --general-heldout $D/data/general/heldout.txt --general-corpus $D/data/general/train.txt --output-dir $W/repro \
+  >$W/grid/reproduce.log 2>&1
+stamp "reproduce rc=$?"
+find $W/repro -path "*results*" -name "*.json" -exec cp {} $OUT/ \;
+tail -c 3000 $W/grid/reproduce.log >$OUT/reproduce-tail.txt
+if [ $(left) -gt 100 ]; then
+  mkdir -p $M && MODELS=rb python3 docs/device/make_models.py $M $K/tok >>$LOG 2>&1
+  bench $(( $(left) - 10 )) s6-ncl-compiled-mb248 --model $M/rb --methods ncl --warmup $WU --steps $ST --set dap.compile=true --set dap.per_device_batch_size=$MB1 --trace $W/traces/s6
+  tar cJf $OUT/bench.tar.xz -C $W bench traces >>$LOG 2>&1
+fi
+stamp all done
+exit 0
+fi
 if [ "${1:-all}" = rerun ]; then
 # The second call of a session (issue #51, 2026-11-27): NCL at one micro-batch of 248 with the vocabulary-aligned
 # head, then NCL and DAS compiled and checkpointed (the recompute's restore under transformers 5.17); no traces, no grid
@@ -73,9 +95,12 @@ bench 75 s3-ncl-compiled-mb248 --model $M/rb --methods ncl --warmup $WU --steps 
 fi
 wait
 
-# 4: the gpu-small grid, every run its own process sharing the GPU, until the call's end. With MPS=1 the runs share
-# the GPU through CUDA's multi-process service (kernels of several processes at once, not time slices): tried, checked
-# with one CUDA context, and stopped again if that fails.
+# 4: the gpu-small grid: one process per run, SLOTS of them sharing the GPU at a time (each is host-bound: one CPU
+# core and a few GB of the GPU's memory), the queue in GRID_ORDER's order, a run started only while START_LEFT seconds
+# remain (a run stopped by the call's end leaves nothing). With MPS=1 the runs share the GPU through CUDA's
+# multi-process service (kernels of several processes at once, not time slices): tried, checked with one CUDA
+# context, and stopped again if that fails. REPRODUCE=method:seed re-runs that run's record with `dapbench
+# reproduce` as soon as it is written (the GPU reproduction check), in a slot of its own.
 if [ "${MPS:-0}" = 1 ] && [ "${DRY:-0}" != 1 ]; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
   mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
@@ -86,23 +111,46 @@ if [ "${MPS:-0}" = 1 ] && [ "${DRY:-0}" != 1 ]; then
     stamp "MPS failed: time slices"
   fi
 fi
+[ "${DRY:-0}" = 1 ] || (while [ $(left) -gt 20 ]; do
+  echo "$(( $(date +%s) - T0 ))s $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader)" >>$W/grid/gpu.txt
+  sleep 10; done 2>&1) &
 stamp "grid start ($(left)s left)"
-RUNS=0
-for seed in ${GRID_SEEDS//,/ }; do for method in ${GRID_METHODS//,/ }; do RUNS=$((RUNS + 1)); done; done
-THREADS=$(( $(nproc) / RUNS )); [ $THREADS -lt 1 ] && THREADS=1
-GRID_LIMIT=$(( $(left) - 25 ))
-for seed in ${GRID_SEEDS//,/ }; do
-  for method in ${GRID_METHODS//,/ }; do
-    OMP_NUM_THREADS=$THREADS timeout -k 10 $GRID_LIMIT python3 -m benchmark.cli run --profile gpu-small $DATA \
-      --set general_corpus=$D/data/general/train.txt --methods $method --seeds $seed --output-dir $W/grid --no-leaderboard \
-      $G >$W/grid/$method-$seed.log 2>&1 &
+SLOTS=${SLOTS:-14}; START_LEFT=${START_LEFT:-150}
+one_run() {  # method seed: one gpu-small run, bounded by the call's end
+  OMP_NUM_THREADS=1 timeout -k 10 $(( $(left) - 25 )) python3 -m benchmark.cli run --profile gpu-small $DATA \
+    --set general_corpus=$D/data/general/train.txt --methods $1 --seeds $2 --output-dir $W/grid --no-leaderboard \
+    $G >$W/grid/$1-$2.log 2>&1
+  local rc=$?
+  echo "$(( $(date +%s) - T0 ))s $1 $2 rc=$rc" >>$W/grid/runs.txt
+}
+reproduce_run() {  # method seed: wait for that run's record, then re-run it from scratch and compare
+  local record=""
+  while [ -z "$record" ] && [ $(left) -gt $START_LEFT ]; do
+    sleep 5; record=$(find $W/grid/results -name "$1-*-seed$2-*.json" 2>/dev/null | head -1)
   done
+  [ -n "$record" ] || return
+  stamp "reproduce $record"
+  OMP_NUM_THREADS=1 timeout -k 10 $(( $(left) - 25 )) python3 -m benchmark.cli reproduce $record --data-root $D/data/continuallm-layout \
+    --general-heldout $D/data/general/heldout.txt --general-corpus $D/data/general/train.txt --output-dir $W/repro \
+    >$W/grid/reproduce-$1-$2.log 2>&1
+  local rc=$?
+  stamp "reproduce rc=$rc"
+}
+[ -n "${REPRODUCE:-}" ] && reproduce_run ${REPRODUCE/:/ } &
+RUNNING=()
+running() { local n=0 p; for p in "${RUNNING[@]}"; do kill -0 $p 2>/dev/null && n=$((n + 1)); done; echo $n; }
+for run in $GRID_ORDER; do
+  while [ $(running) -ge $SLOTS ]; do sleep 2; done
+  [ $(left) -gt $START_LEFT ] || { stamp "not started: $run and after"; break; }
+  one_run ${run/:/ } &
+  RUNNING+=($!)
 done
 wait
 stamp "grid end: $(find $W/grid/results -name "*.json" 2>/dev/null | wc -l) record(s)"
 nvidia-smi --query-gpu=memory.used --format=csv >>$LOG 2>&1
 tar cJf $OUT/bench.tar.xz -C $W bench $(cd $W && find traces -name '*.txt') >>$LOG 2>&1
 tar cf - -C $W $(cd $W && find traces -name '*.json') | xz -T0 -3 >$OUT/traces.tar.xz 2>>$LOG
-tar cJf $OUT/grid.tar.xz -C $W/grid $(cd $W/grid && ls -d results *.log 2>/dev/null) >>$LOG 2>&1
+mkdir -p $W/grid/repro; find $W/repro -path "*results*" -name "*.json" -exec cp {} $W/grid/repro/ \; 2>/dev/null
+tar cJf $OUT/grid.tar.xz -C $W/grid $(cd $W/grid && ls -d results repro *.log *.txt 2>/dev/null) >>$LOG 2>&1
 stamp all done
 ls -la $OUT >>$LOG

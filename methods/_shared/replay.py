@@ -66,11 +66,14 @@ class Reservoir:
 def collate_replay(items: list[ReplayItem], device) -> dict[str, torch.Tensor]:
     """Stack stored chunks into a batch with flat MLM positions, like the MLM collator's output."""
     length = items[0].input_ids.shape[0]
-    flat = torch.cat([item.positions + row * length for row, item in enumerate(items)])
-    batch = {
-        "input_ids": torch.stack([item.input_ids for item in items]),
-        "mlm_positions": flat,
-        "mlm_targets": torch.cat([item.targets for item in items]),
-        "stored_outputs": torch.cat([item.outputs for item in items]),
-    }
+    # Assembled on the host outside autocast: a CPU run's bf16 autocast refuses to concatenate the stored float16
+    # outputs (it promotes only between float32 and its own bf16); the bytes are the same either way.
+    with torch.autocast("cpu", enabled=False):
+        flat = torch.cat([item.positions + row * length for row, item in enumerate(items)])
+        batch = {
+            "input_ids": torch.stack([item.input_ids for item in items]),
+            "mlm_positions": flat,
+            "mlm_targets": torch.cat([item.targets for item in items]),
+            "stored_outputs": torch.cat([item.outputs for item in items]),
+        }
     return {key: value.to(device) for key, value in batch.items()}
