@@ -94,8 +94,7 @@ def continual_run(config: RunConfig, data, method: str, seed: int, show_progress
 
 
 def validate_config(config: RunConfig) -> None:
-    """Every check that needs no data: methods, their options, the end-task protocol, the DAP budget, seeds, names
-    that become paths."""
+    """Every check that needs no data: methods, their options, end-task protocol, DAP budget, seeds, path names."""
     from benchmark.protocols import protocols_of
     from benchmark.registry import default_registry
 
@@ -273,9 +272,10 @@ def bench(
     trace_dir: str | Path | None = None,
     show_progress: bool = False,
     warmup: int = 0,
+    finetune: bool = False,
 ) -> dict:
-    """Each method's DAP update against the GEMM peak and a plain transformers step (:mod:`benchmark.tools.bench`):
-    ``steps`` timed updates per method, after ``warmup`` untimed ones (0: the stage's whole time)."""
+    """Each method's DAP update (``finetune``: the fine-tuning update) against the hardware (``tools.bench``),
+    ``steps`` timed updates per method after ``warmup`` untimed ones (0: the stage's whole time)."""
     from benchmark.tools.bench import bench as measure
 
     if warmup < 0 or steps < 1:
@@ -286,7 +286,7 @@ def bench(
     config = materialise(config, show_progress)
     check_inputs([config])
     trace = Path(trace_dir) if trace_dir else None
-    return measure(config, list(config.methods), steps, trace_dir=trace, warmup=warmup)
+    return measure(config, list(config.methods), steps, trace_dir=trace, warmup=warmup, finetune=finetune)
 
 
 def pretrain_base(corpus: str | Path, out_dir: str | Path, spec=None) -> Path:
@@ -568,8 +568,7 @@ def migrate_results(results_dir: str | Path) -> list[Path]:
 
 
 def leaderboard_table(results_dir: str | Path):
-    """One pandas row per record under ``results_dir``: its leaderboard group, method label, seed and every
-    leaderboard column."""
+    """One pandas row per record under ``results_dir``: its leaderboard group, method label, seed, every column."""
     from benchmark.report import leaderboard_frame
 
     return leaderboard_frame(load_records(results_dir))

@@ -152,6 +152,7 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="untimed updates before them (the loader's start, allocation, compilation); 0: the stage's whole time",
     )
+    bench.add_argument("--finetune", action="store_true", help="time the fine-tuning update, plain and compiled")
     bench.add_argument(
         "--save",
         metavar="DIR",
@@ -400,12 +401,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """``dapbench bench``: each method's DAP update against the GEMM peak and a plain transformers step."""
     from benchmark.api import bench
     from benchmark.io import atomic_write_json
-    from benchmark.tools.bench import markdown_table, report_file_name
+    from benchmark.tools.bench import finetune_table, markdown_table, report_file_name
 
     config = _config(args)
     trace = Path(args.trace) if args.trace else None
-    report = bench(config, args.steps, trace, show_progress=not args.quiet, warmup=args.warmup)
-    print(markdown_table(report))
+    if args.finetune and trace:
+        raise DapbenchError("--trace records DAP updates, not fine-tuning ones", "leave out --trace with --finetune")
+    report = bench(config, args.steps, trace, show_progress=not args.quiet, warmup=args.warmup, finetune=args.finetune)
+    print(finetune_table(report) if args.finetune else markdown_table(report))
     if args.save:
         path = Path(args.save) / report_file_name(report, config.profile)
         atomic_write_json(path, report)

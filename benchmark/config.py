@@ -185,11 +185,12 @@ class FinetuneConfig:
     """Subsample the test split to at most this many examples (fixed, seed-independent subset)."""
     eval_batch_size: int = setting(64, low=1)
     group_by_length: bool = False
-    """Draw training batches of similar length (transformers' ``LengthGroupedSampler``: random megabatches,
-    each sorted by length) instead of uniformly shuffled ones. The paper shuffles uniformly; grouping cuts
-    padding about 40% on these end tasks, which reduced budgets use."""
+    """Draw training batches of similar length (transformers' ``LengthGroupedSampler``: random megabatches, each sorted
+    by length) instead of uniformly shuffled ones. The paper shuffles uniformly; grouping cuts padding about 40%."""
     seed_offset: int = setting(0, low=0, high=1000)
     """Fine-tune seed = run seed + offset (the paper fine-tunes with seed 2021)."""
+    compile: bool = False
+    """Fine-tune with compiled transformer blocks (as ``dap.compile``): fewer kernel launches; not in the run id."""
 
     def __post_init__(self):
         check_settings("finetune", self)

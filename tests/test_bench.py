@@ -223,3 +223,33 @@ def test_mfu_against_the_datasheet_peak_is_the_flop_rate_over_the_devices_16_bit
         other = with_spec_peak(report(device, precision))
         assert other["spec_peak_tflops"] is None and other["methods"]["ncl"]["mfu_spec"] is None
         assert "| 44.7% | — |" in markdown_table(other)
+
+
+def test_the_finetune_bench_times_the_updates_after_the_warmup_plain_and_compiled(tiny_config, monkeypatch, capsys):
+    """``dapbench bench --finetune``: the end-task fine-tuning update (the first domain's task from the base model),
+    eager and through compiled blocks in one process, every update marked and only those after the warm-up timed;
+    its report names its own file and refuses a trace."""
+    from benchmark.cli import main
+    from benchmark.tools import bench as bench_module
+
+    made = []
+
+    class Spy(bench_module.UpdateClock):
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(bench_module, "UpdateClock", Spy)
+    report = bench_module.bench(tiny_config, ["ncl"], updates=3, warmup=2, finetune=True)
+    assert [len(clock.marks) for clock in made] == [5, 5]  # eager, then compiled: warm-up and timed updates
+    for clock, kind in zip(made, ("eager", "compiled"), strict=True):
+        assert report["rows"][kind]["step_seconds"] == round((clock.marks[-1] - clock.marks[1]) / 3, 5) > 0
+    assert report["compiled_speedup"] > 0 and report["task"] == "alpha_sup"
+    assert (
+        bench_module.report_file_name(report, "synthetic")
+        == f"{bench_module.device_slug(report['device'])}-synthetic-finetune.json"
+    )
+    assert "| compiled |" in bench_module.finetune_table(report)
+    args = ["bench", "--profile", "synthetic", "--model", tiny_config.model, "--data-root", tiny_config.data_root]
+    assert main([*args, "--finetune", "--trace", "t", "--general-heldout", tiny_config.general_heldout]) == 2
+    assert "--trace records DAP updates" in capsys.readouterr().err

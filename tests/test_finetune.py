@@ -208,3 +208,38 @@ def test_a_row_of_one_seed_is_never_resolved_against_no_dap_on_the_protocol_besi
     lines = _section(records, "finetune")
     row = next(line for line in lines if line.startswith("| `ncl` |"))
     assert " resolved |" in row and "Beating `none` on fine-tuned end tasks beyond seed noise: `ncl`." in lines
+
+
+def test_compiled_fine_tuning_compiles_every_block_and_predicts_as_the_plain_one(tiny_model):
+    """``finetune.compile``: the classifier's blocks run through compiled graphs (inputs of several lengths, train
+    and eval modes) and the fine-tuned model predicts what the plain fine-tune predicts."""
+    from accelerate import Accelerator
+    from torch._dynamo.utils import counters
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from benchmark.engine.sharding import transformer_blocks
+    from benchmark.protocols.finetune import finetune_and_evaluate
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    rng = random.Random(0)
+    examples = []
+    for i in range(24):
+        ids = tokenizer(" ".join(["alpha" if i % 2 else "beta"] * rng.randint(2, 9)))["input_ids"]
+        examples.append({"input_ids": ids, "attention_mask": [1] * len(ids), "labels": i % 2})
+    task = EncodedTask("toy", 2, examples[:16], examples[16:], [f["labels"] for f in examples[16:]])
+    results, models = {}, {}
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        models[compiled] = AutoModelForSequenceClassification.from_pretrained(tiny_model, num_labels=2)
+        cfg = FinetuneConfig(batch_size=4, default_epochs=2, compile=compiled)
+        counters.clear()
+        results[compiled] = finetune_and_evaluate(models[compiled], task, tokenizer, cfg, 1, Accelerator(cpu=True))
+    assert all(block._compiled_call_impl is not None for block in transformer_blocks(models[True]))
+    assert counters["stats"]["unique_graphs"] >= 2  # at least one training and one evaluation graph
+    assert results[True]["predictions"] == results[False]["predictions"]
+    # the next fine-tune (a fresh classifier of the same blocks: the run's next cell) compiles nothing again
+    torch.manual_seed(0)
+    again = AutoModelForSequenceClassification.from_pretrained(tiny_model, num_labels=2)
+    counters.clear()
+    repeated = finetune_and_evaluate(again, task, tokenizer, cfg, 1, Accelerator(cpu=True))
+    assert counters["stats"]["unique_graphs"] == 0 and repeated["predictions"] == results[True]["predictions"]

@@ -1,7 +1,7 @@
 """Switches that change how fast a run goes, not what it computes: compiled blocks (``dap.compile=true``, every
-transformer block through ``torch.compile``, inductor on CPU), activation checkpointing
-(``dap.activation_checkpointing=true``) and denormals flushed to zero (``dap.flush_denormals=true``) each give the
-record a plain run gives, under the same run id."""
+transformer block through ``torch.compile``, inductor on CPU; ``finetune.compile=true``, the same for fine-tuning),
+activation checkpointing (``dap.activation_checkpointing=true``) and denormals flushed to zero
+(``dap.flush_denormals=true``) each give the record a plain run gives, under the same run id."""
 
 from __future__ import annotations
 
@@ -53,7 +53,9 @@ def _switched_equal_plain(
             (b,) = (out / "results" / "synthetic").glob(f"{method}-*.json")
             assert a.name == b.name  # the switches change how, not what: one run id
             plain, switched = json.loads(a.read_text()), json.loads(b.read_text())
-            assert all(switched["config"]["dap"][s.split("=")[0].split(".")[1]] is True for s in switches)
+            for switch in switches:
+                section, name = switch.split("=")[0].split(".")
+                assert switched["config"][section][name] is True
             assert not compare_records(plain, switched, TOLERANCE), (switches, method)
 
 
@@ -64,6 +66,11 @@ def test_compiled_or_checkpointed_runs_give_the_plain_record(world_root, tiny_mo
 def test_flushing_denormals_gives_the_plain_record(world_root, tiny_model, tmp_path):
     # HAT, whose gates at s = smax make the denormals the switch is for, and NCL, the plain update
     _switched_equal_plain(world_root, tiny_model, tmp_path, ("ncl", "hat"), (("dap.flush_denormals=true",),))
+
+
+def test_compiled_fine_tuning_gives_the_plain_record(world_root, tiny_model, tmp_path):
+    # every end task fine-tuned through compiled blocks, its evaluation too; DAP plain (NCL: the default classifier)
+    _switched_equal_plain(world_root, tiny_model, tmp_path, ("ncl",), (("finetune.compile=true",),))
 
 
 @pytest.mark.slow

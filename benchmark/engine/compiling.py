@@ -26,10 +26,12 @@ COMPILED_VARIANTS = 64
 """Compiled variants of a block kept per run (dynamo's ``recompile_limit``)."""
 
 
-def compile_blocks(model) -> None:
+def compile_blocks(model, keep_variants: bool = False) -> None:
     """Compile every transformer block of ``model`` in place (``nn.Module.compile``: parameter names, hooks and
     checkpoints unchanged). Blocks of one architecture share one compiled graph (parameters are graph inputs), so
-    the compile cost is per block shape and mode, not per block; a block compiled before is left as it is.
+    the compile cost is per block shape and mode, not per block; a block compiled before is left as it is. A new
+    run's model drops the variants compiled for the last one, unless ``keep_variants`` (a fine-tune's fresh
+    classifier, whose blocks are those of the fine-tune before it: a run's 6 to 21 fine-tunes compile once).
     Inductor draws random numbers through torch's generator (``fallback_random``), so the seeded dropout of every
     micro-batch (:mod:`benchmark.data.sampling`) is the eager one; dynamo guards on module hooks, so the unit
     gates methods hook into a block for a pass (:mod:`methods._shared.units`) are traced, not skipped."""
@@ -47,7 +49,7 @@ def compile_blocks(model) -> None:
     dynamo_config.allow_unspec_int_on_nn_module = True
     every = transformer_blocks(model)
     fresh = [block for block in every if getattr(block, "_compiled_call_impl", None) is None]
-    if len(fresh) == len(every):  # a new run's model: the last run's variants are of no use
+    if len(fresh) == len(every) and not keep_variants:  # a new run's model: the last run's variants are of no use
         torch._dynamo.reset()
     for block in fresh:
         block.compile()

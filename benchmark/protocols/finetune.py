@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from benchmark.config import FinetuneConfig
 from benchmark.data.endtasks import EncodedTask
+from benchmark.engine.compiling import compile_blocks
 from benchmark.engine.optimizers import fused_adamw
 from benchmark.errors import DapbenchError, NonFiniteError
 from benchmark.metrics import classification_scores
@@ -57,24 +58,29 @@ class FineTune(EndTaskProtocol):
 
 
 def finetune_and_evaluate(
-    model: nn.Module, task: EncodedTask, tokenizer, cfg: FinetuneConfig, seed: int, accelerator
+    model: nn.Module,
+    task: EncodedTask,
+    tokenizer,
+    cfg: FinetuneConfig,
+    seed: int,
+    accelerator,
+    after_update: Callable[[], None] = lambda: None,
 ) -> dict:
     """Fine-tune ``model`` (a sequence classifier with a fresh head) and evaluate once on the test set
-    after the last epoch (no model selection, as in the paper). Returns scores and timings."""
-    from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup, set_seed
+    after the last epoch (no model selection, as in the paper). Returns scores and timings. ``after_update`` is
+    called after every update (``dapbench bench --finetune`` marks the time there)."""
+    from transformers import DataCollatorWithPadding, set_seed
 
     set_seed(seed)
     collator = DataCollatorWithPadding(tokenizer)
     loader = _train_loader(task.train, cfg, collator)
     epochs = cfg.epochs.get(task.name, cfg.default_epochs) * cfg.epoch_scale
     total_steps = max(1, math.ceil(epochs * len(loader)))
-    # The reference applies weight decay to every parameter (biases and LayerNorms too).
-    params = [p for p in model.parameters() if p.requires_grad]
-    fused = fused_adamw(accelerator.device, accelerator.mixed_precision) or None
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.adam_eps, fused=fused)
-    scheduler = get_linear_schedule_with_warmup(optimizer, 0, total_steps)
+    optimizer, scheduler = _optimizer(model, cfg, accelerator, total_steps)
     # One fine-tune is one process's work, also in a multi-process run (each process takes whole fine-tunes):
     # the model gets mixed precision but no DDP, the loader is not sharded, the schedule steps once per update.
+    if cfg.compile:  # an update is a few hundred small kernels: on a GPU their launches set its pace
+        compile_blocks(model, keep_variants=True)
     model = accelerator.prepare_model(model, evaluation_mode=True)
     optimizer, device = accelerator.prepare_optimizer(optimizer), accelerator.device
     start = time.perf_counter()
@@ -92,6 +98,7 @@ def finetune_and_evaluate(
                 scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            after_update()
             if step >= total_steps:
                 break
         _check_finite_steps(first_bad, task.name, cfg)
@@ -109,6 +116,17 @@ def finetune_and_evaluate(
         "train_seconds": round(train_seconds, 3),
         "eval_seconds": round(time.perf_counter() - start - train_seconds, 3),
     }
+
+
+def _optimizer(model: nn.Module, cfg: FinetuneConfig, accelerator, total_steps: int) -> tuple:
+    """AdamW over every trainable parameter (the reference decays biases and LayerNorms too; fused on CUDA) and its
+    linear decay to zero over ``total_steps``, without warm-up."""
+    from transformers import get_linear_schedule_with_warmup
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    fused = fused_adamw(accelerator.device, accelerator.mixed_precision) or None
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.adam_eps, fused=fused)
+    return optimizer, get_linear_schedule_with_warmup(optimizer, 0, total_steps)
 
 
 def _check_finite_steps(first_bad: torch.Tensor, task: str, cfg: FinetuneConfig) -> None:

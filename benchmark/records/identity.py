@@ -52,7 +52,8 @@ LOCATION_FIELDS = (
 """Config fields that say where or what to run, not what a run computes."""
 
 NUMERICS_NEUTRAL_FIELDS = {
-    "dap": ("loader_workers", "sharding", "activation_checkpointing", "compile", "flush_denormals", "deterministic")
+    "dap": ("loader_workers", "sharding", "activation_checkpointing", "compile", "flush_denormals", "deterministic"),
+    "finetune": ("compile",),
 }
 """Fields of each section that change how fast a run goes, not what it computes (tested to change no number)."""
 

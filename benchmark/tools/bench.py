@@ -45,10 +45,13 @@ def bench(
     seed: int = 0,
     trace_dir: Path | None = None,
     warmup: int = 0,
+    finetune: bool = False,
 ) -> dict[str, Any]:
     """The bench report of ``methods`` (``updates`` timed updates each, after ``warmup`` untimed ones) on the first
     two domains of ``config``; with ``trace_dir``, a profiler record of each method's updates there
-    (:func:`trace_updates`)."""
+    (:func:`trace_updates`); with ``finetune``, the fine-tuning update's report instead (:func:`finetune_bench`)."""
+    if finetune:
+        return finetune_bench(config, updates, warmup)
     _count_cpu_attention()
     with tempfile.TemporaryDirectory() as work:
         # Each stage a bench runs still evaluates its model on held-out text, which the bench does not measure: two
@@ -151,13 +154,17 @@ class UpdateClock:
 
         def marked(ctx) -> None:
             original(ctx)
-            self.marks.append(self._now())
+            self.mark()
 
         method.after_optimizer_step = marked  # an instance attribute shadows the method for this stage only
         try:
             yield self
         finally:
             del method.after_optimizer_step
+
+    def mark(self) -> None:
+        """Mark the end of an update now (a fine-tune's ``after_update``)."""
+        self.marks.append(self._now())
 
     def seconds_per_update(self, after: int) -> float:
         """Mean seconds of the updates after the first ``after`` (from the end of update ``after`` to the last's)."""
@@ -175,6 +182,67 @@ class UpdateClock:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
+
+
+def finetune_bench(config: RunConfig, updates: int, warmup: int) -> dict[str, Any]:
+    """The end-task fine-tuning update of ``config``'s settings (protocol batch and length, precision, kernels), plain
+    and through compiled blocks (``finetune.compile``), in one process: seconds per update after ``warmup`` untimed
+    ones (allocation, compilation), on the first domain's end task from the base model, its examples in their order.
+    On a GPU at ``gpu-small``'s budget a run's 6 to 21 fine-tunes are most of its time, and host-bound."""
+    from benchmark.modeling import classifier_from_checkpoint
+    from benchmark.protocols.finetune import finetune_and_evaluate
+
+    with tempfile.TemporaryDirectory() as work:
+        cfg = dataclasses.replace(config, work_dir=work)
+        data = prepare_data(cfg)
+        accelerator = make_accelerator(cfg)
+        task = data.tasks[data.domains[0]]
+        size = (warmup + updates) * cfg.finetune.batch_size
+        train = (task.train * math.ceil(size / len(task.train)))[:size]  # exactly warmup + updates full batches
+        test = task.test[: cfg.finetune.eval_batch_size]
+        timed = dataclasses.replace(task, train=train, test=test, test_labels=task.test_labels[: len(test)])
+        rows = {}
+        for compiled in (False, True):
+            ft = dataclasses.replace(cfg.finetune, epochs={}, default_epochs=1.0, epoch_scale=1.0, compile=compiled)
+            clock = UpdateClock()
+            clock.cuda = accelerator.device.type == "cuda"
+            torch.manual_seed(0)
+            model = classifier_from_checkpoint(cfg.model, task.num_labels)
+            finetune_and_evaluate(model, timed, data.tokenizer, ft, 0, accelerator, after_update=clock.mark)
+            seconds = clock.seconds_per_update(after=max(warmup, 1))
+            rows["compiled" if compiled else "eager"] = {
+                "step_seconds": round(seconds, 5),
+                "examples_per_second": round(cfg.finetune.batch_size / seconds, 1),
+            }
+    return {
+        "schema": BENCH_SCHEMA,
+        "kind": "finetune",
+        "device": device_name(accelerator.device),
+        "precision": accelerator.mixed_precision,
+        "deterministic": cfg.dap.deterministic and accelerator.device.type == "cuda",
+        "torch_threads": torch.get_num_threads(),
+        "model": _portable(config.model),
+        "task": task.name,
+        "batch_size": cfg.finetune.batch_size,
+        "max_length": cfg.finetune.max_length,
+        "timed_updates": updates,
+        "warmup_updates": warmup,
+        "rows": rows,
+        "compiled_speedup": round(rows["eager"]["step_seconds"] / rows["compiled"]["step_seconds"], 3),
+    }
+
+
+def finetune_table(report: dict[str, Any]) -> str:
+    """A fine-tuning bench report (:func:`finetune_bench`) as a markdown table."""
+    lines = [
+        f"fine-tuning {report['task']}, batch {report['batch_size']} x <= {report['max_length']} tokens, "
+        f"{report['precision']}, {report['device']}",
+        "",
+        "| blocks | s / update | examples/s |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {k} | {r['step_seconds']:.4f} | {r['examples_per_second']:.1f} |" for k, r in report["rows"].items()]
+    return "\n".join([*lines, "", f"compiled blocks: {report['compiled_speedup']:.2f}x the eager update"])
 
 
 TRACE_UPDATES = 3
@@ -348,6 +416,8 @@ def report_file_name(report: dict[str, Any], profile: str) -> str:
 
     dap = profile_config(profile).dap
     parts = [device_slug(report["device"]), profile]
+    if report.get("kind") == "finetune":
+        return "-".join([*parts, "finetune"]) + ".json"
     parts += ["causal"] if report.get("model_kind") == "causal" else []
     parts += [f"b{report['global_batch']}"] if report.get("global_batch", dap.batch_size) != dap.batch_size else []
     micro = report.get("micro_batch", dap.per_device_batch_size)

@@ -12,8 +12,10 @@
 # and operator tables), traces.tar.xz (Chrome traces), grid.tar.xz (finished records, run logs).
 # DRY=1: a CPU rehearsal at toy shapes (OUT: an empty folder): every step runs, with tiny budgets.
 # SKIP_BENCH=1: the grid alone, the whole call (a run took 3.5 to 15 min with seven sharing the GPU in time slices,
-# most of it fine-tuning). GRID_ORDER (method:seed ...), SLOTS, START_LEFT, MPS and REPRODUCE shape the grid (step 4).
-# Session 2026-12-04's call: SKIP_BENCH=1 MPS=1 REPRODUCE=none:2021 bash docs/device/gpu-bench.sh
+# most of it fine-tuning). GRID_ORDER (method:seed ...), SLOTS, START_LEFT, MPS, REPRODUCE, FT_BENCH and FT_COMPILE
+# shape the grid (step 4).
+# Session 2026-12-04's call: SKIP_BENCH=1 MPS=1 REPRODUCE=none:2021 FT_BENCH=0 bash docs/device/gpu-bench.sh
+# The next: SKIP_BENCH=1 MPS=1 SLOTS=21 REPRODUCE=none:2021 bash docs/device/gpu-bench.sh (the fine-tuning bench first)
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor DAPBENCH_SHARED=$PWD/.devkit/shared
@@ -39,7 +41,7 @@ else
 fi
 python3 -c "import torch,transformers,datasets,accelerate,peft,pyarrow;print(torch.__version__,transformers.__version__,datasets.__version__,accelerate.__version__,peft.__version__,pyarrow.__version__)" >>$LOG 2>&1 || exit 5
 [ -d $D/data ] || { mkdir -p $D && tar xJf $K/data.tar.xz -C $D || exit 4; }
-[ "${SKIP_BENCH:-0}" = 1 ] || [ -f $M/rb/config.json ] || { mkdir -p $M && MODELS=${MODELS:-rb,gpt2s} python3 docs/device/make_models.py $M $K/tok >>$LOG 2>&1 || exit 4; }
+[ "${SKIP_BENCH:-0}" = 1 ] || [ "${1:-all}" = reproduce ] || [ -f $M/rb/config.json ] || { mkdir -p $M && MODELS=${MODELS:-rb,gpt2s} python3 docs/device/make_models.py $M $K/tok >>$LOG 2>&1 || exit 4; }
 stamp setup done
 DATA="--data-root $D/data/continuallm-layout --general-heldout $D/data/general/heldout.txt"
 B="python3 -m benchmark.cli bench --profile paper $DATA --sequence restaurant,phone --quiet --set dap.mixed_precision=bf16 --set dap.per_device_batch_size=124"
@@ -111,13 +113,27 @@ if [ "${MPS:-0}" = 1 ] && [ "${DRY:-0}" != 1 ]; then
     stamp "MPS failed: time slices"
   fi
 fi
+# The fine-tuning update, plain and through compiled blocks (`dapbench bench --finetune`, gpu-small's settings): the
+# grid fine-tunes through compiled blocks when they are at least 1.2x as fast (FT_BENCH=0 skips it, FT_COMPILE=1 forces)
+FTW=30; FTS=200; [ "${DRY:-0}" = 1 ] && { FTW=2; FTS=3; }
+if [ "${FT_BENCH:-1}" = 1 ]; then
+  stamp "finetune bench"
+  timeout -k 10 180 python3 -m benchmark.cli bench --profile gpu-small $DATA --set general_corpus=$D/data/general/train.txt \
+    $( [ "${DRY:-0}" = 1 ] && echo --device cpu ) \
+    --finetune --warmup $FTW --steps $FTS --quiet --save $W/bench >>$LOG 2>&1
+  SPEEDUP=$(python3 -c "import glob, json; print(json.load(open(glob.glob('$W/bench/*-finetune.json')[0]))['compiled_speedup'])" 2>>$LOG || echo 0)
+  stamp "finetune bench: compiled blocks ${SPEEDUP}x the eager update"
+  python3 -c "import sys; sys.exit(float('$SPEEDUP') < 1.2)" && FT_COMPILE=${FT_COMPILE:-1}
+fi
+[ "${FT_COMPILE:-0}" = 1 ] && { G="$G --set finetune.compile=true"; stamp "grid fine-tunes through compiled blocks"; }
 [ "${DRY:-0}" = 1 ] || (while [ $(left) -gt 20 ]; do
   echo "$(( $(date +%s) - T0 ))s $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader)" >>$W/grid/gpu.txt
   sleep 10; done 2>&1) &
 stamp "grid start ($(left)s left)"
 SLOTS=${SLOTS:-14}; START_LEFT=${START_LEFT:-150}
 one_run() {  # method seed: one gpu-small run, bounded by the call's end
-  OMP_NUM_THREADS=1 timeout -k 10 $(( $(left) - 25 )) python3 -m benchmark.cli run --profile gpu-small $DATA \
+  # one thread each, compile workers too (inductor would start one per core in every run)
+  OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 10 $(( $(left) - 25 )) python3 -m benchmark.cli run --profile gpu-small $DATA \
     --set general_corpus=$D/data/general/train.txt --methods $1 --seeds $2 --output-dir $W/grid --no-leaderboard \
     $G >$W/grid/$1-$2.log 2>&1
   local rc=$?
