@@ -241,9 +241,13 @@ def test_the_finetune_bench_times_the_updates_after_the_warmup_plain_and_compile
 
     monkeypatch.setattr(bench_module, "UpdateClock", Spy)
     report = bench_module.bench(tiny_config, ["ncl"], updates=3, warmup=2, finetune=True)
-    assert [len(clock.marks) for clock in made] == [5, 5]  # eager, then compiled: warm-up and timed updates
+    assert [len(clock.marks) for clock in made] == [6, 6]  # eager, then compiled: the start, warm-up, timed updates
     for clock, kind in zip(made, ("eager", "compiled"), strict=True):
-        assert report["rows"][kind]["step_seconds"] == round((clock.marks[-1] - clock.marks[1]) / 3, 5) > 0
+        assert report["rows"][kind]["step_seconds"] == round((clock.marks[-1] - clock.marks[2]) / 3, 5) > 0
+    no_warmup = bench_module.bench(tiny_config, ["ncl"], updates=1, warmup=0, finetune=True)
+    assert made[-1].marks[-1] - made[-1].marks[0] == pytest.approx(
+        no_warmup["rows"]["compiled"]["step_seconds"], abs=1e-5
+    )
     assert report["compiled_speedup"] > 0 and report["task"] == "alpha_sup"
     assert (
         bench_module.report_file_name(report, "synthetic")

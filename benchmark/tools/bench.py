@@ -208,8 +208,9 @@ def finetune_bench(config: RunConfig, updates: int, warmup: int) -> dict[str, An
             clock.cuda = accelerator.device.type == "cuda"
             torch.manual_seed(0)
             model = classifier_from_checkpoint(cfg.model, task.num_labels)
+            clock.mark()  # the start: without a warm-up the first update's one-off work (compiling) is timed too
             finetune_and_evaluate(model, timed, data.tokenizer, ft, 0, accelerator, after_update=clock.mark)
-            seconds = clock.seconds_per_update(after=max(warmup, 1))
+            seconds = clock.seconds_per_update(after=warmup + 1)
             rows["compiled" if compiled else "eager"] = {
                 "step_seconds": round(seconds, 5),
                 "examples_per_second": round(cfg.finetune.batch_size / seconds, 1),
