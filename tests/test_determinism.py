@@ -71,4 +71,4 @@ def test_a_cpu_run_is_left_on_torchs_default_kernels(restored_kernels, tiny_conf
 def test_the_switch_is_not_part_of_the_run_id(tiny_config):
     plain = planned_run_ids(tiny_config)
     assert planned_run_ids(apply_overrides(tiny_config, ["dap.deterministic=true"])) == plain
-    assert profile_config("gpu-small").dap.deterministic  # the GPU group's records reproduce to the last digit
+    assert profile_config("gpu-small").dap.deterministic  # the GPU group's records are made to be re-derived

@@ -44,6 +44,10 @@ python3 -c "import torch,transformers,datasets,accelerate,peft,pyarrow;print(tor
 [ "${SKIP_BENCH:-0}" = 1 ] || [ "${1:-all}" = reproduce ] || [ -f $M/rb/config.json ] || { mkdir -p $M && MODELS=${MODELS:-rb,gpt2s} python3 docs/device/make_models.py $M $K/tok >>$LOG 2>&1 || exit 4; }
 stamp setup done
 DATA="--data-root $D/data/continuallm-layout --general-heldout $D/data/general/heldout.txt"
+GENERAL=$D/data/general/train.txt  # the general training text: `run` and `bench` take it as a setting, `reproduce` as a flag
+INPUTS="$DATA --set general_corpus=$GENERAL"
+# reproduce RECORD LOG THREADS: `dapbench reproduce` of a carried or just-written gpu-small record, bounded by the call
+reproduce() { OMP_NUM_THREADS=$3 timeout -k 10 $(( $(left) - 25 )) python3 -m benchmark.cli reproduce $1 $DATA --general-corpus $GENERAL --output-dir $W/repro >$2 2>&1; }
 B="python3 -m benchmark.cli bench --profile paper $DATA --sequence restaurant,phone --quiet --set dap.mixed_precision=bf16 --set dap.per_device_batch_size=124"
 WU=2; ST=4; MB1=248; PROBE=1000
 G="--set dap.steps=150"
@@ -61,9 +65,7 @@ if [ "${1:-all}" = reproduce ]; then
 # $2), alone on the GPU, then the compiled NCL step at one micro-batch of 248 with a trace while the call has time
 wait
 stamp "reproduce $2"
-OMP_NUM_THREADS=4 timeout -k 10 $(( $(left) - 15 )) python3 -m benchmark.cli reproduce $2 --data-root $D/data/continuallm-layout \
-  --general-heldout $D/data/general/heldout.txt --general-corpus $D/data/general/train.txt --output-dir $W/repro \
-  >$W/grid/reproduce.log 2>&1
+reproduce $2 $W/grid/reproduce.log 4
 stamp "reproduce rc=$?"
 find $W/repro -path "*results*" -name "*.json" -exec cp {} $OUT/ \;
 tail -c 3000 $W/grid/reproduce.log >$OUT/reproduce-tail.txt
@@ -118,8 +120,7 @@ fi
 FTW=30; FTS=200; [ "${DRY:-0}" = 1 ] && { FTW=2; FTS=3; }
 if [ "${FT_BENCH:-1}" = 1 ]; then
   stamp "finetune bench"
-  timeout -k 10 180 python3 -m benchmark.cli bench --profile gpu-small $DATA --set general_corpus=$D/data/general/train.txt \
-    $( [ "${DRY:-0}" = 1 ] && echo --device cpu ) \
+  timeout -k 10 180 python3 -m benchmark.cli bench --profile gpu-small $INPUTS $( [ "${DRY:-0}" = 1 ] && echo --device cpu ) \
     --finetune --warmup $FTW --steps $FTS --quiet --save $W/bench >>$LOG 2>&1
   SPEEDUP=$(python3 -c "import glob, json; print(json.load(open(glob.glob('$W/bench/*-finetune.json')[0]))['compiled_speedup'])" 2>>$LOG || echo 0)
   stamp "finetune bench: compiled blocks ${SPEEDUP}x the eager update"
@@ -133,8 +134,8 @@ stamp "grid start ($(left)s left)"
 SLOTS=${SLOTS:-14}; START_LEFT=${START_LEFT:-150}
 one_run() {  # method seed: one gpu-small run, bounded by the call's end
   # one thread each, compile workers too (inductor would start one per core in every run)
-  OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 10 $(( $(left) - 25 )) python3 -m benchmark.cli run --profile gpu-small $DATA \
-    --set general_corpus=$D/data/general/train.txt --methods $1 --seeds $2 --output-dir $W/grid --no-leaderboard \
+  OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 10 $(( $(left) - 25 )) python3 -m benchmark.cli run --profile gpu-small $INPUTS \
+    --methods $1 --seeds $2 --output-dir $W/grid --no-leaderboard \
     $G >$W/grid/$1-$2.log 2>&1
   local rc=$?
   echo "$(( $(date +%s) - T0 ))s $1 $2 rc=$rc" >>$W/grid/runs.txt
@@ -146,11 +147,8 @@ reproduce_run() {  # method seed: wait for that run's record, then re-run it fro
   done
   [ -n "$record" ] || return
   stamp "reproduce $record"
-  OMP_NUM_THREADS=1 timeout -k 10 $(( $(left) - 25 )) python3 -m benchmark.cli reproduce $record --data-root $D/data/continuallm-layout \
-    --general-heldout $D/data/general/heldout.txt --general-corpus $D/data/general/train.txt --output-dir $W/repro \
-    >$W/grid/reproduce-$1-$2.log 2>&1
-  local rc=$?
-  stamp "reproduce rc=$rc"
+  reproduce $record $W/grid/reproduce-$1-$2.log 1
+  stamp "reproduce rc=$?"
 }
 [ -n "${REPRODUCE:-}" ] && reproduce_run ${REPRODUCE/:/ } &
 RUNNING=()
@@ -165,7 +163,7 @@ wait
 stamp "grid end: $(find $W/grid/results -name "*.json" 2>/dev/null | wc -l) record(s)"
 nvidia-smi --query-gpu=memory.used --format=csv >>$LOG 2>&1
 tar cJf $OUT/bench.tar.xz -C $W bench $(cd $W && find traces -name '*.txt') >>$LOG 2>&1
-tar cf - -C $W $(cd $W && find traces -name '*.json') | xz -T0 -3 >$OUT/traces.tar.xz 2>>$LOG
+tar cf - -C $W $(cd $W && find traces -name '*.json') 2>>$LOG | xz -T0 -3 >$OUT/traces.tar.xz 2>>$LOG
 mkdir -p $W/grid/repro; find $W/repro -path "*results*" -name "*.json" -exec cp {} $W/grid/repro/ \; 2>/dev/null
 tar cJf $OUT/grid.tar.xz -C $W/grid $(cd $W/grid && ls -d results repro *.log *.txt 2>/dev/null) >>$LOG 2>&1
 stamp all done
