@@ -15,7 +15,14 @@
 # most of it fine-tuning). GRID_ORDER (method:seed ...), SLOTS, START_LEFT, MPS, REPRODUCE, FT_BENCH and FT_COMPILE
 # shape the grid (step 4).
 # Session 2026-12-04's call: SKIP_BENCH=1 MPS=1 REPRODUCE=none:2021 FT_BENCH=0 bash docs/device/gpu-bench.sh
-# The next: SKIP_BENCH=1 MPS=1 SLOTS=21 REPRODUCE=none:2021 bash docs/device/gpu-bench.sh (the fine-tuning bench first)
+# The next session (the kit built and slimmed, then `cp results/gpu-small/none-seq0-seed2021-3a222f3802.json .devkit/`):
+#   call 1: SKIP_BENCH=1 MPS=1 SLOTS=15 REPRODUCE=.devkit/none-seq0-seed2021-3a222f3802.json GRID_ORDER="none:222
+#   one:222 ncl:2021 kd:2021 ewc:2021 derpp:2021 das:2021 ncl:111 kd:111 ewc:111 derpp:111 das:111 ncl:222 kd:222"
+#   bash docs/device/gpu-bench.sh: the committed record re-derived at once beside the grid (REPRODUCE takes a record's
+#   path, or method:seed for a grid run's record), the fine-tuning bench, the two short rows, then continual runs;
+#   call 2, at once (the machine stays warm 30 s and keeps /tmp/work): the same command with END set to the session's
+#   time left: finished runs are skipped ("complete, kept"), cut-off ones resume from their last stage checkpoint
+#   (rehearsed with DRY=1: a run cut at its second domain finished in the next invocation under the same run id).
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor DAPBENCH_SHARED=$PWD/.devkit/shared
@@ -104,11 +111,14 @@ wait
 # remain (a run stopped by the call's end leaves nothing). With MPS=1 the runs share the GPU through CUDA's
 # multi-process service (kernels of several processes at once, not time slices): tried, checked with one CUDA
 # context, and stopped again if that fails. REPRODUCE=method:seed re-runs that run's record with `dapbench
-# reproduce` as soon as it is written (the GPU reproduction check), in a slot of its own.
+# reproduce` as soon as it is written (the GPU reproduction check), in a slot of its own; REPRODUCE=PATH a carried
+# record at once.
 if [ "${MPS:-0}" = 1 ] && [ "${DRY:-0}" != 1 ]; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
   mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-  if nvidia-cuda-mps-control -d >>$LOG 2>&1 && timeout 60 python3 -c "import torch; torch.ones(1, device='cuda').sum().item()" >>$LOG 2>&1; then
+  nvidia-cuda-mps-control -d >>$LOG 2>&1  # fails harmlessly where this call's predecessor left the daemon running
+  if timeout 60 python3 -c "import torch; torch.ones(1, device='cuda').sum().item()" >>$LOG 2>&1 \
+    && [ -n "$(echo get_server_list | nvidia-cuda-mps-control 2>>$LOG)" ]; then  # a client reached an MPS server
     stamp "MPS on"
   else
     echo quit | nvidia-cuda-mps-control >>$LOG 2>&1; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
@@ -140,17 +150,20 @@ one_run() {  # method seed: one gpu-small run, bounded by the call's end
   local rc=$?
   echo "$(( $(date +%s) - T0 ))s $1 $2 rc=$rc" >>$W/grid/runs.txt
 }
-reproduce_run() {  # method seed: wait for that run's record, then re-run it from scratch and compare
-  local record=""
-  while [ -z "$record" ] && [ $(left) -gt $START_LEFT ]; do
-    sleep 5; record=$(find $W/grid/results -name "$1-*-seed$2-*.json" 2>/dev/null | head -1)
-  done
+reproduce_run() {  # $REPRODUCE: a record's path (re-run at once) or method:seed (that grid run's record, once written)
+  local record=$REPRODUCE
+  if [ ! -f "$record" ]; then
+    record=""
+    while [ -z "$record" ] && [ $(left) -gt $START_LEFT ]; do
+      sleep 5; record=$(find $W/grid/results -name "${REPRODUCE%%:*}-*-seed${REPRODUCE##*:}-*.json" 2>/dev/null | head -1)
+    done
+  fi
   [ -n "$record" ] || return
   stamp "reproduce $record"
-  reproduce $record $W/grid/reproduce-$1-$2.log 1
+  reproduce $record $W/grid/reproduce-$(basename $record .json).log 1
   stamp "reproduce rc=$?"
 }
-[ -n "${REPRODUCE:-}" ] && reproduce_run ${REPRODUCE/:/ } &
+[ -n "${REPRODUCE:-}" ] && reproduce_run &
 RUNNING=()
 running() { local n=0 p; for p in "${RUNNING[@]}"; do kill -0 $p 2>/dev/null && n=$((n + 1)); done; echo $n; }
 for run in $GRID_ORDER; do
