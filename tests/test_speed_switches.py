@@ -35,8 +35,9 @@ def _args(world_root: Path, model: Path, out: Path, methods: tuple[str, ...], *e
 
 EACH_SWITCH = (("dap.compile=true",), ("dap.activation_checkpointing=true",))
 """Each switch alone: the default suite's check."""
-SWITCHES = (*EACH_SWITCH, ("dap.compile=true", "dap.activation_checkpointing=true"))
-"""And both together (checkpointed recomputation through compiled blocks): the slow suite's, for every method."""
+SWITCHES = (*EACH_SWITCH, ("dap.compile=true", "dap.activation_checkpointing=true"), ("dap.flush_denormals=true",))
+"""And both together (checkpointed recomputation through compiled blocks), and denormals flushed (every record of the
+ladder's top rung was made with it): the slow suite's, for every method."""
 
 
 def _switched_equal_plain(
