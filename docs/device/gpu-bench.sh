@@ -21,7 +21,8 @@
 #   bash docs/device/gpu-bench.sh: the committed record re-derived at once beside the grid (REPRODUCE takes a record's
 #   path, or method:seed for a grid run's record), the fine-tuning bench, the two short rows, then continual runs;
 #   call 2, at once (the machine stays warm 30 s and keeps /tmp/work): the same command with END set to the session's
-#   time left: finished runs are skipped ("complete, kept"), cut-off ones resume from their last stage checkpoint
+#   time left, FT_BENCH=0 FT_COMPILE=<call 1's choice>, and without REPRODUCE where call 1 printed its verdict:
+#   finished runs are skipped ("complete, kept"), cut-off ones resume from their last stage checkpoint
 #   (rehearsed with DRY=1: a run cut at its second domain finished in the next invocation under the same run id).
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
