@@ -210,6 +210,31 @@ def test_a_row_of_one_seed_is_never_resolved_against_no_dap_on_the_protocol_besi
     assert " resolved |" in row and "Beating `none` on fine-tuned end tasks beyond seed noise: `ncl`." in lines
 
 
+def test_a_rows_interval_against_no_dap_does_not_move_when_another_row_is_added():
+    """Each row resamples its seeds from a generator of its own: a row added (here listed first) leaves every other
+    row's interval against ``none`` as it was, to the last digit."""
+    from benchmark.report.beside import _section
+
+    def record(label: str, tuned: float) -> dict:
+        return {
+            "method_label": label,
+            "config": {"finetune": {"protocol": "linear_probe"}},
+            "summary": {"macro_f1": {"final": 0.45}},
+            "end_tasks_beside": {"finetune": {"summary": {"macro_f1": {"final": tuned}}}},
+        }
+
+    records = [record("none", t) for t in (0.311, 0.334, 0.352, 0.379, 0.363)]
+    records += [record("ncl", t) for t in (0.362, 0.401, 0.433, 0.471)]
+
+    def ncl_row(lines: list[str]) -> str:
+        return next(line for line in lines if line.startswith("| `ncl` |"))
+
+    before = _section(records, "finetune")
+    after = _section(records + [record("one", t) for t in (0.502, 0.547, 0.519)], "finetune")
+    assert after.index(next(line for line in after if line.startswith("| `one` |"))) < after.index(ncl_row(after))
+    assert ncl_row(after) == ncl_row(before)
+
+
 def test_compiled_fine_tuning_compiles_every_block_and_predicts_as_the_plain_one(tiny_model):
     """``finetune.compile``: the classifier's blocks run through compiled graphs (inputs of several lengths, train
     and eval modes) and the fine-tuned model predicts what the plain fine-tune predicts."""

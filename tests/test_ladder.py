@@ -132,11 +132,15 @@ def test_a_top_rung_with_fewer_rows_so_far_does_not_shrink_the_comparison_below_
     from benchmark.report.ladder import find_ladders, read_ladder
     from benchmark.report.writer import _statistics
 
+    groups, _ = group_records(leaderboard_records(rungs / "results"))
+    (two_rungs,) = find_ladders([(g, _statistics(g), {}) for g in groups])
+    below = read_ladder(two_rungs)
     shutil.copytree(rungs / "results", tmp_path / "results")
     config = world_config(world_root, tiny_model, tmp_path, TINY_DAP, TINY_FINETUNE)
     top = dataclasses.replace(config, profile="rung-c", dap=dataclasses.replace(config.dap, steps=10, lr=1e-4))
-    record = continual_run(top, prepare_data(top), "none", 1, show_progress=False).execute()
-    atomic_write_json(tmp_path / "results" / "rung-c" / f"{record['run_id']}.json", record)
+    for seed in (1, 2):  # two seeds: resampling them draws random numbers (one seed draws none)
+        record = continual_run(top, prepare_data(top), "none", seed, show_progress=False).execute()
+        atomic_write_json(tmp_path / "results" / "rung-c" / f"{record['run_id']}.json", record)
     groups, _ = group_records(leaderboard_records(tmp_path / "results"))
     sections = [(g, _statistics(g), {}) for g in groups]
     (ladder,) = [lad for lad in find_ladders(sections) if len(lad.rungs) == 3]
@@ -144,6 +148,13 @@ def test_a_top_rung_with_fewer_rows_so_far_does_not_shrink_the_comparison_below_
     reading = read_ladder(ladder)
     assert any(t.rungs == (0, 1) and t.rows == 3 for t in reading.taus)  # the two lower rungs keep their 3 rows
     assert not any(t.rungs[1] == 2 for t in reading.taus)  # one row at the top: no ranking there yet
+    # a rung added above leaves the reading of the rungs below as it was, to the last resample
+    for title, lower in below.samples.items():
+        for kept_rung, rung in zip(reading.samples[title][:2], lower, strict=True):
+            np.testing.assert_equal(kept_rung, rung)
+    kept = [dataclasses.astuple(t) for t in reading.taus if t.rungs == (0, 1)]
+    np.testing.assert_equal(kept, [dataclasses.astuple(t) for t in below.taus])  # NaN (a tie everywhere) equals NaN
+    assert [v for v in reading.verdicts if v.rungs == (0, 1)] == below.verdicts
     (line,) = _beyond_budget([reading], ladder.rungs[0].key, ["ncl"])
     assert "at 6 updates per domain" in line and "the 3 rows measured at both budgets" in line
     assert "at 10 updates per domain" not in line and "not measured" not in line  # one row up there: no ranking yet

@@ -17,6 +17,7 @@ import numpy as np
 from benchmark.protocols import PROTOCOLS, protocol_short
 from benchmark.report.escape import code, text
 from benchmark.report.frame import by_label
+from benchmark.report.statistics import named_generator
 
 BOOTSTRAP = 4000
 """Seed resamples per comparison with no DAP."""
@@ -74,7 +75,6 @@ def _section(records: list[dict], beside: str) -> list[str]:
         f"| method | n | {text(own)} | {text(other)} | gap | {text(other)} against `{NO_DAP}` |",
         "|---|---|---|---|---|---|",
     ]
-    rng = np.random.default_rng(0)
     beats = []
     for label, (first, second) in sorted(rows.items(), key=lambda item: -item[1][1].mean()):
         versus = "–"
@@ -82,6 +82,8 @@ def _section(records: list[dict], beside: str) -> list[str]:
             if min(len(second), len(baseline[1])) < MIN_SEEDS:
                 versus = f"{second.mean() - baseline[1].mean():+.2f} (one seed: seed noise not measured)"
             else:
+                # a generator per row: its interval does not move when another row gains a seed
+                rng = named_generator("beside", beside, label)
                 mean, low, high = seed_difference(second, baseline[1], rng)
                 resolved = low > 0 or high < 0
                 versus = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]{' resolved' if resolved else ''}"

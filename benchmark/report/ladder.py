@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmark.protocols import PROTOCOLS
 from benchmark.report.frame import END_TASK_COLUMNS, Column, by_label, loss_columns, tokens_per_domain, untrained_flag
-from benchmark.report.statistics import REPLICATES, GroupStatistics
+from benchmark.report.statistics import REPLICATES, GroupStatistics, named_generator
 
 
 def ladder_columns() -> list[Column]:
@@ -183,16 +183,24 @@ class LadderReading:
     verdicts: list[Verdict]
     means: dict[str, dict[str, list[float | None]]]
     """Per column title and row label, its mean at each rung (None where the rung lacks it)."""
+    samples: dict[str, list[dict[str, np.ndarray | None]]] = field(default_factory=dict)
+    """Per column title and rung, each row's bootstrap replicates of its mean (:func:`replicates`; None where the
+    rung lacks the row): what the taus' intervals and the verdicts are computed from."""
 
 
 def read_ladder(ladder: Ladder) -> LadderReading:
     """Tau per metric between consecutive rungs (and bottom to top), and every pairwise verdict that kept, flipped or
     appeared between consecutive rungs, each over the rows the two rungs share and compare (:meth:`Ladder.shared`)."""
-    rng = np.random.default_rng(int(ladder.key, 16))
     labels = ladder.measured()
     columns = ladder_columns()
+    # each row's resamples drawn from its own generator: a record added to one rung leaves the others' readings as
+    # they were (one shared generator would shift every later draw)
     samples = {
-        c.title: [{lab: replicates(r.stats, lab, c, rng) for lab in labels} for r in ladder.rungs] for c in columns
+        c.title: [
+            {lab: replicates(r.stats, lab, c, named_generator(ladder.key, r.key, c.title, lab)) for lab in labels}
+            for r in ladder.rungs
+        ]
+        for c in columns
     }
     means = {c.title: {lab: [_mean(r.stats, lab, c) for r in ladder.rungs] for lab in labels} for c in columns}
     pairs = ladder.pairs()
@@ -203,7 +211,7 @@ def read_ladder(ladder: Ladder) -> LadderReading:
             taus += _tau(column, samples[column.title], means[column.title], i, j, compared[i, j])
         for i, j in pairs[: len(ladder.rungs) - 1]:
             verdicts += _verdicts(column, samples[column.title], i, j, compared[i, j])
-    return LadderReading(ladder, taus, verdicts, means)
+    return LadderReading(ladder, taus, verdicts, means, samples)
 
 
 def _mean(stats: GroupStatistics, label: str, column: Column) -> float | None:

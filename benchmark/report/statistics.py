@@ -28,6 +28,13 @@ REPLICATES = 1000
 ALPHA = 0.05
 
 
+def named_generator(*names: str) -> np.random.Generator:
+    """A random generator seeded by ``names`` alone (a ladder, a rung, a metric, a row): a reading drawn from it
+    depends on nothing else the report holds, so adding a record to one row or rung leaves every other row's
+    resamples, and every reading that does not include that record, as they were."""
+    return np.random.default_rng(int(hashlib.sha256("\x1f".join(names).encode()).hexdigest()[:16], 16))
+
+
 class EvaluationSample:
     """Bootstrap replicates of every record's loss metrics and end-task summaries over the group's shared evaluation
     sample (held-out chunks, test examples); records without per-chunk losses or predictions (schema < 3) have
