@@ -186,28 +186,33 @@ def test_the_leaderboard_sets_fine_tuned_cells_against_the_probe_and_against_no_
     assert "fine-tune beside the linear probe" in page
 
 
+def _beside_record(label: str, tuned: float, probe: float = 0.45) -> dict:
+    """A record reduced to what the fine-tune-beside section reads: its row, protocol and both final macro-F1s."""
+    return {
+        "method_label": label,
+        "config": {"finetune": {"protocol": "linear_probe"}},
+        "summary": {"macro_f1": {"final": probe}},
+        "end_tasks_beside": {"finetune": {"summary": {"macro_f1": {"final": tuned}}}},
+    }
+
+
+def _row(lines: list[str], label: str) -> str:
+    return next(line for line in lines if line.startswith(f"| `{label}` |"))
+
+
 def test_a_row_of_one_seed_is_never_resolved_against_no_dap_on_the_protocol_beside():
     """One seed has no seed noise to resample: its interval against ``none`` would show ``none``'s noise alone, so the
     row gets its difference without an interval and is not named as beating no DAP; two seeds a side are compared."""
     from benchmark.report.beside import _section
 
-    def record(label: str, probe: float, tuned: float) -> dict:
-        return {
-            "method_label": label,
-            "config": {"finetune": {"protocol": "linear_probe"}},
-            "summary": {"macro_f1": {"final": probe}},
-            "end_tasks_beside": {"finetune": {"summary": {"macro_f1": {"final": tuned}}}},
-        }
-
-    records = [record("none", 0.45, t) for t in (0.33, 0.35, 0.38)] + [record("ncl", 0.45, 0.40)]
+    records = [_beside_record("none", t) for t in (0.33, 0.35, 0.38)] + [_beside_record("ncl", 0.40)]
     lines = _section(records, "finetune")
-    row = next(line for line in lines if line.startswith("| `ncl` |"))
-    assert row.endswith("| +4.67 (one seed: seed noise not measured) |")
+    assert _row(lines, "ncl").endswith("| +4.67 (one seed: seed noise not measured) |")
     assert "No method beats `none` on fine-tuned end tasks beyond seed noise." in lines
-    records.append(record("ncl", 0.45, 0.41))  # a second seed: now compared, and far enough above to resolve
+    records.append(_beside_record("ncl", 0.41))  # a second seed: now compared, and far enough above to resolve
     lines = _section(records, "finetune")
-    row = next(line for line in lines if line.startswith("| `ncl` |"))
-    assert " resolved |" in row and "Beating `none` on fine-tuned end tasks beyond seed noise: `ncl`." in lines
+    assert " resolved |" in _row(lines, "ncl")
+    assert "Beating `none` on fine-tuned end tasks beyond seed noise: `ncl`." in lines
 
 
 def test_a_rows_interval_against_no_dap_does_not_move_when_another_row_is_added():
@@ -215,24 +220,12 @@ def test_a_rows_interval_against_no_dap_does_not_move_when_another_row_is_added(
     row's interval against ``none`` as it was, to the last digit."""
     from benchmark.report.beside import _section
 
-    def record(label: str, tuned: float) -> dict:
-        return {
-            "method_label": label,
-            "config": {"finetune": {"protocol": "linear_probe"}},
-            "summary": {"macro_f1": {"final": 0.45}},
-            "end_tasks_beside": {"finetune": {"summary": {"macro_f1": {"final": tuned}}}},
-        }
-
-    records = [record("none", t) for t in (0.311, 0.334, 0.352, 0.379, 0.363)]
-    records += [record("ncl", t) for t in (0.362, 0.401, 0.433, 0.471)]
-
-    def ncl_row(lines: list[str]) -> str:
-        return next(line for line in lines if line.startswith("| `ncl` |"))
-
+    records = [_beside_record("none", t) for t in (0.311, 0.334, 0.352, 0.379, 0.363)]
+    records += [_beside_record("ncl", t) for t in (0.362, 0.401, 0.433, 0.471)]
     before = _section(records, "finetune")
-    after = _section(records + [record("one", t) for t in (0.502, 0.547, 0.519)], "finetune")
-    assert after.index(next(line for line in after if line.startswith("| `one` |"))) < after.index(ncl_row(after))
-    assert ncl_row(after) == ncl_row(before)
+    after = _section(records + [_beside_record("one", t) for t in (0.502, 0.547, 0.519)], "finetune")
+    assert after.index(_row(after, "one")) < after.index(_row(after, "ncl"))
+    assert _row(after, "ncl") == _row(before, "ncl")
 
 
 def test_compiled_fine_tuning_compiles_every_block_and_predicts_as_the_plain_one(tiny_model):
