@@ -197,7 +197,14 @@ def test_a_row_flagged_untrained_at_either_budget_is_left_out_of_the_comparison_
     from benchmark.records.store import leaderboard_records
     from benchmark.report.answer import _beyond_budget
     from benchmark.report.groups import group_records
-    from benchmark.report.ladder import budget_series, find_ladders, ladder_markdown, read_ladder
+    from benchmark.report.ladder import (
+        budget_band,
+        budget_series,
+        find_ladders,
+        ladder_columns,
+        ladder_markdown,
+        read_ladder,
+    )
     from benchmark.report.writer import _statistics
 
     groups, _ = group_records(leaderboard_records(rungs / "results"))
@@ -220,6 +227,11 @@ def test_a_row_flagged_untrained_at_either_budget_is_left_out_of_the_comparison_
     assert flagged == [(ladder.rungs[0].tokens_per_domain, reading.means["plasticity"]["ncl"][0])]
     line, flagged = budget_series(ladder, "none", reading.means["plasticity"]["none"], 1.0)
     assert flagged == [] and not np.isnan(line).any()
+    # the band around a row's line: gapped where the line is, and holding the row's mean where it is drawn
+    (plasticity,) = [c for c in ladder_columns() if c.title == "plasticity"]
+    low, high = budget_band(reading, plasticity, "ncl", 1.0)
+    assert np.isnan(low[0]) and np.isnan(high[0])
+    assert low[1] <= reading.means["plasticity"]["ncl"][1] <= high[1] and low[1] < high[1]
     section = "\n".join(ladder_markdown(reading, None))
     assert "No Kendall's tau yet" in section
     assert (

@@ -309,8 +309,9 @@ def _left_out_lines(ladder: Ladder) -> list[str]:
 
 def plot_ladder(reading: LadderReading, path, colours: dict[str, str] | None = None) -> object:
     """Each metric against the budget (tokens per domain, log scale), one small panel per metric, a line per row;
-    the reference rows (no DAP, naive continual, the proposed method) drawn in colour, the others in grey; a row's
-    point at a budget that did not train it is a mark off its line (:func:`budget_series`)."""
+    the reference rows (no DAP, naive continual, the proposed method) drawn in colour with their 95% bootstrap band
+    (:func:`budget_band`), the others in grey; a row's point at a budget that did not train it is a mark off its
+    line (:func:`budget_series`)."""
     from benchmark.report.plots import _pyplot, _save
 
     plt = _pyplot()
@@ -328,6 +329,9 @@ def plot_ladder(reading: LadderReading, path, colours: dict[str, str] | None = N
             # grey rows keep a small marker: a row trained at one rung only has no segment to draw
             style = style if label in references else {"lw": 0.8, "marker": "o", "ms": 2.5, "color": "0.65"}
             ax.plot(tokens, ys, **style)
+            if label in references:  # the reference rows' 95% bootstrap band: how far apart rows must be to differ
+                low, high = budget_band(reading, column, label, scale)
+                ax.fill_between(tokens, low, high, color=ax.lines[-1].get_color(), alpha=0.15, lw=0)
             if flagged:
                 xs, marks = zip(*flagged, strict=True)
                 ax.scatter(xs, marks, marker="x", s=22, color="0.35", zorder=3, label=UNTRAINED_MARK)
@@ -364,3 +368,19 @@ def budget_series(ladder: Ladder, label: str, means: list, scale: float) -> tupl
             value = np.nan
         line.append(value)
     return line, flagged
+
+
+def budget_band(reading: LadderReading, column: Column, label: str, scale: float) -> tuple[list[float], list[float]]:
+    """A row's 95% bootstrap interval at each rung (over seeds and the evaluation sample, from the replicates the
+    taus and verdicts use), NaN where the rung lacks the row or flags it untrained, as :func:`budget_series` gaps."""
+    low, high = [], []
+    for rung, drawn in zip(reading.ladder.rungs, reading.samples[column.title], strict=True):
+        values = drawn.get(label)
+        if values is None or label in rung.untrained or not np.isfinite(values).any():
+            low.append(np.nan)
+            high.append(np.nan)
+            continue
+        lo, hi = np.nanpercentile(values, [2.5, 97.5]) * scale
+        low.append(float(lo))
+        high.append(float(hi))
+    return low, high
