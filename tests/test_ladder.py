@@ -69,8 +69,12 @@ def _the_site_draws_the_ladder_on_each_rungs_page(out):
     ]
     assert sorted(ladder["tokens"] for drawn in ladders for ladder in drawn) == [[512, 1536], [512, 1536]]
     assert sum(not drawn for drawn in ladders) == 1  # both rungs' pages draw it, the other-lr group's does not
-    plasticity = next(drawn for drawn in ladders if drawn)[0]["metrics"]["plasticity"]
+    drawn = next(drawn for drawn in ladders if drawn)[0]
+    plasticity = drawn["metrics"]["plasticity"]
     assert plasticity and all(len(values) == 2 for values in plasticity.values())  # each row's mean at each rung
+    reach = drawn["errors"]["plasticity"]["ncl"]  # its interval's error bars, around a row of two seeds
+    assert all(v is not None and v >= 0 for v in reach["plus"] + reach["minus"])
+    assert all(up + down > 0 for up, down in zip(reach["plus"], reach["minus"], strict=True))
 
 
 def test_the_ladder_reading_gives_taus_within_their_intervals_and_verdicts_between_consecutive_rungs(rungs):
@@ -205,6 +209,7 @@ def test_a_row_flagged_untrained_at_either_budget_is_left_out_of_the_comparison_
         ladder_markdown,
         read_ladder,
     )
+    from benchmark.report.site import _ladder_charts
     from benchmark.report.writer import _statistics
 
     groups, _ = group_records(leaderboard_records(rungs / "results"))
@@ -227,6 +232,12 @@ def test_a_row_flagged_untrained_at_either_budget_is_left_out_of_the_comparison_
     assert flagged == [(ladder.rungs[0].tokens_per_domain, reading.means["plasticity"]["ncl"][0])]
     line, flagged = budget_series(ladder, "none", reading.means["plasticity"]["none"], 1.0)
     assert flagged == [] and not np.isnan(line).any()
+    # the site draws it alike: a gap in the line, the point apart
+    (chart,) = _ladder_charts([reading], ladder.rungs[0].key, {"ncl": "#000", "none": "#111", "one": "#222"})
+    point = (ladder.rungs[0].tokens_per_domain, reading.means["plasticity"]["ncl"][0])
+    assert chart["metrics"]["plasticity"]["ncl"][0] is None and chart["untrained"]["plasticity"]["ncl"] == [point]
+    assert chart["untrained"]["plasticity"].keys() == {"ncl"}
+    assert chart["errors"]["plasticity"]["ncl"]["plus"][0] is None  # no interval where no line
     # the band around a row's line: gapped where the line is, and holding the row's mean where it is drawn
     (plasticity,) = [c for c in ladder_columns() if c.title == "plasticity"]
     low, high = budget_band(reading, plasticity, "ncl", 1.0)

@@ -287,18 +287,50 @@ def _json_matrix(mean: np.ndarray) -> list:
 
 
 def _ladder_charts(ladders: list, key: str, colours: dict[str, str]) -> list[dict]:
-    """The budget ladders a group is a rung of: per metric and row, its mean at each rung's tokens per domain."""
+    """The budget ladders a group is a rung of: per metric and row, its mean at each rung's tokens per domain (a gap
+    at a rung that flags it untrained, whose point is listed in ``untrained`` to be drawn apart, as the leaderboard's
+    plot does), and the reach of its 95% bootstrap interval above and below the mean (``errors``)."""
+    from benchmark.report.ladder import budget_series, ladder_columns
+
+    columns = {c.title: c for c in ladder_columns()}
     out = []
     for reading in ladders:
         rungs = reading.ladder.rungs
         if key not in {r.key for r in rungs}:
             continue
-        tokens = [r.tokens_per_domain for r in rungs]
-        metrics = {
-            title: {label: values for label, values in rows.items() if label in colours}
-            for title, rows in reading.means.items()
-        }
-        out.append({"key": reading.ladder.key, "tokens": tokens, "metrics": metrics})
+        metrics, untrained = {}, {}
+        for title, rows in reading.means.items():
+            drawn = {label: budget_series(reading.ladder, label, means, 1.0) for label, means in rows.items()}
+            drawn = {label: series for label, series in drawn.items() if label in colours}
+            metrics[title] = {label: [_finite(v) for v in line] for label, (line, _) in drawn.items()}
+            untrained[title] = {label: flagged for label, (_, flagged) in drawn.items() if flagged}
+        chart = {"key": reading.ladder.key, "tokens": [r.tokens_per_domain for r in rungs], "metrics": metrics}
+        chart["titles"] = [title for title in columns if title in metrics]  # the order of the leaderboard's plot
+        chart["errors"] = {title: _reaches(reading, columns[title], rows) for title, rows in metrics.items()}
+        chart["untrained"] = untrained
+        out.append(chart)
+    return out
+
+
+def _finite(value: float) -> float | None:
+    """A chart value for the page's JSON: None for NaN (a gap in the line)."""
+    return None if value is None or not np.isfinite(value) else float(value)
+
+
+def _reaches(reading, column, rows: dict[str, list]) -> dict[str, dict[str, list[float | None]]]:
+    """Per row of a ladder's metric panel, how far its 95% bootstrap interval reaches above (``plus``) and below
+    (``minus``) its mean at each rung, as Plotly's error bars take it; None where a rung has no mean or no interval
+    (:func:`benchmark.report.ladder.budget_band`)."""
+    from benchmark.report.ladder import budget_band
+
+    out = {}
+    for label, means in rows.items():
+        plus, minus = [], []
+        for mean, low, high in zip(means, *budget_band(reading, column, label, 1.0), strict=True):
+            known = mean is not None and np.isfinite(low) and np.isfinite(high)  # a gap has no interval either
+            plus.append(round(max(0.0, high - mean), 6) if known else None)
+            minus.append(round(max(0.0, mean - low), 6) if known else None)
+        out[label] = {"plus": plus, "minus": minus}
     return out
 
 

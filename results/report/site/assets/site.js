@@ -119,19 +119,38 @@ function drawMatrices(d) {
 
 function drawLadders(d, methods) {
   d.ladders.forEach((ladder, i) => {
-    const titles = Object.keys(ladder.metrics), traces = [];
-    const layout = {...layoutBase, grid: {rows: 1, columns: titles.length, pattern: "independent"}, annotations: [],
-                    height: 360};
+    // five panels a row, each x axis ticked at the rungs' budgets only (log-scale minor labels overlap)
+    const titles = ladder.titles, traces = [], columns = Math.min(5, titles.length);
+    const rows = Math.ceil(titles.length / columns);
+    let shownUntrained = false;
+    const ticks = {tickvals: ladder.tokens, ticktext: ladder.tokens.map((t) => `${Math.round(t / 1000)}K`)};
+    const layout = {...layoutBase, grid: {rows, columns, pattern: "independent", ygap: 0.3, xgap: 0.3},
+                    annotations: [], height: 290 * rows + 110, legend: {orientation: "h", y: -0.12}};
     titles.forEach((title, j) => {
       const axis = j === 0 ? "" : String(j + 1);
-      layout[`xaxis${axis}`] = {type: "log", title: {text: "DAP tokens per domain"}};
+      layout[`xaxis${axis}`] = {type: "log", ...ticks};
       layout.annotations.push({text: title, showarrow: false, xref: `x${axis} domain`, yref: `y${axis} domain`,
-                               x: 0.5, y: 1.1});
+                               x: 0.5, y: 1.12});
       for (const [method, values] of Object.entries(ladder.metrics[title])) {
         if (!methods.includes(method)) continue;
+        const reach = ladder.errors[title][method];  // the row's 95% bootstrap interval at each rung
         traces.push({x: ladder.tokens, y: values, xaxis: `x${axis}`, yaxis: `y${axis}`, name: method,
                      legendgroup: method, showlegend: j === 0, type: "scatter", mode: "lines+markers",
-                     line: {color: d.colours[method], width: isReference(d, method) ? 4 : 1.5}});
+                     line: {color: d.colours[method], width: isReference(d, method) ? 4 : 1.5},
+                     hovertemplate: `${method}<br>%{x:,} tokens: %{y:.3f}<extra>${title}</extra>`,
+                     error_y: {type: "data", symmetric: false, array: reach.plus, arrayminus: reach.minus,
+                               color: d.colours[method], thickness: 1, width: 3}});
+      }
+      // a row's point at a budget that did not train it: a grey mark off its line, as in the leaderboard's plot
+      const flagged = Object.entries(ladder.untrained[title]).filter(([method]) => methods.includes(method));
+      if (flagged.length) {
+        const points = flagged.flatMap(([method, marks]) => marks.map((mark) => [method, ...mark]));
+        traces.push({x: points.map((p) => p[1]), y: points.map((p) => p[2]), text: points.map((p) => p[0]),
+                     xaxis: `x${axis}`, yaxis: `y${axis}`, type: "scatter", mode: "markers",
+                     marker: {symbol: "x", size: 8, color: "#595959"}, name: "flagged untrained (not compared)",
+                     legendgroup: "untrained", showlegend: !shownUntrained,
+                     hovertemplate: `%{text}<br>%{x:,} tokens: %{y:.3f} (untrained)<extra>${title}</extra>`});
+        shownUntrained = true;
       }
     });
     Plotly.react(`chart-ladder-${i}`, traces, layout, config);
