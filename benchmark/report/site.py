@@ -300,8 +300,8 @@ def _ladder_charts(ladders: list, key: str, colours: dict[str, str]) -> list[dic
             continue
         metrics, untrained = {}, {}
         for title, rows in reading.means.items():
-            drawn = {label: budget_series(reading.ladder, label, means, 1.0) for label, means in rows.items()}
-            drawn = {label: series for label, series in drawn.items() if label in colours}
+            shown = {label: means for label, means in rows.items() if label in colours}
+            drawn = {label: budget_series(reading.ladder, label, means, 1.0) for label, means in shown.items()}
             metrics[title] = {label: [_finite(v) for v in line] for label, (line, _) in drawn.items()}
             untrained[title] = {label: flagged for label, (_, flagged) in drawn.items() if flagged}
         chart = {"key": reading.ladder.key, "tokens": [r.tokens_per_domain for r in rungs], "metrics": metrics}

@@ -32,7 +32,7 @@ def named_generator(*names: str) -> np.random.Generator:
     """A random generator seeded by ``names`` alone (a ladder, a rung, a metric, a row): a reading drawn from it
     depends on nothing else the report holds, so adding a record to one row or rung leaves every other row's
     resamples, and every reading that does not include that record, as they were."""
-    return np.random.default_rng(int(hashlib.sha256("\x1f".join(names).encode()).hexdigest()[:16], 16))
+    return np.random.default_rng(int(hashlib.sha256("\x1f".join(names).encode()).hexdigest()[:12], 16))
 
 
 class EvaluationSample:
@@ -41,7 +41,7 @@ class EvaluationSample:
     none."""
 
     def __init__(self, records: list[dict], key: str, replicates: int = REPLICATES, chunk_limit: int | None = None):
-        self.rng = np.random.default_rng(int(hashlib.sha256(key.encode()).hexdigest()[:12], 16))
+        self.rng = named_generator(key)
         self.replicates, self.chunk_limit = replicates, chunk_limit
         self._chunk_weights: dict[str, np.ndarray] = {}
         self._example_weights: dict[str, np.ndarray] = {}
