@@ -228,6 +228,32 @@ def test_a_rows_interval_against_no_dap_does_not_move_when_another_row_is_added(
     assert _row(after, "ncl") == _row(before, "ncl")
 
 
+def test_the_short_answer_states_what_the_fine_tuned_end_tasks_of_a_rung_say_against_no_dap():
+    """A rung that fine-tunes beside its probe adds a line to the short answer: whether a row beats ``none`` beyond
+    seed noise (else the closest row of two seeds or more, never a one-seed row), the rows resolved below it with
+    their intervals, and the range of the fine-tune-minus-probe gap over rows."""
+    from types import SimpleNamespace
+
+    from benchmark.report.answer import _beside_line
+    from benchmark.report.beside import beside_rows
+
+    def seeded(label: str, scores: tuple[float, ...], probe: float = 0.45) -> list[dict]:
+        return [{**_beside_record(label, t, probe), "seed": n} for n, t in enumerate(scores)]
+
+    records = seeded("none", (0.33, 0.35, 0.38)) + seeded("ncl", (0.34, 0.37)) + seeded("hat", (0.20, 0.22), 0.50)
+    records += seeded("kd", (0.60,))  # one seed: far above, yet neither closest nor beating
+    rung = SimpleNamespace(steps=288, stats=SimpleNamespace(records=records))
+    line = _beside_line(rung, "finetune")
+    rows = {row.label: row for row in beside_rows(records, "finetune")}
+    ncl, hat = rows["ncl"].versus, rows["hat"].versus
+    assert line.startswith("at 288 updates per domain the end tasks are also fine-tuned (1-3 seeds per row;")
+    assert f"no method beats no DAP (`none`) beyond seed noise (closest: `ncl` {ncl[0]:+.2f} [" in line
+    assert f"; below it: `hat` {hat[0]:+.2f} [{hat[1]:+.2f}, {hat[2]:+.2f}] points" in line and hat[2] < 0
+    assert line.endswith("; fine-tuned minus probe macro-F1: +15.00 (`kd`) to -29.00 (`hat`) points")
+    records += seeded("kd", (0.61,))  # a second seed: now compared, and resolved above
+    assert "above no DAP (`none`) beyond seed noise: `kd`; below it: `hat`" in _beside_line(rung, "finetune")
+
+
 def test_compiled_fine_tuning_compiles_every_block_and_predicts_as_the_plain_one(tiny_model):
     """``finetune.compile``: the classifier's blocks run through compiled graphs (inputs of several lengths, train
     and eval modes) and the fine-tuned model predicts what the plain fine-tune predicts."""

@@ -112,16 +112,16 @@ def test_the_short_answer_says_whether_it_holds_at_the_top_of_its_ladder(rungs):
     ladder = find_ladders(sections)[0]
     bottom, top = ladder.rungs[0], ladder.rungs[-1]
     reading = read_ladder(ladder)
-    (line,) = _beyond_budget([reading], bottom.key, ["ncl", "das", "ncl"])
-    assert f"at 6 updates per domain (1,536 tokens; group `{top.key}`, 2 seeds)" in line
+    line, verdicts = _beyond_budget([reading], bottom.key, ["ncl", "das", "ncl"])  # a line per rung, then verdicts
+    assert line.startswith(f"beyond this budget, at 6 updates per domain (1,536 tokens; group `{top.key}`, 2 seeds)")
     assert "the 3 rows measured at both budgets (`ncl`, `none`, `one`)" in line
     assert "Kendall's tau of their ranking (95% interval over seeds and sample): " in line and "plasticity +" in line
     kept = sum(v.change == "kept" for v in reading.verdicts)
-    assert f"every metric): {kept} kept, " in line
+    assert f"(every metric, up to 6 updates): {kept} kept, " in verdicts
     for t in reading.taus:
         if t.column in ("forgetting", "general rise", "plasticity") and not np.isnan(t.tau):
             assert f"{t.column} {t.tau:+.2f} [{t.low:+.2f}, {t.high:+.2f}]" in line
-    assert line.endswith("; not measured at 6 updates yet: `das`")  # the answer's rows the top rung lacks, once each
+    assert verdicts.endswith("; not measured at 6 updates yet: `das`")  # the answer's rows the top rung lacks, once
     assert _beyond_budget([reading], top.key, ["ncl"]) == []  # the top rung has nothing above it
 
 
@@ -159,18 +159,20 @@ def test_a_top_rung_with_fewer_rows_so_far_does_not_shrink_the_comparison_below_
     kept = [dataclasses.astuple(t) for t in reading.taus if t.rungs == (0, 1)]
     np.testing.assert_equal(kept, [dataclasses.astuple(t) for t in below.taus])  # NaN (a tie everywhere) equals NaN
     assert [v for v in reading.verdicts if v.rungs == (0, 1)] == below.verdicts
-    (line,) = _beyond_budget([reading], ladder.rungs[0].key, ["ncl"])
+    line, verdicts = _beyond_budget([reading], ladder.rungs[0].key, ["ncl"])
     assert "at 6 updates per domain" in line and "the 3 rows measured at both budgets" in line
-    assert "at 10 updates per domain" not in line and "not measured" not in line  # one row up there: no ranking yet
+    assert "up to 6 updates" in verdicts and "not measured" not in verdicts  # one row up there: no ranking yet
 
     for method in ("ncl", "one"):  # the top rung now holds the 3 rows: both higher rungs are stated, bottom first
         record = continual_run(top, prepare_data(top), method, 1, show_progress=False).execute()
         atomic_write_json(tmp_path / "results" / "rung-c" / f"{record['run_id']}.json", record)
     groups, _ = group_records(leaderboard_records(tmp_path / "results"))
     (ladder,) = [lad for lad in find_ladders([(g, _statistics(g), {}) for g in groups]) if len(lad.rungs) == 3]
-    (line,) = _beyond_budget([read_ladder(ladder)], ladder.rungs[0].key, ["ncl"])
-    middle, highest = line.index("at 6 updates per domain"), line.index("at 10 updates per domain")
-    assert middle < highest and line.count("the 3 rows measured at both budgets") == 2
+    middle, highest, verdicts = _beyond_budget([read_ladder(ladder)], ladder.rungs[0].key, ["ncl"])
+    assert middle.startswith("beyond this budget, at 6 updates per domain")
+    assert highest.startswith("at 10 updates per domain")
+    assert "the 3 rows measured at both budgets" in middle and "the 3 rows measured at both budgets" in highest
+    assert "up to 10 updates" in verdicts
 
 
 def test_a_top_rung_that_also_fine_tunes_beside_its_probe_is_still_a_rung_of_the_probe_ladder():
@@ -249,5 +251,5 @@ def test_a_row_flagged_untrained_at_either_budget_is_left_out_of_the_comparison_
         "Left out of 2 -> 6 updates, as a budget did not train them: `ncl` (untrained: weights ≤ 1.0e-05 at 2 updates)."
         in section
     )
-    (line,) = _beyond_budget([reading], ladder.rungs[0].key, ["ncl"])
+    line, _ = _beyond_budget([reading], ladder.rungs[0].key, ["ncl"])
     assert "the 2 rows measured at both budgets (`none`, `one`) (left out as untrained at a budget: `ncl`)" in line

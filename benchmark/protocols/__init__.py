@@ -69,6 +69,12 @@ def protocol_short(ft: dict) -> str:
     return PROTOCOLS[name].short if name in PROTOCOLS else name
 
 
+def protocol_words(ft: dict) -> str:
+    """A protocol in words (``linear probe``, ``fine-tune``); its name where it is not installed here."""
+    name = ft.get("protocol", "finetune")
+    return PROTOCOLS[name].words if name in PROTOCOLS else name
+
+
 __all__ = [
     "CLASSIFIER",
     "LANGUAGE_MODEL",

@@ -15,6 +15,14 @@ from __future__ import annotations
 import math
 
 from benchmark.families import MASKED_LM
+from benchmark.protocols import protocol_short, protocol_words
+from benchmark.report.beside import (
+    MIN_SEEDS,
+    NO_DAP,
+    beating_no_dap,
+    beside_protocols,
+    beside_rows,
+)
 from benchmark.report.escape import code, text
 from benchmark.report.frame import GENERATED_WORLD, column_header, tokens_per_domain, untrained_flag
 from benchmark.report.reading import column_of
@@ -135,12 +143,14 @@ LADDER_METRICS = ("forgetting", "general rise", "plasticity")
 
 
 def _beyond_budget(readings: list, key: str, named: list[str]) -> list[str]:
-    """Whether the answer holds at larger budgets: on the budget ladder the answering group (``key``) is the bottom
-    rung of, per higher rung that shares at least 3 compared rows with it (or the top where none does yet), Kendall's
-    tau of those rows on :data:`LADDER_METRICS`, and the rows left out as untrained at either budget; then the
-    pairwise verdicts that kept, flipped or appeared on the way to the highest of them, and which of the answer's
-    ``named`` rows that rung lacks. Every compared rung is stated, so a top rung of few rows so far is read beside a
-    middle one of many. Nothing where the group is no ladder's bottom rung."""
+    """Whether the answer holds at larger budgets, on the budget ladder the answering group (``key``) is the bottom
+    rung of: a line per higher rung that shares at least 3 compared rows with it (or the top where none does yet),
+    with Kendall's tau of those rows on :data:`LADDER_METRICS` and the rows left out as untrained at either budget;
+    then the pairwise verdicts that kept, flipped or appeared on the way to the highest of them, and which of the
+    answer's ``named`` rows that rung lacks; then, per compared rung whose end tasks were also scored under a
+    protocol beside its own, what that protocol says against no DAP (:func:`_beside_line`). Every compared rung is
+    stated, so a top rung of few rows so far is read beside a middle one of many. Nothing where the group is no
+    ladder's bottom rung."""
     reading = next((r for r in readings if r.ladder.rungs[0].key == key), None)
     if reading is None:
         return []
@@ -151,11 +161,55 @@ def _beyond_budget(readings: list, key: str, named: list[str]) -> list[str]:
     counts = {kind: sum(v.change == kind for v in steps) for kind in ("kept", "flipped", "appeared")}
     missing = [label for label in dict.fromkeys(named) if label not in set(top.stats.part["method"])]
     lacking = f"; not measured at {top.steps} updates yet: {', '.join(code(m) for m in missing)}" if missing else ""
-    clauses = "; ".join(_rung_clause(reading, j) for j in compared)
-    return [
-        f"beyond this budget: {clauses}; pairwise verdicts resolved at consecutive budgets (every metric):"
+    lines = [("beyond this budget, " if n == 0 else "") + _rung_clause(reading, j) for n, j in enumerate(compared)]
+    lines.append(
+        f"pairwise verdicts resolved at consecutive budgets (every metric, up to {top.steps} updates):"
         f" {', '.join(f'{n} {kind}' for kind, n in counts.items())}{lacking}"
-    ]
+    )
+    return lines + [line for j in compared for line in _beside_lines(ladder.rungs[j])]
+
+
+def _beside_lines(rung) -> list[str]:
+    """What a rung's end tasks say under each protocol beside its own (``finetune.beside``), if any."""
+    return [_beside_line(rung, beside) for beside in beside_protocols(rung.stats.records)]
+
+
+def _beside_line(rung, beside: str) -> str:
+    """Whether any row's end-task score under the protocol ``beside`` beats no DAP beyond seed noise, the rows
+    resolved below it, and the range of the gap between that score and the group's own protocol's."""
+    rows = beside_rows(rung.stats.records, beside)
+    scored, own = protocol_short({"protocol": beside}), rung.stats.records[0]["config"]["finetune"]["protocol"]
+    beats, compared = beating_no_dap(rows), [row for row in rows if row.versus is not None]
+    if beats:
+        verdict = f"above no DAP ({code(NO_DAP)}) beyond seed noise: {', '.join(code(b) for b in beats)}"
+    else:
+        best = max(compared, key=lambda row: row.versus[0], default=None)
+        closest = f" (closest: {code(best.label)} {_interval(best)})" if best is not None else ""
+        verdict = f"no method beats no DAP ({code(NO_DAP)}) beyond seed noise{closest}"
+    below = [row for row in compared if row.resolved() and row.versus[0] < 0]
+    worse = f"; below it: {', '.join(f'{code(row.label)} {_interval(row)}' for row in below)}" if below else ""
+    intervals = f"95% seed-bootstrap intervals, rows of {MIN_SEEDS} seeds or more"
+    return (
+        f"at {rung.steps} updates per domain the end tasks are also {scored} ({_seeds(rung.stats.records)};"
+        f" {intervals}): {verdict}{worse}{_gap_range(rows, scored, own)}"
+    )
+
+
+def _gap_range(rows: list, scored: str, own: str) -> str:
+    """The range over rows of the mean gap between the beside score and the own protocol's."""
+    if not rows:
+        return ""
+    gaps = sorted(rows, key=lambda row: row.gap.mean())
+    high, low = gaps[-1], gaps[0]
+    return (
+        f"; {scored} minus {protocol_short({'protocol': own})} macro-F1: {high.gap.mean():+.2f} ({code(high.label)})"
+        f" to {low.gap.mean():+.2f} ({code(low.label)}) points"
+    )
+
+
+def _interval(row) -> str:
+    mean, low, high = row.versus
+    return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}] points"
 
 
 def _rung_clause(reading, j: int) -> str:
@@ -214,8 +268,9 @@ def _end_tasks(stats: GroupStatistics, none: str | None) -> list[str]:
     column = column_of("final macro-F1")
     better = [c for c in stats.comparisons(none, column) if c.resolved() and c.mean > 0]
     if not better:
+        protocol = protocol_words(stats.records[0]["config"]["finetune"])
         return [
-            f"on the end tasks ({stats.records[0]['config']['finetune'].get('protocol', 'finetune')}) no method's"
+            f"on the end tasks ({protocol}) no method's"
             f" final macro-F1 is separated from no DAP ({code(none)}) at this budget"
         ]
     named = ", ".join(f"{code(c.label)} (+{100 * c.mean:.2f} points)" for c in better)

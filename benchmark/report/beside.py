@@ -12,9 +12,12 @@ row of one seed has no seed noise to resample, and its interval would show the o
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import numpy as np
 
-from benchmark.protocols import PROTOCOLS, protocol_short
+from benchmark.protocols import protocol_short, protocol_words
 from benchmark.report.escape import code, text
 from benchmark.report.frame import by_label
 from benchmark.report.statistics import named_generator
@@ -48,6 +51,55 @@ def seed_difference(a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> t
     return float(a.mean() - b.mean()), float(low), float(high)
 
 
+@dataclass(frozen=True)
+class BesideRow:
+    """One row's final macro-F1 (percent, per seed) under the group's own protocol and the one ``beside`` it, and the
+    beside score's difference from no DAP: ``versus`` is ``(mean, low, high)`` of the seed bootstrap, or None where
+    either row has fewer than :data:`MIN_SEEDS` seeds (``difference`` then holds the plain difference of means) or
+    the row is no DAP itself."""
+
+    label: str
+    own: np.ndarray
+    beside: np.ndarray
+    difference: float | None = None
+    versus: tuple[float, float, float] | None = None
+
+    @property
+    def gap(self) -> np.ndarray:
+        """The beside score minus the own score, per seed (the same checkpoints scored both ways)."""
+        return self.beside - self.own
+
+    def resolved(self) -> bool:
+        """Whether the beside score's 95% interval against no DAP excludes zero."""
+        return self.versus is not None and (self.versus[1] > 0 or self.versus[2] < 0)
+
+
+def beside_rows(records: list[dict], beside: str) -> list[BesideRow]:
+    """Every row whose records all carry both scores, best beside score first, each compared with no DAP."""
+    scores = {}
+    for label, runs in by_label(records).items():
+        pairs = [(final_macro_f1(r), final_macro_f1(r, beside)) for r in runs]
+        if all(None not in pair for pair in pairs):
+            scores[label] = (np.array([a for a, _ in pairs]), np.array([b for _, b in pairs]))
+    baseline = scores.get(NO_DAP)
+    rows = []
+    for label, (own, second) in sorted(scores.items(), key=lambda item: -item[1][1].mean()):
+        row = BesideRow(label, own, second)
+        if baseline is not None and label != NO_DAP:
+            row = dataclasses.replace(row, difference=float(second.mean() - baseline[1].mean()))
+            if min(len(second), len(baseline[1])) >= MIN_SEEDS:
+                # a generator per row: its interval does not move when another row gains a seed
+                rng = named_generator("beside", beside, label)
+                row = dataclasses.replace(row, versus=seed_difference(second, baseline[1], rng))
+        rows.append(row)
+    return rows
+
+
+def beating_no_dap(rows: list[BesideRow]) -> list[str]:
+    """The rows whose beside score is resolved above no DAP's."""
+    return [row.label for row in rows if row.resolved() and row.versus[0] > 0]
+
+
 def beside_markdown(records: list[dict]) -> list[str]:
     """The group's section on each protocol beside its own (nothing when there is none)."""
     lines = []
@@ -57,14 +109,8 @@ def beside_markdown(records: list[dict]) -> list[str]:
 
 
 def _section(records: list[dict], beside: str) -> list[str]:
-    own_name = records[0]["config"]["finetune"].get("protocol", "finetune")
-    own, other = _words(own_name), _words(beside)
-    rows = {}
-    for label, runs in by_label(records).items():
-        pairs = [(final_macro_f1(r), final_macro_f1(r, beside)) for r in runs]
-        if all(None not in pair for pair in pairs):
-            rows[label] = (np.array([a for a, _ in pairs]), np.array([b for _, b in pairs]))
-    baseline = rows.get(NO_DAP)
+    own, other = protocol_words(records[0]["config"]["finetune"]), protocol_words({"protocol": beside})
+    rows = beside_rows(records, beside)
     lines = [
         f"### End tasks: {text(other)} beside the {text(own)}",
         "",
@@ -75,41 +121,32 @@ def _section(records: list[dict], beside: str) -> list[str]:
         f"| method | n | {text(own)} | {text(other)} | gap | {text(other)} against `{NO_DAP}` |",
         "|---|---|---|---|---|---|",
     ]
-    beats = []
-    for label, (first, second) in sorted(rows.items(), key=lambda item: -item[1][1].mean()):
-        versus = "–"
-        if baseline is not None and label != NO_DAP:
-            if min(len(second), len(baseline[1])) < MIN_SEEDS:
-                versus = f"{second.mean() - baseline[1].mean():+.2f} (one seed: seed noise not measured)"
-            else:
-                # a generator per row: its interval does not move when another row gains a seed
-                rng = named_generator("beside", beside, label)
-                mean, low, high = seed_difference(second, baseline[1], rng)
-                resolved = low > 0 or high < 0
-                versus = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]{' resolved' if resolved else ''}"
-                if resolved and mean > 0:
-                    beats.append(label)
-        gap = second - first
+    for row in rows:
         lines.append(
-            f"| {code(label)} | {len(first)} | {_spread(first)} | {_spread(second)} | {_spread(gap)} | {versus} |"
+            f"| {code(row.label)} | {len(row.own)} | {_spread(row.own)} | {_spread(row.beside)} | {_spread(row.gap)}"
+            f" | {_versus(row)} |"
         )
     lines.append("")
-    if baseline is not None:
-        named = ", ".join(code(label) for label in beats)
+    if any(row.label == NO_DAP for row in rows):
+        named = ", ".join(code(label) for label in beating_no_dap(rows))
         scored = text(protocol_short({"protocol": beside}))
         lines.append(
             f"Beating `{NO_DAP}` on {scored} end tasks beyond seed noise: {named}."
-            if beats
+            if named
             else f"No method beats `{NO_DAP}` on {scored} end tasks beyond seed noise."
         )
         lines.append("")
     return lines
 
 
-def _words(name: str) -> str:
-    """A protocol in words; its name where it is not installed here."""
-    protocol = PROTOCOLS.get(name)
-    return protocol.words if protocol is not None else name
+def _versus(row: BesideRow) -> str:
+    """A row's table cell against no DAP."""
+    if row.versus is not None:
+        mean, low, high = row.versus
+        return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]{' resolved' if row.resolved() else ''}"
+    if row.difference is not None:
+        return f"{row.difference:+.2f} (one seed: seed noise not measured)"
+    return "–"
 
 
 def _spread(values: np.ndarray) -> str:
