@@ -231,10 +231,10 @@ def test_a_rows_interval_against_no_dap_does_not_move_when_another_row_is_added(
 def test_the_short_answer_states_what_the_fine_tuned_end_tasks_of_a_rung_say_against_no_dap():
     """A rung that fine-tunes beside its probe adds a line to the short answer: whether a row beats ``none`` beyond
     seed noise (else the closest row of two seeds or more, never a one-seed row), the rows resolved below it with
-    their intervals, and the range of the fine-tune-minus-probe gap over rows."""
+    their intervals, and the range of the fine-tune-minus-probe gap over rows; the summary says it in a clause."""
     from types import SimpleNamespace
 
-    from benchmark.report.answer import _beside_line
+    from benchmark.report.answer import _beside_line, _end_task_sentence
     from benchmark.report.beside import beside_rows
 
     def seeded(label: str, scores: tuple[float, ...], probe: float = 0.45) -> list[dict]:
@@ -250,8 +250,17 @@ def test_the_short_answer_states_what_the_fine_tuned_end_tasks_of_a_rung_say_aga
     assert f"no method beats no DAP (`none`) beyond seed noise (closest: `ncl` {ncl[0]:+.2f} [" in line
     assert f"; below it: `hat` {hat[0]:+.2f} [{hat[1]:+.2f}, {hat[2]:+.2f}] points" in line and hat[2] < 0
     assert line.endswith("; fine-tuned minus probe macro-F1: +15.00 (`kd`) to -29.00 (`hat`) points")
+    stats = SimpleNamespace(records=records, comparisons=lambda reference, column: [])  # the probe: nothing resolved
+    said = _end_task_sentence(stats, "none", rung)
+    assert said == (
+        "On the end tasks, no method's score (linear probe) is separated from no DAP (`none`) at that budget;"
+        " fine-tuned at 288 updates per domain, none beats it beyond seed noise and `hat` scores below it."
+    )
     records += seeded("kd", (0.61,))  # a second seed: now compared, and resolved above
     assert "above no DAP (`none`) beyond seed noise: `kd`; below it: `hat`" in _beside_line(rung, "finetune")
+    assert "fine-tuned at 288 updates per domain, `kd` beats it beyond seed noise and `hat` scores below it." in (
+        _end_task_sentence(stats, "none", rung)
+    )
 
 
 def test_compiled_fine_tuning_compiles_every_block_and_predicts_as_the_plain_one(tiny_model):

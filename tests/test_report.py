@@ -527,7 +527,7 @@ def test_the_references_are_the_two_baselines_and_the_papers_method_at_their_def
 
 
 def test_the_short_answer_states_its_budget_and_claims_only_resolved_verdicts(records):
-    from benchmark.report.answer import short_answer
+    from benchmark.report.answer import answer_summary, short_answer
     from benchmark.report.reading import column_of
     from benchmark.report.writer import _statistics
 
@@ -539,11 +539,12 @@ def test_the_short_answer_states_its_budget_and_claims_only_resolved_verdicts(re
     answered = sections("mini")
     lines = short_answer(answered)
     dap = records[0]["config"]["dap"]
-    assert lines[0] == "## The short answer"
-    assert lines[2].startswith(f"- At {dap['steps']} DAP updates of {dap['batch_size']} x {dap['seq_len']} tokens")
-    assert "3 seeds" in lines[2] and "against naive continual DAP (`ncl`)" in lines[2]
+    assert lines[0] == "## The short answer" and lines[2] == answer_summary(answered) != ""
+    first, *claims = [line for line in lines if line.startswith("- ")]
+    assert first.startswith(f"- At {dap['steps']} DAP updates of {dap['batch_size']} x {dap['seq_len']} tokens")
+    assert "3 seeds" in first and "against naive continual DAP (`ncl`)" in first
     stats = answered[0][1]
-    for line in lines[3:]:
+    for line in claims:
         for title in ("forgetting", "general rise"):
             for c in stats.comparisons("ncl", column_of(title)):
                 if line.startswith(f"- `{c.label}` ") and title.split()[0] in line.replace("forgets", "forgetting"):
@@ -583,6 +584,27 @@ def test_a_bound_that_needs_every_domain_at_once_is_never_the_short_answer(recor
     assert "`lower`" not in answer({"joint_training": True})
 
 
+def test_the_answers_summary_names_the_method_to_use_its_cost_and_the_end_tasks_in_a_few_sentences(records):
+    """The README's first screen: the row that keeps general knowledge best of those that learn as well as ``ncl``,
+    with its speed against ``ncl`` on a shared machine, and the end tasks' verdict, in three sentences at most where
+    the group is no ladder's bottom rung; a bound is never named there either."""
+    from benchmark.report.answer import answer_summary
+    from benchmark.report.writer import _statistics
+
+    def summary(capabilities):
+        lower = [_lower_losses(r, "lower", capabilities) for r in records if r["method_label"] == "ncl"]
+        groups, _ = group_records([{**r, "profile": "mini"} for r in [*records, *lower]])
+        return answer_summary([(g, _statistics(g), {}) for g in groups])
+
+    text = summary({})
+    dap = records[0]["config"]["dap"]
+    assert text.startswith(f"At {dap['steps']} updates of {dap['batch_size']} x {dap['seq_len']} tokens per domain")
+    assert "`lower` keeps general knowledge best (0.05 nats less general-loss rise)" in text
+    assert "training at 1.00x `ncl`'s DAP tokens per second" in text  # the same runs' timings, relabelled
+    assert "On the end tasks, " in text and len(re.findall(r"\.(?: |$)", text)) <= 3
+    assert "`lower`" not in summary({"joint_training": True})
+
+
 def test_the_report_fills_a_readmes_marked_answer_block_and_touches_no_other_readme(records, tmp_path):
     from benchmark.report.writer import ANSWER_MARKERS, write_report
 
@@ -595,7 +617,7 @@ def test_the_report_fills_a_readmes_marked_answer_block_and_touches_no_other_rea
     write_report(plain)
     filled = (marked / "README.md").read_text()
     assert "old text" not in filled and filled.startswith("# mine\n") and filled.endswith("\nthe rest\n")
-    assert "- no group answers yet" in filled  # these are synthetic-world records: they never answer
+    assert "No group answers yet." in filled  # these are synthetic-world records: they never answer
     assert (plain / "README.md").read_text() == "# a user's own readme\n"
 
 

@@ -66,7 +66,134 @@ def short_answer(sections: list[tuple], readings: list = ()) -> list[str]:
     lines += _best(stats, naive, "general rise", "keeps general knowledge best", "less general-loss rise", named)
     lines += _end_tasks(stats, none)
     lines += _beyond_budget(readings, group.key, named)
-    return ["## The short answer", "", *[f"- {line}" for line in lines], ""]
+    summary = answer_summary(sections, readings)
+    return ["## The short answer", "", summary, "", "In detail:", "", *[f"- {line}" for line in lines], ""]
+
+
+def answer_summary(sections: list[tuple], readings: list = ()) -> str:
+    """The short answer in three or four sentences (the README's first screen; the leaderboard's section opens with
+    it, its lines below give every number): which method to use at the answering group's budget and what it costs in
+    speed, what the end tasks say (under the group's protocol, and fine-tuned where the ladder's highest compared rung
+    also scores them so), and how far the rankings hold at that rung. Empty where no group answers."""
+    found = answering_group(sections)
+    if found is None or "naive_continual" not in found[1].references:
+        return ""
+    group, stats = found
+    naive, none = stats.references["naive_continual"], stats.references.get("no_dap")
+    reading = next((r for r in readings if r.ladder.rungs[0].key == group.key), None)
+    top = None if reading is None else reading.ladder.rungs[_compared(reading)[-1]]
+    named: list[str] = []
+    sentences = [
+        _winners_sentence(group, stats, naive, named),
+        _end_task_sentence(stats, none, top),
+        _holding_sentence(reading, named) if reading is not None else "",
+    ]
+    return " ".join(sentence for sentence in sentences if sentence)
+
+
+def _winners_sentence(group, stats: GroupStatistics, naive: str, named: list[str]) -> str:
+    """Which trained row forgets least and which keeps general knowledge best among those that learn each domain as
+    well as ``naive`` (resolved, as in :func:`_best`), with its speed; their labels are added to ``named``."""
+    first = group.records[0]
+    dap = first["config"]["dap"]
+    budget = (
+        f"{dap['steps']} updates of {dap['batch_size']} x {dap['seq_len']} tokens per domain ({first['profile']}"
+        f" profile, {_seeds(group.records)})"
+    )
+    forgets, _, _ = _leaders(stats, naive, "forgetting")
+    keeps, _, _ = _leaders(stats, naive, "general rise")
+    among = f"of the methods that learn each domain as well as naive continual DAP ({code(naive)})"
+    if forgets is None and keeps is None:
+        return f"At {budget}, no method {among} is resolved to forget less or to keep general knowledge better."
+    if forgets is not None and keeps is not None and forgets.label == keeps.label:
+        claims = (
+            f"{code(forgets.label)} forgets least and keeps general knowledge best ({abs(forgets.mean):.2f} nats less"
+            f" forgetting and {abs(keeps.mean):.2f} less general-loss rise than {code(naive)})"
+        )
+    else:
+        parts = []
+        if forgets is not None:
+            parts.append(f"{code(forgets.label)} forgets least ({abs(forgets.mean):.2f} nats less than {code(naive)})")
+        if keeps is not None:
+            parts.append(
+                f"{code(keeps.label)} keeps general knowledge best ({abs(keeps.mean):.2f} nats less general-loss rise)"
+            )
+        claims = " and ".join(parts)
+    winners = list(dict.fromkeys(c.label for c in (forgets, keeps) if c is not None))
+    named += winners
+    speeds = {label: same_machine_speed(stats.records, label, naive) for label in winners}
+    speeds = {label: found.ratio for label, found in speeds.items() if found is not None}
+    if len(speeds) == 1:
+        cost = f", training at {next(iter(speeds.values())):.2f}x {code(naive)}'s DAP tokens per second"
+    elif speeds:
+        pace = ", ".join(f"{code(label)} at {ratio:.2f}x" for label, ratio in speeds.items())
+        cost = f" ({pace} {code(naive)}'s DAP tokens per second)"
+    else:
+        cost = ""
+    return f"At {budget}, {among}, {claims}{cost}."
+
+
+def _end_task_sentence(stats: GroupStatistics, none: str | None, top) -> str:
+    """Whether any row beats no DAP on the end tasks under the answering group's protocol, and under a protocol the
+    ``top`` rung scores beside its own (its fine-tuning), with the rows resolved below no DAP there."""
+    if none is None:
+        return ""
+    column = column_of("final macro-F1")
+    above = [c.label for c in stats.comparisons(none, column) if c.resolved() and c.mean > 0]
+    protocol = protocol_words(stats.records[0]["config"]["finetune"])
+    clauses = [
+        f"{_names(above)} {_verb(above, 'scores', 'score')} above no DAP ({code(none)}) ({protocol}) at that budget"
+        if above
+        else f"no method's score ({protocol}) is separated from no DAP ({code(none)}) at that budget"
+    ]
+    for beside in [] if top is None else beside_protocols(top.stats.records):
+        rows = beside_rows(top.stats.records, beside)
+        beats = beating_no_dap(rows)
+        below = [row.label for row in rows if row.resolved() and row.versus[0] < 0]
+        scored = protocol_short({"protocol": beside})
+        where = f"{scored} at {top.steps} updates per domain"
+        said = (
+            f"{where}, {_names(beats)} {_verb(beats, 'beats', 'beat')} it beyond seed noise"
+            if beats
+            else f"{where}, none beats it beyond seed noise"
+        )
+        clauses.append(said + (f" and {_names(below)} {_verb(below, 'scores', 'score')} below it" if below else ""))
+    return "On the end tasks, " + "; ".join(clauses) + "."
+
+
+def _holding_sentence(reading, named: list[str]) -> str:
+    """How far the rankings hold at the ladder's highest compared rung: Kendall's tau of the rows both budgets
+    measure on :data:`LADDER_METRICS`, and which ``named`` rows that rung lacks."""
+    ladder = reading.ladder
+    j = _compared(reading)[-1]
+    rung = ladder.rungs[j]
+    factor = rung.tokens_per_domain / ladder.rungs[0].tokens_per_domain
+    taus = {t.column: t for t in reading.taus if t.rungs == (0, j)}
+    stated = [
+        f"{title} {t.tau:+.2f}"
+        for title in LADDER_METRICS
+        if (t := taus.get(title)) is not None and not math.isnan(t.tau)
+    ]
+    missing = [label for label in dict.fromkeys(named) if label not in set(rung.stats.part["method"])]
+    lacking = f"; {_names(missing)} {_verb(missing, 'is', 'are')} not measured there yet" if missing else ""
+    at = f"At {rung.steps} updates per domain ({factor:g}x the tokens, {_seeds(rung.stats.records)})"
+    if not stated:
+        return f"{at} too few rows are measured yet to rank{lacking}."
+    return (
+        f"{at}, Kendall's tau between the two budgets' rankings of the {len(ladder.shared(0, j))} rows both measure"
+        f" (1 = the same order, 0 = unrelated) is {_names(stated, quote=False)}{lacking}."
+    )
+
+
+def _verb(items: list, one: str, many: str) -> str:
+    """The verb that agrees with a list of ``items`` as its subject."""
+    return one if len(items) == 1 else many
+
+
+def _names(items: list[str], quote: bool = True) -> str:
+    """``a``, ``a and b``, ``a, b and c`` (each in code spans where ``quote``)."""
+    shown = [code(item) if quote else item for item in items]
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
 
 
 def _seeds(records: list[dict]) -> str:
@@ -108,18 +235,27 @@ def _is_bound(capabilities: dict) -> bool:
     return any(capabilities.get(name, False) for name in BOUNDS)
 
 
-def _best(stats: GroupStatistics, naive: str, title: str, says: str, unit: str, named: list[str]) -> list[str]:
-    """Among the trained rows that learn each domain as well as ``naive`` (plasticity not resolved below it: a row
-    that learns less forgets less for that reason alone), the one that lowers ``title`` most against ``naive``
-    (resolved), with its plasticity and speed; and the row that lowers it most at any plasticity, where another.
-    Each row it names is added to ``named``."""
+def _leaders(stats: GroupStatistics, naive: str, title: str) -> tuple:
+    """``(best, overall, plasticity)``: among the trained rows resolved below ``naive`` on ``title``, the lowest of
+    those that learn each domain as well as ``naive`` (plasticity not resolved below it: a row that learns less
+    forgets less for that reason alone) and the lowest at any plasticity (either None where there is none), and every
+    row's plasticity comparison with ``naive`` by label."""
     plasticity = {c.label: c for c in stats.comparisons(naive, column_of("plasticity"))}
     lower = [c for c in stats.comparisons(naive, column_of(title)) if c.resolved() and c.mean < 0]
     lower = [c for c in lower if _candidate(stats, c.label)]
     learning = [c for c in lower if _learns_as_well(plasticity.get(c.label))]
+    best = min(learning, key=lambda c: c.mean) if learning else None
+    overall = min(lower, key=lambda c: c.mean) if lower else None
+    return best, overall, plasticity
+
+
+def _best(stats: GroupStatistics, naive: str, title: str, says: str, unit: str, named: list[str]) -> list[str]:
+    """The row that lowers ``title`` most against ``naive`` of those that learn each domain as well, with its
+    plasticity and speed, and the one that lowers it most at any plasticity, where another (:func:`_leaders`). Each
+    row it names is added to ``named``."""
+    best, overall, plasticity = _leaders(stats, naive, title)
     lines = []
-    if learning:
-        best = min(learning, key=lambda c: c.mean)
+    if best is not None:
         named.append(best.label)
         cost = _learning(plasticity.get(best.label), naive) + _speed(stats, best.label, naive)
         lines.append(
@@ -128,8 +264,7 @@ def _best(stats: GroupStatistics, naive: str, title: str, says: str, unit: str, 
         )
     else:
         lines.append(f"no row that learns as well as {code(naive)} is resolved better on {title}")
-    overall = min(lower, key=lambda c: c.mean) if lower else None
-    if overall is not None and overall not in learning:
+    if overall is not None and overall is not best:
         named.append(overall.label)
         lines.append(
             f"at any plasticity, {code(overall.label)}: {abs(overall.mean):.3f} nats {unit}"
@@ -154,8 +289,7 @@ def _beyond_budget(readings: list, key: str, named: list[str]) -> list[str]:
     reading = next((r for r in readings if r.ladder.rungs[0].key == key), None)
     if reading is None:
         return []
-    ladder, last = reading.ladder, len(reading.ladder.rungs) - 1
-    compared = [j for j in range(1, last + 1) if any(t.rungs == (0, j) for t in reading.taus)] or [last]
+    ladder, compared = reading.ladder, _compared(reading)
     top = ladder.rungs[compared[-1]]
     steps = [v for v in reading.verdicts if v.rungs[1] <= compared[-1]]
     counts = {kind: sum(v.change == kind for v in steps) for kind in ("kept", "flipped", "appeared")}
@@ -167,6 +301,13 @@ def _beyond_budget(readings: list, key: str, named: list[str]) -> list[str]:
         f" {', '.join(f'{n} {kind}' for kind, n in counts.items())}{lacking}"
     )
     return lines + [line for j in compared for line in _beside_lines(ladder.rungs[j])]
+
+
+def _compared(reading) -> list[int]:
+    """The rungs the answer states against the bottom one: those that share enough rows with it for a Kendall's tau,
+    or the top rung where none does yet."""
+    last = len(reading.ladder.rungs) - 1
+    return [j for j in range(1, last + 1) if any(t.rungs == (0, j) for t in reading.taus)] or [last]
 
 
 def _beside_lines(rung) -> list[str]:

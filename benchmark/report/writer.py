@@ -17,7 +17,7 @@ from pathlib import Path
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_text, read_json, unlinked_path
 from benchmark.records.store import REPORT_FOLDER, leaderboard_entries
-from benchmark.report.answer import answering_group, rows_table, short_answer
+from benchmark.report.answer import answer_summary, answering_group, rows_table, short_answer
 from benchmark.report.escape import code, text
 from benchmark.report.frame import is_decoder, leaderboard_frame, loss_unit, method_colours, reference_labels
 from benchmark.report.groups import Group, group_records
@@ -75,7 +75,7 @@ def write_report(output_dir: str | Path, show_progress: bool = False, check: boo
     readings, ladders = _write_ladders(sections, report, manifest, sink, colours)
     answer = short_answer(sections, readings)  # once: the leaderboard, the README and the site quote it
     sink.text(out / "leaderboard.md", leaderboard_markdown(sections, left_out, ladders, answer))
-    _fill_readme(out / "README.md", sections, answer, sink)
+    _fill_readme(out / "README.md", sections, answer_summary(sections, readings), sink)
     files = site_files(sections, readings, _record_files(entries, out / "results"), colours, answer)
     _write_site(report, files, manifest, sink)
     _remove_unproduced(report, previous, manifest, sink)
@@ -162,21 +162,22 @@ start marker names them (``<!-- rows of ...: ncl; das -->``, labels separated by
 leaderboard's numbers, never copies of them that a new seed leaves stale."""
 
 
-def _fill_readme(readme: Path, sections: list, answer: list[str], sink: _Sink) -> None:
-    """Rewrite the short-answer block (:data:`ANSWER_MARKERS`, with the ``answer``'s lines) and every rows block
-    (:data:`ROWS_MARKERS`) of ``readme``, where it has them."""
+def _fill_readme(readme: Path, sections: list, summary: str, sink: _Sink) -> None:
+    """Rewrite the short-answer block (:data:`ANSWER_MARKERS`, with the answer's ``summary``,
+    :func:`~benchmark.report.answer.answer_summary`) and every rows block (:data:`ROWS_MARKERS`) of ``readme``, where
+    it has them."""
     if readme.is_symlink() or not readme.is_file():
         return
-    sink.text(readme, _fill_rows(_fill_answer(readme.read_text(encoding="utf-8"), answer), sections))
+    sink.text(readme, _fill_rows(_fill_answer(readme.read_text(encoding="utf-8"), summary), sections))
 
 
-def _fill_answer(text: str, answer: list[str]) -> str:
+def _fill_answer(text: str, summary: str) -> str:
     start, end = ANSWER_MARKERS
     if start not in text or end not in text:
         return text
-    answer = answer[2:-1] or ["- no group answers yet"]
     head, rest = text.split(start, 1)
-    block = "\n".join([start, *answer, "", "[The evidence](leaderboard.md#the-short-answer).", ""])
+    evidence = "Every claim with its numbers and intervals: [the short answer](leaderboard.md#the-short-answer)."
+    block = "\n".join([start, summary or "No group answers yet.", "", evidence, ""])
     return head + block + end + rest.split(end, 1)[1]
 
 
