@@ -254,7 +254,7 @@ def test_the_short_answer_states_what_the_fine_tuned_end_tasks_of_a_rung_say_aga
     said = _end_task_sentence(stats, "none", rung)
     assert said == (
         "On the end tasks, no method's score (linear probe) is separated from no DAP (`none`) at that budget;"
-        " fine-tuned at 288 updates per domain, none beats it beyond seed noise and `hat` scores below it."
+        " fine-tuned at 288 updates per domain, no method beats it beyond seed noise and `hat` scores below it."
     )
     records += seeded("kd", (0.61,))  # a second seed: now compared, and resolved above
     assert "above no DAP (`none`) beyond seed noise: `kd`; below it: `hat`" in _beside_line(rung, "finetune")

@@ -155,7 +155,7 @@ def _end_task_sentence(stats: GroupStatistics, none: str | None, top) -> str:
         said = (
             f"{where}, {_names(beats)} {_verb(beats, 'beats', 'beat')} it beyond seed noise"
             if beats
-            else f"{where}, none beats it beyond seed noise"
+            else f"{where}, no method beats it beyond seed noise"
         )
         clauses.append(said + (f" and {_names(below)} {_verb(below, 'scores', 'score')} below it" if below else ""))
     return "On the end tasks, " + "; ".join(clauses) + "."
