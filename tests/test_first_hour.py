@@ -32,6 +32,23 @@ def test_the_run_line_is_redrawn_while_a_silent_phase_runs():
     assert re.search(r"1/4 phases, 00:0\d elapsed, ~", stream.getvalue())
 
 
+def test_what_is_left_is_the_mean_time_of_the_phases_run_times_the_phases_left():
+    """A phase that takes no time (a base evaluation found in the work folder) must not make the line read
+    ``~00:00 left`` through the long phases after it, and skipped phases (a resumed run's) are not timed."""
+    stream = io.StringIO()
+    progress = RunProgress("ncl seed 3", RunPosition(), ["alpha", "beta"], phases=6, interval=60, file=stream)
+    assert progress.line() in stream.getvalue() and "0/6 phases, 00:00 elapsed, ~? left" in stream.getvalue()
+    progress.skip(2)  # done in an earlier attempt
+    with progress.phase(None, "held-out evaluation"):
+        pass  # instant
+    with progress.phase(0, "DAP"):
+        time.sleep(1.2)
+    progress.close()
+    # two phases timed in about 1.2 s: 0.6 s each, 2 phases left after the fourth
+    (left,) = re.findall(r"4/6 phases, 00:0\d elapsed, ~00:0(\d) left", stream.getvalue())
+    assert int(left) in (1, 2), stream.getvalue()
+
+
 def test_the_heartbeat_keeps_every_phase_under_the_30_second_bound():
     assert HEARTBEAT_SECONDS <= 30
 

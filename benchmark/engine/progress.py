@@ -3,12 +3,16 @@ fine-tune k of K), the time spent and an estimate of what is left.
 
 One tqdm bar per run, above the DAP loop's own bar. Its unit is a phase; a heartbeat thread redraws it every
 ``interval`` seconds, so even a phase that reports nothing itself (a fine-tune, a held-out pass) shows the clock
-moving: no phase goes longer than ``interval`` without a visible update.
+moving: no phase goes longer than ``interval`` without a visible update. What is left is the mean time of the phases
+this invocation ran times the phases left, not tqdm's own estimate: that one smooths over the latest updates, so a
+phase that takes no time (a base evaluation found in the work folder) made it read ``~00:00 left`` through the next
+several minutes of DAP; phases a resumed run skips are not timed at all.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +47,7 @@ class RunProgress:
 
         self.label, self.position, self.domains = label, position, domains
         self.where = "starting"
+        self._started, self._timed = time.monotonic(), 0
         self._bar = tqdm(
             desc=self.line(),
             total=phases,
@@ -50,7 +55,8 @@ class RunProgress:
             leave=False,
             file=file,
             mininterval=0,
-            bar_format="{desc} | {n_fmt}/{total_fmt} phases, {elapsed} elapsed, ~{remaining} left",
+            bar_format="{desc} | {n_fmt}/{total_fmt} phases, {elapsed} elapsed{postfix}",
+            postfix="~? left",
         )
         self._stop = threading.Event()
         self._thread = None
@@ -69,11 +75,21 @@ class RunProgress:
         self.where = f"{domain} | {name}"
         self._describe()
         yield
+        self._timed += 1
+        self._bar.set_postfix_str(self._left(), refresh=False)
         self._bar.update(1)
 
     def skip(self, phases: int) -> None:
         """Count ``phases`` as done without running them (finished in an earlier, resumed attempt)."""
         self._bar.update(phases)
+
+    def _left(self) -> str:
+        """``~MM:SS left``: the phases left (the one ending now counted done) at the mean time of the phases timed."""
+        from tqdm import tqdm
+
+        left = max(self._bar.total - self._bar.n - 1, 0)
+        mean = (time.monotonic() - self._started) / self._timed
+        return f"~{tqdm.format_interval(mean * left)} left"
 
     def close(self) -> None:
         """Stop the heartbeat and remove the line."""
