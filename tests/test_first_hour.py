@@ -40,7 +40,8 @@ def test_what_is_left_is_the_mean_time_of_the_phases_run_times_the_phases_left()
     assert progress.line() in stream.getvalue() and "0/6 phases, 00:00 elapsed, ~? left" in stream.getvalue()
     progress.skip(2)  # done in an earlier attempt
     with progress.phase(None, "held-out evaluation"):
-        pass  # instant
+        pass  # instant: no estimate yet, not ~00:00
+    assert "3/6 phases, 00:00 elapsed, ~? left" in stream.getvalue() and "~00:00 left" not in stream.getvalue()
     with progress.phase(0, "DAP"):
         time.sleep(1.2)
     progress.close()

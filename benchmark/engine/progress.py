@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 HEARTBEAT_SECONDS = 10.0
 """How often the run line is redrawn while nothing else updates it (the issue's bound is 30 s)."""
+MIN_TIMED_SECONDS = 1.0
+"""The time the phases run so far must have taken before the line estimates what is left (``~?`` until then)."""
 
 
 @dataclass(frozen=True)
@@ -76,20 +78,23 @@ class RunProgress:
         self._describe()
         yield
         self._timed += 1
-        self._bar.set_postfix_str(self._left(), refresh=False)
         self._bar.update(1)
+        self._bar.set_postfix_str(self._left(), refresh=True)
 
     def skip(self, phases: int) -> None:
         """Count ``phases`` as done without running them (finished in an earlier, resumed attempt)."""
         self._bar.update(phases)
 
     def _left(self) -> str:
-        """``~MM:SS left``: the phases left (the one ending now counted done) at the mean time of the phases timed."""
+        """``~MM:SS left``: the phases left at the mean time of the phases timed,
+        or ``~? left`` while they took under :data:`MIN_TIMED_SECONDS` in all."""
         from tqdm import tqdm
 
-        left = max(self._bar.total - self._bar.n - 1, 0)
-        mean = (time.monotonic() - self._started) / self._timed
-        return f"~{tqdm.format_interval(mean * left)} left"
+        spent = time.monotonic() - self._started
+        if spent < MIN_TIMED_SECONDS:  # only instant phases so far: they say nothing of the long ones ahead
+            return "~? left"
+        left = max(self._bar.total - self._bar.n, 0)
+        return f"~{tqdm.format_interval(spent / self._timed * left)} left"
 
     def close(self) -> None:
         """Stop the heartbeat and remove the line."""
