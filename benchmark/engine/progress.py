@@ -78,8 +78,9 @@ class RunProgress:
         self._describe()
         yield
         self._timed += 1
+        self._bar.set_postfix_str(self._left(), refresh=False)  # before the count moves: one redraw shows both
         self._bar.update(1)
-        self._bar.set_postfix_str(self._left(), refresh=True)
+        self._bar.refresh()
 
     def skip(self, phases: int) -> None:
         """Count ``phases`` as done without running them (finished in an earlier, resumed attempt)."""
@@ -93,7 +94,7 @@ class RunProgress:
         spent = time.monotonic() - self._started
         if spent < MIN_TIMED_SECONDS:  # only instant phases so far: they say nothing of the long ones ahead
             return "~? left"
-        left = max(self._bar.total - self._bar.n, 0)
+        left = max(self._bar.total - self._bar.n - 1, 0)  # the phase ending now is done
         return f"~{tqdm.format_interval(spent / self._timed * left)} left"
 
     def close(self) -> None:
