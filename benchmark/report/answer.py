@@ -42,10 +42,10 @@ def answering_group(sections: list[tuple]) -> tuple | None:
     return max(candidates, key=lambda gs: (len(set(gs[1].part["method"])), len(gs[1].records)))
 
 
-def short_answer(sections: list[tuple], readings: list = ()) -> list[str]:
+def short_answer(sections: list[tuple], readings: list = (), summary: str | None = None) -> list[str]:
     """The answer's lines (empty where no group can give one), from the ``(group, statistics, plots)`` sections and
     the report's budget-ladder ``readings`` (:func:`benchmark.report.ladder.read_ladder`: whether it holds beyond its
-    budget)."""
+    budget), opening with its ``summary`` (:func:`answer_summary` of the same, made here where not given)."""
     found = answering_group(sections)
     if found is None:
         return []
@@ -66,7 +66,7 @@ def short_answer(sections: list[tuple], readings: list = ()) -> list[str]:
     lines += _best(stats, naive, "general rise", "keeps general knowledge best", "less general-loss rise", named)
     lines += _end_tasks(stats, none)
     lines += _beyond_budget(readings, group.key, named)
-    summary = answer_summary(sections, readings)
+    summary = answer_summary(sections, readings) if summary is None else summary
     return ["## The short answer", "", summary, "", "In detail:", "", *[f"- {line}" for line in lines], ""]
 
 
@@ -122,11 +122,11 @@ def _winners_sentence(group, stats: GroupStatistics, naive: str, named: list[str
     winners = list(dict.fromkeys(c.label for c in (forgets, keeps) if c is not None))
     named += winners
     speeds = {label: same_machine_speed(stats.records, label, naive) for label in winners}
-    speeds = {label: found.ratio for label, found in speeds.items() if found is not None}
-    if len(speeds) == 1:
-        cost = f", training at {next(iter(speeds.values())):.2f}x {code(naive)}'s DAP tokens per second"
-    elif speeds:
-        pace = ", ".join(f"{code(label)} at {ratio:.2f}x" for label, ratio in speeds.items())
+    ratios = {label: speed.ratio for label, speed in speeds.items() if speed is not None}
+    if len(ratios) == 1:
+        cost = f", training at {next(iter(ratios.values())):.2f}x {code(naive)}'s DAP tokens per second"
+    elif ratios:
+        pace = ", ".join(f"{code(label)} at {ratio:.2f}x" for label, ratio in ratios.items())
         cost = f" ({pace} {code(naive)}'s DAP tokens per second)"
     else:
         cost = ""
@@ -149,7 +149,7 @@ def _end_task_sentence(stats: GroupStatistics, none: str | None, top) -> str:
     for beside in [] if top is None else beside_protocols(top.stats.records):
         rows = beside_rows(top.stats.records, beside)
         beats = beating_no_dap(rows)
-        below = [row.label for row in rows if row.resolved() and row.versus[0] < 0]
+        below = [row.label for row in rows if row.below()]
         scored = protocol_short({"protocol": beside})
         where = f"{scored} at {top.steps} updates per domain"
         said = (
@@ -168,13 +168,8 @@ def _holding_sentence(reading, named: list[str]) -> str:
     j = _compared(reading)[-1]
     rung = ladder.rungs[j]
     factor = rung.tokens_per_domain / ladder.rungs[0].tokens_per_domain
-    taus = {t.column: t for t in reading.taus if t.rungs == (0, j)}
-    stated = [
-        f"{title} {t.tau:+.2f}"
-        for title in LADDER_METRICS
-        if (t := taus.get(title)) is not None and not math.isnan(t.tau)
-    ]
-    missing = [label for label in dict.fromkeys(named) if label not in set(rung.stats.part["method"])]
+    stated = [f"{t.column} {t.tau:+.2f}" for t in _taus_at(reading, j)]
+    missing = _lacking(rung, named)
     lacking = f"; {_names(missing)} {_verb(missing, 'is', 'are')} not measured there yet" if missing else ""
     at = f"At {rung.steps} updates per domain ({factor:g}x the tokens, {_seeds(rung.stats.records)})"
     if not stated:
@@ -293,7 +288,7 @@ def _beyond_budget(readings: list, key: str, named: list[str]) -> list[str]:
     top = ladder.rungs[compared[-1]]
     steps = [v for v in reading.verdicts if v.rungs[1] <= compared[-1]]
     counts = {kind: sum(v.change == kind for v in steps) for kind in ("kept", "flipped", "appeared")}
-    missing = [label for label in dict.fromkeys(named) if label not in set(top.stats.part["method"])]
+    missing = _lacking(top, named)
     lacking = f"; not measured at {top.steps} updates yet: {', '.join(code(m) for m in missing)}" if missing else ""
     lines = [("beyond this budget, " if n == 0 else "") + _rung_clause(reading, j) for n, j in enumerate(compared)]
     lines.append(
@@ -301,6 +296,19 @@ def _beyond_budget(readings: list, key: str, named: list[str]) -> list[str]:
         f" {', '.join(f'{n} {kind}' for kind, n in counts.items())}{lacking}"
     )
     return lines + [line for j in compared for line in _beside_lines(ladder.rungs[j])]
+
+
+def _taus_at(reading, j: int) -> list:
+    """Kendall's tau of rung ``j`` against the bottom rung on each of :data:`LADDER_METRICS`, in that order, those
+    that exist (a metric whose rows tie at a budget has none: NaN)."""
+    taus = {t.column: t for t in reading.taus if t.rungs == (0, j)}
+    return [t for title in LADDER_METRICS if (t := taus.get(title)) is not None and not math.isnan(t.tau)]
+
+
+def _lacking(rung, named: list[str]) -> list[str]:
+    """The ``named`` rows (once each, in order) that ``rung`` has no record of."""
+    measured = set(rung.stats.part["method"])
+    return [label for label in dict.fromkeys(named) if label not in measured]
 
 
 def _compared(reading) -> list[int]:
@@ -327,7 +335,7 @@ def _beside_line(rung, beside: str) -> str:
         best = max(compared, key=lambda row: row.versus[0], default=None)
         closest = f" (closest: {code(best.label)} {_interval(best)})" if best is not None else ""
         verdict = f"no method beats no DAP ({code(NO_DAP)}) beyond seed noise{closest}"
-    below = [row for row in compared if row.resolved() and row.versus[0] < 0]
+    below = [row for row in rows if row.below()]
     worse = f"; below it: {', '.join(f'{code(row.label)} {_interval(row)}' for row in below)}" if below else ""
     intervals = f"95% seed-bootstrap intervals, rows of {MIN_SEEDS} seeds or more"
     return (
@@ -357,13 +365,8 @@ def _rung_clause(reading, j: int) -> str:
     """What the ladder says of rung ``j`` against its bottom rung: its budget, the rows both compare (and those left
     out as untrained), and Kendall's tau of those rows on :data:`LADDER_METRICS`."""
     ladder, rung = reading.ladder, reading.ladder.rungs[j]
-    taus = {t.column: t for t in reading.taus if t.rungs == (0, j)}
     shared, left = ladder.shared(0, j), ladder.left_out(0, j)
-    stated = [
-        f"{title} {t.tau:+.2f} [{t.low:+.2f}, {t.high:+.2f}]"
-        for title in LADDER_METRICS
-        if (t := taus.get(title)) is not None and not math.isnan(t.tau)
-    ]
+    stated = [f"{t.column} {t.tau:+.2f} [{t.low:+.2f}, {t.high:+.2f}]" for t in _taus_at(reading, j)]
     order = (
         f"Kendall's tau of their ranking (95% interval over seeds and sample): {', '.join(stated)}"
         if stated

@@ -73,6 +73,14 @@ class BesideRow:
         """Whether the beside score's 95% interval against no DAP excludes zero."""
         return self.versus is not None and (self.versus[1] > 0 or self.versus[2] < 0)
 
+    def above(self) -> bool:
+        """Whether the beside score is resolved above no DAP's."""
+        return self.resolved() and self.versus[0] > 0
+
+    def below(self) -> bool:
+        """Whether the beside score is resolved below no DAP's."""
+        return self.resolved() and self.versus[0] < 0
+
 
 def beside_rows(records: list[dict], beside: str) -> list[BesideRow]:
     """Every row whose records all carry both scores, best beside score first, each compared with no DAP."""
@@ -97,7 +105,7 @@ def beside_rows(records: list[dict], beside: str) -> list[BesideRow]:
 
 def beating_no_dap(rows: list[BesideRow]) -> list[str]:
     """The rows whose beside score is resolved above no DAP's."""
-    return [row.label for row in rows if row.resolved() and row.versus[0] > 0]
+    return [row.label for row in rows if row.above()]
 
 
 def beside_markdown(records: list[dict]) -> list[str]:

@@ -73,9 +73,10 @@ def write_report(output_dir: str | Path, show_progress: bool = False, check: boo
         _write_group_plots(group, report, previous, manifest, (plots_code, colours), sink)
     sections = [(g, _statistics(g), _links(manifest["groups"][g.key]["files"])) for g in groups]
     readings, ladders = _write_ladders(sections, report, manifest, sink, colours)
-    answer = short_answer(sections, readings)  # once: the leaderboard, the README and the site quote it
+    summary = answer_summary(sections, readings)  # once: the README shows it, the short answer opens with it
+    answer = short_answer(sections, readings, summary)  # once: the leaderboard, the README and the site quote it
     sink.text(out / "leaderboard.md", leaderboard_markdown(sections, left_out, ladders, answer))
-    _fill_readme(out / "README.md", sections, answer_summary(sections, readings), sink)
+    _fill_readme(out / "README.md", sections, summary, sink)
     files = site_files(sections, readings, _record_files(entries, out / "results"), colours, answer)
     _write_site(report, files, manifest, sink)
     _remove_unproduced(report, previous, manifest, sink)
