@@ -540,9 +540,12 @@ def test_the_short_answer_states_its_budget_and_claims_only_resolved_verdicts(re
     lines = short_answer(answered)
     dap = records[0]["config"]["dap"]
     assert lines[0] == "## The short answer" and lines[2] == answer_summary(answered) != ""
-    first, *claims = [line for line in lines if line.startswith("- ")]
+    first = next(line for line in lines if line.startswith("- "))
     assert first.startswith(f"- At {dap['steps']} DAP updates of {dap['batch_size']} x {dap['seq_len']} tokens")
     assert "3 seeds" in first and "against naive continual DAP (`ncl`)" in first
+    # the claims against ncl nest under that line (four spaces: the site's Markdown nests them as GitHub does)
+    claims = [line.strip() for line in lines if line.startswith("    - ")]
+    assert claims and lines.index(first) < lines.index(f"    {claims[0]}")
     stats = answered[0][1]
     for line in claims:
         for title in ("forgetting", "general rise"):

@@ -56,18 +56,20 @@ def short_answer(sections: list[tuple], readings: list = (), summary: str | None
     first = group.records[0]
     dap = first["config"]["dap"]
     tokens = tokens_per_domain(first)
-    lines = [
+    lead = (
         f"At {dap['steps']} DAP updates of {dap['batch_size']} x {dap['seq_len']} tokens per domain ({tokens:,} tokens;"
         f" group {code(group.key)}, {first['profile']} profile, {_seeds(group.records)}), against naive continual DAP"
         f" ({code(naive)}), resolved by seeds and held-out sample alike:"
-    ]
+    )
     named: list[str] = []
-    lines += _best(stats, naive, "forgetting", "forgets least", "less", named)
-    lines += _best(stats, naive, "general rise", "keeps general knowledge best", "less general-loss rise", named)
-    lines += _end_tasks(stats, none)
-    lines += _beyond_budget(readings, group.key, named)
+    claims = _best(stats, naive, "forgetting", "forgets least", "less", named)
+    claims += _best(stats, naive, "general rise", "keeps general knowledge best", "less general-loss rise", named)
+    rest = _end_tasks(stats, none) + _beyond_budget(readings, group.key, named)
     summary = answer_summary(sections, readings) if summary is None else summary
-    return ["## The short answer", "", summary, "", "In detail:", "", *[f"- {line}" for line in lines], ""]
+    # the claims against ncl nest under the line that states their budget and reference; four spaces, so that
+    # Python-Markdown (the site) nests them as GitHub does
+    items = [f"- {lead}", *[f"    - {line}" for line in claims], *[f"- {line}" for line in rest]]
+    return ["## The short answer", "", summary, "", "In detail:", "", *items, ""]
 
 
 def answer_summary(sections: list[tuple], readings: list = ()) -> str:
