@@ -553,18 +553,27 @@ def run_summary(records: Sequence[RunRecord], output_dir: str | Path) -> list[st
 
 def migrate_results(results_dir: str | Path) -> list[Path]:
     """Rewrite every record under ``results_dir`` of an older schema as the current one, in place and atomically
-    (numbers unchanged); return the rewritten files. Readers migrate on load anyway."""
+    (numbers unchanged; samples into their sidecars); return the rewritten files. Readers migrate on load anyway."""
     from benchmark.records.schema import SCHEMA_VERSION
-    from benchmark.records.store import migrate_record, record_paths, validate_record
+    from benchmark.records.store import record_paths
 
     rewritten = []
     for path in record_paths(results_dir):
         raw = read_json(path, "run record")
-        record = validate_record(raw if not isinstance(raw, dict) else migrate_record(raw, str(path)), str(path))
-        if raw.get("schema") != SCHEMA_VERSION:
+        record = load_record(path)  # every check a reader applies, before anything is rewritten
+        if not isinstance(raw, dict) or raw.get("schema") != SCHEMA_VERSION:
             write_record(path, record)
             rewritten.append(path)
     return rewritten
+
+
+def export_results(results_dir: str | Path, out: str | Path) -> dict[str, int]:
+    """Write every leaderboard record under ``results_dir`` as a dataset under ``out`` (Parquet tables and a dataset
+    card, :mod:`benchmark.report.export`); return the rows of each table."""
+    from benchmark.records.store import leaderboard_records
+    from benchmark.report.export import export_results as export
+
+    return export(leaderboard_records(results_dir), out)
 
 
 def leaderboard_table(results_dir: str | Path):

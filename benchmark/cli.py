@@ -54,6 +54,10 @@ examples:
     "migrate": """\
 examples:
   dapbench migrate --output-dir .""",
+    "export": """\
+examples:
+  dapbench export dapbench-dataset --output-dir .
+  python -c 'import pandas; print(pandas.read_parquet("dapbench-dataset/runs.parquet").head())'""",
     "pretrain-base": """\
 examples:
   dapbench pretrain-base ../shared/data/general/train.txt base-model --steps 2000
@@ -178,7 +182,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_record_commands(command) -> None:
-    """The commands that read or re-derive records: reproduce, report, migrate, list, pretrain-base."""
+    """The commands that read or re-derive records: reproduce, report, migrate, export, list, pretrain-base."""
     reproduce = command("reproduce", "re-run a record from scratch and compare every number it reports", cmd_reproduce)
     reproduce.add_argument("record", help="a run record JSON file")
     reproduce.add_argument("--output-dir", help=f"where the new record goes (default: {DEFAULT_OUTPUT}/reproduce/<id>)")
@@ -218,6 +222,10 @@ def _add_record_commands(command) -> None:
 
     migrate = command("migrate", "rewrite older-schema records as the current schema (numbers unchanged)", cmd_migrate)
     migrate.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"the folder (default: {DEFAULT_OUTPUT})")
+
+    export = command("export", "write the results as a dataset: Parquet tables and a dataset card", cmd_export)
+    export.add_argument("out", help="the folder to write the dataset into (runs, stages, end_tasks, README.md)")
+    export.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"the folder of results/ ({DEFAULT_OUTPUT})")
 
     listing = command("list", "registered methods and their options, domains, end tasks, sequences, profiles", cmd_list)
     listing.add_argument("--data-root", help="list a custom suite instead of the built-in one")
@@ -513,6 +521,15 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     rewritten = migrate_results(Path(args.output_dir) / "results")
     print(f"migrate: {len(rewritten)} record(s) rewritten to the current schema")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """``dapbench export``."""
+    from benchmark.api import export_results
+
+    rows = export_results(Path(args.output_dir) / "results", args.out)
+    print(f"export: {', '.join(f'{name} {count} rows' for name, count in rows.items())} -> {args.out}")
     return 0
 
 

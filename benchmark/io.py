@@ -87,6 +87,23 @@ def atomic_write_json(path: str | Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=json_default) + "\n")
 
 
+def readable_json(data: Any) -> str:
+    """``data`` as JSON a reviewer reads in a diff: objects one key a line, indented by two, and every list of plain
+    values on one line (a chunk list or loss log is one line, not hundreds); the values exactly as ``json.dumps``."""
+    plain = json.loads(json.dumps(data, default=json_default, allow_nan=False))
+
+    def dump(value: Any, depth: int) -> str:
+        pad, inner = "  " * depth, "  " * (depth + 1)
+        if isinstance(value, dict) and value:
+            items = [f"{inner}{json.dumps(key)}: {dump(item, depth + 1)}" for key, item in value.items()]
+            return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+        if isinstance(value, list) and any(isinstance(item, dict | list) for item in value):
+            return "[\n" + ",\n".join(inner + dump(item, depth + 1) for item in value) + f"\n{pad}]"
+        return json.dumps(value)
+
+    return dump(plain, 0) + "\n"
+
+
 def atomic_write_bytes(path: str | Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp_path)`` (e.g. ``savefig``, ``torch.save``) then move the result into place.
 

@@ -22,6 +22,11 @@ Schema history:
   error known) and the rest from their fields.
 - 4: kind-neutral names: the held-out losses are ``lm_loss`` (the record and each domain's entry; ``mlm_loss`` before,
   whatever the model family). Older records migrate by the rename alone; the numbers are the same.
+- 5: lean files: the record file is the summary, and its evaluation samples (``lm_loss.chunks``, ``predictions``,
+  ``test_labels``, each beside protocol's ``predictions``) live in Parquet sidecars beside it, which its ``samples``
+  block names with their SHA-256 (:mod:`benchmark.records.samples`); what a group shares (chunk counts, base chunk
+  sums, test labels) is one file for all its records. Read back, a record is whole as in schema 4; older records
+  migrate unchanged (``dapbench migrate`` writes them lean).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import Any, NotRequired, TypedDict
 
 from benchmark.config import shared_root
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 CHUNK_SUM_DECIMALS = 4
 """Decimals a record keeps of each held-out chunk's loss sum (``lm_loss.chunks``)."""
 
@@ -213,6 +218,13 @@ OPTIONAL = ("finetune_reports", "end_tasks_beside", "update_sizes_measured")
 """Fields only some records carry (declared ``NotRequired``; the annotations are strings here, so named again)."""
 
 REQUIRED = tuple(name for name in RunRecord.__annotations__ if name not in OPTIONAL)
+
+
+def in_schema_order(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its fields in the order :class:`RunRecord` declares them, any others after: one order for a
+    record read from any schema, so that whatever renders a record whole renders it alike."""
+    order = [key for key in RunRecord.__annotations__ if key in record]
+    return {**{key: record[key] for key in order}, **{k: v for k, v in record.items() if k not in order}}
 
 
 # ----------------------------------------------------------------------------------------------

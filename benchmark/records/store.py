@@ -3,13 +3,15 @@ followed), and load them through the checks every record passes (:mod:`benchmark
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from pathlib import Path
 from typing import Any
 
 from benchmark.errors import DapbenchError
 from benchmark.families import MASKED_LM
 from benchmark.io import read_json, safe_name
-from benchmark.records.schema import REQUIRED, SCHEMA_VERSION, RunRecord, portable_config
+from benchmark.records.schema import REQUIRED, SCHEMA_VERSION, RunRecord, in_schema_order, portable_config
 
 
 def validate_record(record: Any, source: str) -> RunRecord:
@@ -45,7 +47,7 @@ def migrate_record(record: dict[str, Any], source: str) -> dict[str, Any]:
         record = _from_schema_1(record)
     if record["schema"] == 2:
         record = _from_schema_2(record)
-    return {**record, "schema": SCHEMA_VERSION}
+    return in_schema_order({**record, "schema": SCHEMA_VERSION})
 
 
 LEGACY_LOSS_NAMES = {"mlm_loss": "lm_loss", "mlm_loss_chunks": "lm_loss_chunks"}
@@ -114,7 +116,8 @@ def installed_method(name: str) -> type | None:
 def load_record(path: str | Path) -> RunRecord:
     """Read, migrate and check one run record file: its schema, that its run id is its file name, method and seed
     (and, for schema 3, the hash of its own identity fields), and that every derived number is what its raw
-    numbers give (:func:`benchmark.records.checks.check_record`)."""
+    numbers give (:func:`benchmark.records.checks.check_record`). A schema-5 record is read with its evaluation
+    samples from its sidecars (:mod:`benchmark.records.samples`), whose checksums it names."""
     from benchmark.records.checks import check_record
 
     path = Path(path)
@@ -126,24 +129,98 @@ def load_record(path: str | Path) -> RunRecord:
     data = read_json(path, "run record")
     if not isinstance(data, dict):
         raise DapbenchError(f"{path} is not a run record (not a JSON object)", "remove it from results/")
-    record = validate_record(migrate_record(data, str(path)), str(path))
+    record = validate_record(migrate_record(with_samples(data, path), str(path)), str(path))
     check_record(record, path)
     return record
 
 
+def with_samples(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A record file's content with its evaluation samples joined in from its sidecars, where it keeps them apart
+    (schema 5 on); an older record as it is."""
+    from benchmark.records import samples as sidecars
+
+    pointer = data.get("samples")
+    if not isinstance(data.get("schema"), int) or data["schema"] < 5:
+        return data
+    if not isinstance(pointer, dict) or not {"file", "sha256", "shared_file", "shared_sha256"} <= pointer.keys():
+        raise DapbenchError(f"{path} names no samples files (its 'samples' block)", "re-run it, or restore it from git")
+    own_file = safe_name(pointer["file"], "samples file")
+    shared_file = safe_name(pointer["shared_file"], "samples file")
+    own_rows = sidecars.read_rows(path.parent / own_file, pointer["sha256"], str(path))
+    shared = _shared_samples(path.parent / shared_file, pointer["shared_sha256"], str(path))
+    return sidecars.join_samples(data, sidecars.Samples(sidecars.own_from_rows(own_rows, pointer), shared))
+
+
+_SHARED_CACHE: dict[tuple[str, str], dict[str, Any]] = {}
+"""Shared sidecars already read in this process, by path and checksum: a group's records all name one."""
+
+
+def _shared_samples(path: Path, sha256: str, source: str) -> dict[str, Any]:
+    from benchmark.records import samples as sidecars
+
+    stat = path.stat() if path.is_file() else None  # an edited file is read (and its checksum checked) again
+    key = (str(path.resolve()), sha256, stat and stat.st_mtime_ns, stat and stat.st_size)
+    if key not in _SHARED_CACHE:
+        _SHARED_CACHE[key] = sidecars.shared_from_rows(sidecars.read_rows(path, sha256, source))
+    return copy.deepcopy(_SHARED_CACHE[key])
+
+
 def write_record(path: str | Path, record: RunRecord) -> None:
     """Write ``record`` to ``path`` (atomically) after the very checks :func:`load_record` applies to it when read:
-    dapbench never writes a record that it, or the report, would refuse afterwards (every write path calls this)."""
+    dapbench never writes a record that it, or the report, would refuse afterwards (every write path calls this).
+    The evaluation samples go to sidecars first (:mod:`benchmark.records.samples`), the summary naming them last,
+    so a record file never names a sidecar that is not there."""
     import json
 
-    from benchmark.io import atomic_write_json, json_default
+    from benchmark.io import atomic_write_text, json_default, readable_json
     from benchmark.records.checks import check_record
 
     path = Path(path)
     plain = json.loads(json.dumps(record, default=json_default))  # as a reader will see it
     checked = validate_record(migrate_record(plain, str(path)), str(path))
     check_record(checked, path)
-    atomic_write_json(path, record)
+    atomic_write_text(path, readable_json(lean_record(checked, path)))
+
+
+def lean_record(record: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Write ``record``'s sidecars beside ``path`` and return the summary that names them (schema 5)."""
+    import hashlib
+
+    from benchmark.io import atomic_write_bytes
+    from benchmark.records import samples as sidecars
+
+    lean, samples = sidecars.split_samples(record)
+    own_name = f"{record['run_id']}{sidecars.OWN_SUFFIX}"
+    own = sidecars.parquet_bytes(sidecars.own_rows(samples.own, str(path)), "run samples")
+    shared_path = path.parent / f"{sidecars.SHARED_PREFIX}{sidecars.shared_digest(samples.shared)}.parquet"
+    shared = _stored_shared(shared_path, samples.shared, str(path))
+    atomic_write_bytes(path.parent / own_name, lambda tmp: tmp.write_bytes(own))
+    lean["samples"] = {
+        **lean["samples"],
+        "file": own_name,
+        "sha256": hashlib.sha256(own).hexdigest(),
+        "shared_file": shared_path.name,
+        "shared_sha256": hashlib.sha256(shared).hexdigest(),
+    }
+    return lean
+
+
+def _stored_shared(path: Path, shared: dict[str, Any], source: str) -> bytes:
+    """The bytes of the shared sidecar at ``path``: the file already there when it holds ``shared`` (another record
+    of the group wrote it), else written now."""
+    import hashlib
+
+    from benchmark.io import atomic_write_bytes
+    from benchmark.records import samples as sidecars
+
+    if path.is_file() and not path.is_symlink():
+        data = path.read_bytes()
+        with contextlib.suppress(DapbenchError):
+            if _shared_samples(path, hashlib.sha256(data).hexdigest(), source) == shared:
+                return data
+    data = sidecars.parquet_bytes(sidecars.shared_rows(shared, source), "group samples")
+    atomic_write_bytes(path, lambda tmp: tmp.write_bytes(data))
+    return data
 
 
 REPORT_FOLDER = "report"

@@ -1,16 +1,23 @@
 """``dapbench report``: records -> groups -> statistics -> reading -> files.
 
 Generated files live apart from the records they are made from: ``<output>/leaderboard.md``, and under
-``<output>/results/report/`` the group plots (``plots/``), one table file per record (``runs/``) and a manifest of
-what was written from which records. A report rewrites only what changed: a record's table when the record
-changed, a group's plots when one of its records did; the leaderboard every time (it is one file). Only files the
-manifest says the report wrote are ever deleted, and no symbolic link is followed out of the output folder.
+``<output>/results/report/`` the group plots (``plots/``), one table file per record (``runs/``), the site and a
+manifest of what was written from which records. In the repository only ``leaderboard.md`` and the README's generated
+blocks are committed: ``results/report/`` is built (by ``dapbench report`` and by CI), so a new record adds its own
+files and a few changed lines to the history, not a rebuilt site and plots. ``--check`` compares the committed files
+with what the records give, and a built ``results/report/`` too where there is one; without one it builds the
+report in a temporary folder it removes, so a fresh clone can be checked. A report rewrites only what changed: a
+record's table when the record changed, a group's plots when one of its records did; the leaderboard every time (it
+is one file). Only files the manifest says the report wrote are ever deleted, and no symbolic link is followed out
+of the output folder.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,8 +41,12 @@ class _Sink:
     """Where the report's files go: written when their content changed, or with ``check`` (``dapbench report
     --check``) compared only, the ones that would change named in :attr:`stale` and nothing written."""
 
-    def __init__(self, out: Path, check: bool):
-        self.out, self.check, self.stale, self.written = out, check, [], 0
+    def __init__(self, out: Path, check: bool, scratch: Path | None = None):
+        self.out, self.check, self.scratch, self.stale, self.written = out, check, scratch, [], 0
+
+    def compares(self, path: Path) -> bool:
+        """Whether ``path`` is only compared (``check``), not written: a file of the scratch build is written."""
+        return self.check and not (self.scratch is not None and self.scratch in path.parents)
 
     def text(self, path: Path, content: str) -> None:
         """Write ``content`` to ``path`` unless it already holds it."""
@@ -48,7 +59,7 @@ class _Sink:
         self._changed(path, action)
 
     def _changed(self, path: Path, write: Callable[[], object]) -> None:
-        if self.check:
+        if self.compares(path):
             self.stale.append(str(path.relative_to(self.out)))
         else:
             write()
@@ -58,13 +69,26 @@ class _Sink:
 def write_report(output_dir: str | Path, show_progress: bool = False, check: bool = False) -> dict:
     """Regenerate what changed of the tables, plots, site and ``leaderboard.md`` under ``output_dir`` from the records
     under ``output_dir/results``; return how many records and groups it read and how many files it wrote. With
-    ``check``, write nothing and return under ``stale`` the files a report would change (empty: up to date)."""
+    ``check``, write nothing and return under ``stale`` the files a report would change (empty: up to date); where no
+    report was built under ``output_dir`` (a fresh clone), the check builds one in a temporary folder and compares the
+    committed files alone."""
     out = Path(output_dir)
     report = report_folder(out)
+    if not check or (report / MANIFEST).is_file():
+        return _write_report(out, report, show_progress, _Sink(out, check))
+    scratch = Path(tempfile.mkdtemp(prefix="dapbench-check-"))
+    try:
+        built = report_folder(scratch)
+        return _write_report(out, built, show_progress, _Sink(out, check, scratch=scratch))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # made by this call, removed by it
+
+
+def _write_report(out: Path, report: Path, show_progress: bool, sink: _Sink) -> dict:
     entries = leaderboard_entries(out / "results")  # all but the key-number folder's
     records = [record for _, record in entries]
     groups, left_out = group_records(records)  # every check runs before anything is written
-    previous, sink = _read_manifest(report), _Sink(out, check)
+    previous = _read_manifest(report)
     manifest: dict = {"runs": {}, "groups": {}, "site": []}
     plots_code = _plots_code()
     colours = method_colours([r["method_label"] for r in records])  # one colour per method on every plot and page
@@ -97,7 +121,7 @@ def _write_site(report: Path, files: dict[str, str], manifest: dict, sink: _Sink
     for relative, content in sorted(files.items()):
         sink.text(site / relative, content)
     bundle = site / PLOTLY_ASSET
-    if not (sink.check and bundle.is_file()):  # --check asks only that it is there: it follows the installed plotly
+    if not (sink.compares(bundle) and bundle.is_file()):  # --check asks only that it is there: it is plotly's own
         sink.text(bundle, plotly_bundle())
     manifest["site"] = sorted(f"{SITE_FOLDER}/{relative}" for relative in [*files, PLOTLY_ASSET])
 
@@ -145,7 +169,7 @@ def _write_group_plots(group: Group, report: Path, previous: dict, manifest: dic
         return
     for kind, plot in GROUP_PLOTS.items():
         relative = f"plots/{group.key}-{kind}.png"
-        if sink.check:
+        if sink.compares(report / relative):
             sink.stale.append(f"results/{REPORT_FOLDER}/{relative}")  # which of them a group has shows once drawn
         elif plot(group.records, report / relative, colours) is not None:
             entry["files"][kind] = relative
@@ -219,7 +243,7 @@ def _write_ladders(
     readings, lines = [], []
     for ladder in find_ladders(sections):
         reading, relative = read_ladder(ladder), f"plots/ladder-{ladder.key}.png"
-        if not sink.check:  # cheap, and drawn from the reading alone: redrawn every report
+        if not sink.compares(report / relative):  # cheap, and drawn from the reading alone: redrawn every report
             plot_ladder(reading, report / relative, colours)
         elif not (report / relative).is_file():
             sink.stale.append(f"results/{REPORT_FOLDER}/{relative}")

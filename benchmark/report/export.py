@@ -1,0 +1,225 @@
+"""``dapbench export OUT``: the results as a dataset in the field's form, readable without dapbench.
+
+Three Parquet tables and a dataset card whose YAML header the Hugging Face Hub reads, so the folder loads with
+``pandas.read_parquet`` and ``datasets.load_dataset("parquet", data_files=...)`` and can be pushed to the Hub as it is:
+
+- ``runs.parquet``: one row per record (:func:`runs_table`): identity, setting and every leaderboard metric;
+- ``stages.parquet``: one row per record x stage x held-out set (:func:`stages_table`): the held-out loss;
+- ``end_tasks.parquet``: one row per record x protocol x stage x end task (:func:`end_tasks_table`): accuracy,
+  macro-F1, test examples, the classes in the test set and the classes the classifier predicted.
+
+Records scored by lm-evaluation-harness (protocol ``lm_eval``) also get lm-eval's own results JSON per stage under
+``lm_eval/`` (its ``results`` block, ``acc,none`` as the harness reported it: dapbench checks at run time that the
+harness's accuracy is the one of its per-sample log-likelihoods, which the record keeps as predictions).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from benchmark.errors import DapbenchError
+from benchmark.io import atomic_write_bytes, atomic_write_text, path_inside
+
+TABLES = ("runs", "stages", "end_tasks")
+"""The exported tables, each ``<name>.parquet``."""
+
+
+def column_name(title: str) -> str:
+    """A leaderboard column title as a dataset column name: ``final macro-F1`` -> ``final_macro_f1``."""
+    return re.sub(r"[^a-z0-9]+", "_", title.lower()).strip("_")
+
+
+def runs_table(records: list[dict]) -> pd.DataFrame:
+    """One row per record: run id, profile, group key, method, method label, seed, sequence, model, protocol,
+    environment, timing and every summary metric of the leaderboard (column names in snake case)."""
+    from benchmark.report.frame import leaderboard_frame
+
+    frame = leaderboard_frame(records).set_index("run_id")
+    rows = []
+    for record in records:
+        metrics = frame.loc[record["run_id"]]
+        config, environment = record["config"], record["environment"]
+        row = {
+            "run_id": record["run_id"],
+            "profile": record["profile"],
+            "group": metrics["group"],
+            "method": record["method"],
+            "method_label": record["method_label"],
+            "seed": record["seed"],
+            "sequence": config.get("sequence"),
+            "domains": list(record["sequence"]),
+            "model": config.get("model"),
+            "model_kind": record.get("model_kind"),
+            "protocol": config["finetune"]["protocol"],
+            "dap_steps": config["dap"]["steps"],
+            "dap_batch_size": config["dap"]["batch_size"],
+            "dap_seq_len": config["dap"]["seq_len"],
+            "device": environment.get("device_name") or environment.get("device"),
+            "torch_threads": environment.get("torch_threads"),
+            "git_commit": environment.get("git_commit"),
+            "wall_seconds": record["timing"]["wall_seconds"],
+        }
+        skip = {"group", "method", "seed", "order", "pair"}
+        row |= {column_name(key): _plain(value) for key, value in metrics.items() if key not in skip}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def stages_table(records: list[dict]) -> pd.DataFrame:
+    """One row per record x stage x held-out set: stage -1 is the base model, stage t the model after domain t
+    (a stage without a model, as in joint training, has no rows)."""
+    rows = []
+    for record in records:
+        losses = record["lm_loss"]
+        stages = [("base", losses["base"]), *zip(record["sequence"], losses["after_domain"], strict=True)]
+        for t, (domain, row) in enumerate(stages, start=-1):
+            for name, value in (row or {}).items():
+                rows.append({"run_id": record["run_id"], "stage": t, "after": domain, "eval_set": name, "loss": value})
+    return pd.DataFrame(rows, columns=["run_id", "stage", "after", "eval_set", "loss"])
+
+
+def end_tasks_table(records: list[dict]) -> pd.DataFrame:
+    """One row per record x protocol x stage x end task that was scored: accuracy and macro-F1 (fractions), the test
+    examples scored, the task's classes, the classes present in its test labels and those the classifier predicted
+    (how many, and which), and whether the cell measures the backbone at all (it predicts at least half of the
+    test set's classes)."""
+    rows = []
+    for record in records:
+        labels = record.get("test_labels") or {}
+        protocols = {record["config"]["finetune"]["protocol"]: (record["matrices"], record.get("predictions") or {})}
+        for name, cells in (record.get("end_tasks_beside") or {}).items():
+            protocols[name] = (cells["matrices"], cells.get("predictions") or {})
+        for protocol, (matrices, predictions) in protocols.items():
+            rows += _cells(record, protocol, matrices, predictions, labels)
+    columns = [
+        "run_id", "protocol", "stage", "after", "task", "accuracy", "macro_f1", "test_examples", "classes",
+        "classes_in_test", "classes_predicted", "predicted_classes",
+    ]  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _cells(record: dict, protocol: str, matrices: dict, predictions: dict, labels: dict) -> list[dict]:
+    rows = []
+    for t, domain in enumerate(record["sequence"]):
+        for k, task in enumerate(record["end_tasks"]):
+            acc, f1 = matrices["acc"][t][k], matrices["macro_f1"][t][k]
+            if acc is None:
+                continue
+            predicted = predictions.get(f"{t}/{k}")
+            test = labels.get(task, {})
+            rows.append(
+                {
+                    "run_id": record["run_id"],
+                    "protocol": protocol,
+                    "stage": t,
+                    "after": domain,
+                    "task": task,
+                    "accuracy": acc,
+                    "macro_f1": f1,
+                    "test_examples": len(predicted) if predicted is not None else None,
+                    "classes": test.get("classes"),
+                    "classes_in_test": len(set(test["labels"])) if "labels" in test else None,
+                    "classes_predicted": len(set(predicted)) if predicted is not None else None,
+                    "predicted_classes": sorted(set(predicted)) if predicted is not None else None,
+                }
+            )
+    return rows
+
+
+def lm_eval_results(record: dict) -> dict[str, dict]:
+    """lm-evaluation-harness's results JSON for each stage of an ``lm_eval`` record: ``after<t>`` -> its dict."""
+    out = {}
+    for t, domain in enumerate(record["sequence"]):
+        results, samples = {}, {}
+        for k, task in enumerate(record["end_tasks"]):
+            acc = record["matrices"]["acc"][t][k]
+            if acc is None:
+                continue
+            predicted = (record.get("predictions") or {}).get(f"{t}/{k}") or []
+            results[task] = {"alias": task, "acc,none": acc, "acc_stderr,none": "N/A"}
+            samples[task] = {"original": len(predicted), "effective": len(predicted)}
+        if results:
+            out[f"after{t}"] = {
+                "results": results,
+                "n-samples": samples,
+                "config": {"model": record["config"].get("model"), "num_fewshot": 0, "after_domain": domain},
+                "dapbench": {"run_id": record["run_id"], "stage": t, "macro_f1 (dapbench)": _macro(record, t)},
+            }
+    return out
+
+
+def _macro(record: dict, t: int) -> dict[str, float | None]:
+    return dict(zip(record["end_tasks"], record["matrices"]["macro_f1"][t], strict=True))
+
+
+def _plain(value: Any) -> Any:
+    """A pandas cell as a plain Python value (NaN as None)."""
+    if isinstance(value, float) and value != value:
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def export_results(records: list[dict], out: str | Path) -> dict[str, int]:
+    """Write the dataset of ``records`` under ``out`` (created if needed; only files of the dataset are written, each
+    atomically); return the rows per table."""
+    if not records:
+        raise DapbenchError("no records to export", "pass the folder that holds results/ (--output-dir)")
+    folder = Path(out)
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise DapbenchError(f"{folder} is not a folder of its own", "pass a new folder to export into")
+    tables = {"runs": runs_table(records), "stages": stages_table(records), "end_tasks": end_tasks_table(records)}
+    for name, frame in tables.items():
+        data = frame.to_parquet(index=False, compression="zstd")
+        atomic_write_bytes(path_inside(folder, f"{name}.parquet"), lambda tmp, data=data: tmp.write_bytes(data))
+    for record in records:
+        if record["config"]["finetune"]["protocol"] == "lm_eval":
+            for stage, results in lm_eval_results(record).items():
+                target = path_inside(folder, "lm_eval", f"{record['run_id']}-{stage}.json")
+                atomic_write_text(target, json.dumps(results, indent=2) + "\n")
+    atomic_write_text(path_inside(folder, "README.md"), dataset_card(tables))
+    return {name: len(frame) for name, frame in tables.items()}
+
+
+def dataset_card(tables: dict[str, pd.DataFrame]) -> str:
+    """The dataset card: the YAML header the Hub reads (one config per table) and what each table holds."""
+    from benchmark import __version__
+
+    header = ["---", "license: apache-2.0", "pretty_name: dapbench results", "tags:", "- continual-learning"]
+    header += ["- domain-adaptive-pretraining", "- benchmark", "configs:"]
+    for name in TABLES:
+        header += [f"- config_name: {name}", f"  data_files: {name}.parquet"]
+    header += ["---", ""]
+    body = [
+        "# dapbench results",
+        "",
+        f"Continual domain-adaptive pre-training runs exported by `dapbench export` (dapbench {__version__}).",
+        "Losses are nats per predicted token; scores are fractions in [0, 1].",
+        "",
+        "```python",
+        "import pandas as pd",
+        'runs = pd.read_parquet("runs.parquet")',
+        "from datasets import load_dataset",
+        'stages = load_dataset("parquet", data_files="stages.parquet")["train"]',
+        "```",
+        "",
+    ]
+    for name in TABLES:
+        frame = tables[name]
+        body += [f"## {name} ({len(frame)} rows)", "", TABLE_DOCS[name], "", "Columns: " + ", ".join(
+            f"`{column}`" for column in frame.columns
+        ), ""]  # fmt: skip
+    return "\n".join(header + body)
+
+
+TABLE_DOCS = {
+    "runs": "One row per run record (method x seed x setting): `group` is the leaderboard group whose rows are "
+    "comparable; every metric the leaderboard prints, in snake case (plasticity, forgetting, general rise: nats).",
+    "stages": "One row per record x stage x held-out set: `stage` -1 is the base model, t the model after domain t.",
+    "end_tasks": "One row per record x protocol x stage x end task: `classes_predicted` against `classes_in_test` "
+    "says whether the classifier measures the backbone (a cell predicting few classes does not).",
+}
