@@ -115,7 +115,8 @@ def test_the_short_answer_says_whether_it_holds_at_the_top_of_its_ladder(rungs):
     line, verdicts = _beyond_budget([reading], bottom.key, ["ncl", "das", "ncl"])  # a line per rung, then verdicts
     assert line.startswith(f"beyond this budget, at 6 updates per domain (1,536 tokens; group `{top.key}`, 2 seeds)")
     assert "the 3 rows measured at both budgets (`ncl`, `none`, `one`)" in line
-    assert "Kendall's tau of their ranking (95% interval over seeds and sample): " in line and "plasticity +" in line
+    stated = "Kendall's tau of their ranking (95% bias-corrected interval over rows, seeds and sample): "
+    assert stated in line and "plasticity +" in line
     kept = sum(v.change == "kept" for v in reading.verdicts)
     assert f"(every metric, up to 6 updates): {kept} kept, " in verdicts
     for t in reading.taus:

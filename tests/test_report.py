@@ -17,13 +17,14 @@ from benchmark.io import atomic_write_json
 from benchmark.metrics import record_loss_metrics
 from benchmark.records.identity import RESULTS_VERSION
 from benchmark.records.store import load_records
+from benchmark.report.comparison import paired_test
 from benchmark.report.end_task_reading import end_task_reading
 from benchmark.report.escape import code, printable, text
 from benchmark.report.frame import leaderboard_frame, loss_columns, reference_labels
 from benchmark.report.groups import group_records
 from benchmark.report.markdown import leaderboard_markdown
 from benchmark.report.reading import column_of, option_parents, sibling_reading, variant_reading, verdicts
-from benchmark.report.statistics import EvaluationSample, GroupStatistics, weighted_scores
+from benchmark.report.statistics import EvaluationSample, GroupStatistics, adjust_for_multiplicity, weighted_scores
 from benchmark.report.summary import terminal_summary
 from benchmark.report.writer import write_report
 
@@ -105,20 +106,20 @@ def test_loss_replicates_are_centred_on_the_recorded_metrics(records):
     assert sample._chunk_weights["alpha"].shape == (1000, len(records[0]["lm_loss"]["chunks"]["counts"]["alpha"]))
 
 
-def test_a_verdict_needs_both_the_seeds_and_the_evaluation_sample(records):
+def test_a_verdict_is_one_test_whose_error_holds_the_seeds_and_the_evaluation_sample(records):
     (group,), _ = group_records(records)
     stats = _statistics(group)
     forgetting = next(c for c in loss_columns() if c.title == "forgetting")
     (c,) = [c for c in stats.comparisons("ncl", forgetting) if c.label == "das"]
-    assert c.se_eval is not None and c.q_eval is not None
-    assert c.resolved() == (c.q_seed < 0.05 and c.q_eval < 0.05 and c.mean != 0)
-    # a difference the seeds resolve but the sample does not: no verdict
-    c.q_seed, c.q_eval = 0.001, 0.5
-    assert not c.resolved()
+    assert c.se_eval is not None and c.resolved() == (c.q < 0.05 and c.mean != 0)
+    seeds_only = c.std**2 / c.n
+    assert c.test.se == pytest.approx(np.sqrt(seeds_only + c.se_eval**2)) and c.test.df == c.n - 1
+    # an evaluation sample as noisy as the difference is large: no verdict, whatever the seeds say
+    noisy = dataclasses.replace(c, test=paired_test(np.full(3, c.mean) + [0, 1e-9, -1e-9], 10 * abs(c.mean)))
+    adjust_for_multiplicity([noisy])
+    assert not noisy.resolved() and noisy.resolvable() > abs(c.mean)
     assert verdicts(stats)  # the tiny runs differ: some verdicts (every comparison is now computed and cached)
-    stats._cache = {
-        key: [dataclasses.replace(x, q_seed=0.001, q_eval=0.5) for x in v] for key, v in stats._cache.items()
-    }
+    stats._cache = {key: [dataclasses.replace(x, q=0.5) for x in v] for key, v in stats._cache.items()}
     assert verdicts(stats) == {}
 
 
@@ -429,7 +430,7 @@ def test_methods_run_over_different_orders_are_shown_in_one_part_per_order_set(r
     board, left_text = board.split("## Left out")
     assert "1 incomplete record(s)" in left_text and f"- `{incomplete.run_id}`: ncl, seed 3" in left_text
     first_text, both_text = board.split(f"## {both.title}")
-    assert "paired by seed," in first_text and "paired by (order, seed)," in both_text
+    assert "paired by seed;" in first_text and "paired by (order, seed);" in both_text
     assert "largest seed std" in first_text and "largest std over (order, seed) runs" in both_text
     (absent,) = [line for line in both_text.splitlines() if line.startswith("- registered methods without a record")]
     assert "`none`" in absent and "(run over fewer of these orders" in absent and "### Over domain orders" in both_text

@@ -59,7 +59,7 @@ def short_answer(sections: list[tuple], readings: list = (), summary: str | None
     lead = (
         f"At {dap['steps']} DAP updates of {dap['batch_size']} x {dap['seq_len']} tokens per domain ({tokens:,} tokens;"
         f" group {code(group.key)}, {first['profile']} profile, {_seeds(group.records)}), against naive continual DAP"
-        f" ({code(naive)}), resolved by seeds and held-out sample alike:"
+        f" ({code(naive)}), resolved with seeds and held-out sample in one test:"
     )
     named: list[str] = []
     claims = _best(stats, naive, "forgetting", "forgets least", "less", named)
@@ -339,7 +339,7 @@ def _beside_line(rung, beside: str) -> str:
         verdict = f"no method beats no DAP ({code(NO_DAP)}) beyond seed noise{closest}"
     below = [row for row in rows if row.below()]
     worse = f"; below it: {', '.join(f'{code(row.label)} {_interval(row)}' for row in below)}" if below else ""
-    intervals = f"95% seed-bootstrap intervals, rows of {MIN_SEEDS} seeds or more"
+    intervals = f"95% t intervals paired by seed, q-values over the rows, rows of {MIN_SEEDS} seeds or more"
     return (
         f"at {rung.steps} updates per domain the end tasks are also {scored} ({_seeds(rung.stats.records)};"
         f" {intervals}): {verdict}{worse}{_gap_range(rows, scored, own)}"
@@ -360,7 +360,7 @@ def _gap_range(rows: list, scored: str, own: str) -> str:
 
 def _interval(row) -> str:
     mean, low, high = row.versus
-    return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}] points"
+    return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}] points, q={row.q:.2g}"
 
 
 def _rung_clause(reading, j: int) -> str:
@@ -368,9 +368,13 @@ def _rung_clause(reading, j: int) -> str:
     out as untrained), and Kendall's tau of those rows on :data:`LADDER_METRICS`."""
     ladder, rung = reading.ladder, reading.ladder.rungs[j]
     shared, left = ladder.shared(0, j), ladder.left_out(0, j)
-    stated = [f"{t.column} {t.tau:+.2f} [{t.low:+.2f}, {t.high:+.2f}]" for t in _taus_at(reading, j)]
+    zero = " (not distinguishable from 0)"
+    stated = [
+        f"{t.column} {t.tau:+.2f} [{t.low:+.2f}, {t.high:+.2f}]{'' if t.above_zero() else zero}"
+        for t in _taus_at(reading, j)
+    ]
     order = (
-        f"Kendall's tau of their ranking (95% interval over seeds and sample): {', '.join(stated)}"
+        f"Kendall's tau of their ranking (95% bias-corrected interval over rows, seeds and sample): {', '.join(stated)}"
         if stated
         else "too few rows for a Kendall's tau"
     )

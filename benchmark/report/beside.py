@@ -5,9 +5,10 @@ protocol's score beats no DAP beyond seed noise.
 A linear probe reads what a frozen model's features hold; fine-tuning also lets the end task re-align them. A method
 whose probe score falls while its fine-tuned score does not lost linear readout rather than knowledge ("spurious
 forgetting", Zheng et al., ICLR 2025). The gap is taken per seed (the same checkpoints scored both ways), and the
-comparison with ``none`` resamples each method's seeds (percentile bootstrap, a fixed generator), so a difference is
-resolved only when its 95% interval excludes zero, and only between rows of at least :data:`MIN_SEEDS` seeds each: a
-row of one seed has no seed noise to resample, and its interval would show the other row's noise alone.
+comparison with ``none`` is the report's one comparison (:mod:`benchmark.report.comparison`): a t-test paired by seed
+(Welch's where the rows share fewer than two seeds), Benjamini-Hochberg over every row compared with ``none`` in the
+section, and only between rows of at least :data:`MIN_SEEDS` seeds each; a row not resolved states the difference its
+seeds could have resolved.
 """
 
 from __future__ import annotations
@@ -18,16 +19,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmark.protocols import protocol_short, protocol_words
+from benchmark.report.comparison import ALPHA, Test, benjamini_hochberg, paired_test, welch_test
 from benchmark.report.escape import code, text
 from benchmark.report.frame import by_label
-from benchmark.report.statistics import named_generator
 
-BOOTSTRAP = 4000
-"""Seed resamples per comparison with no DAP."""
 NO_DAP = "none"
 """The row every method is compared with."""
 MIN_SEEDS = 2
-"""The fewest seeds each of two rows needs before their seed-bootstrap comparison is drawn."""
+"""The fewest seeds each of two rows needs before their comparison is drawn."""
 
 
 def beside_protocols(records: list[dict]) -> list[str]:
@@ -43,26 +42,28 @@ def final_macro_f1(record: dict, beside: str | None = None) -> float | None:
     return None if value is None else 100 * value
 
 
-def seed_difference(a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> tuple[float, float, float]:
-    """Mean of ``a`` minus mean of ``b`` and its 95% percentile interval, each side's seeds resampled."""
-    draws_a = rng.choice(a, size=(BOOTSTRAP, len(a))).mean(axis=1)
-    draws_b = rng.choice(b, size=(BOOTSTRAP, len(b))).mean(axis=1)
-    low, high = np.percentile(draws_a - draws_b, [2.5, 97.5])
-    return float(a.mean() - b.mean()), float(low), float(high)
+def seed_test(a: dict[int, float], b: dict[int, float]) -> Test | None:
+    """``a`` against ``b`` (seed -> score): paired by seed where they share two seeds or more, else Welch's test."""
+    shared = sorted(a.keys() & b.keys())
+    if len(shared) >= MIN_SEEDS:
+        return paired_test(np.array([a[s] - b[s] for s in shared]))
+    return welch_test(np.array(list(a.values())), np.array(list(b.values())))
 
 
 @dataclass(frozen=True)
 class BesideRow:
     """One row's final macro-F1 (percent, per seed) under the group's own protocol and the one ``beside`` it, and the
-    beside score's difference from no DAP: ``versus`` is ``(mean, low, high)`` of the seed bootstrap, or None where
-    either row has fewer than :data:`MIN_SEEDS` seeds (``difference`` then holds the plain difference of means) or
-    the row is no DAP itself."""
+    beside score's difference from no DAP: ``versus`` is ``(mean, low, high)`` with the test's 95% interval, or None
+    where either row has fewer than :data:`MIN_SEEDS` seeds (``difference`` then holds the plain difference of means)
+    or the row is no DAP itself; ``test`` the comparison and ``q`` its Benjamini-Hochberg q-value."""
 
     label: str
     own: np.ndarray
     beside: np.ndarray
     difference: float | None = None
     versus: tuple[float, float, float] | None = None
+    test: Test | None = None
+    q: float = 1.0
 
     @property
     def gap(self) -> np.ndarray:
@@ -70,8 +71,12 @@ class BesideRow:
         return self.beside - self.own
 
     def resolved(self) -> bool:
-        """Whether the beside score's 95% interval against no DAP excludes zero."""
-        return self.versus is not None and (self.versus[1] > 0 or self.versus[2] < 0)
+        """Whether the beside score's difference from no DAP is resolved (q below the level)."""
+        return self.test is not None and self.versus[0] != 0 and self.q < ALPHA
+
+    def resolvable(self) -> float | None:
+        """The smallest difference from no DAP its seeds resolve with 80% power (None where none was tested)."""
+        return None if self.test is None else self.test.resolvable()
 
     def above(self) -> bool:
         """Whether the beside score is resolved above no DAP's."""
@@ -84,23 +89,25 @@ class BesideRow:
 
 def beside_rows(records: list[dict], beside: str) -> list[BesideRow]:
     """Every row whose records all carry both scores, best beside score first, each compared with no DAP."""
-    scores = {}
+    scores, seeds = {}, {}
     for label, runs in by_label(records).items():
         pairs = [(final_macro_f1(r), final_macro_f1(r, beside)) for r in runs]
         if all(None not in pair for pair in pairs):
             scores[label] = (np.array([a for a, _ in pairs]), np.array([b for _, b in pairs]))
+            seeds[label] = {r["seed"]: b for r, (_, b) in zip(runs, pairs, strict=True)}
     baseline = scores.get(NO_DAP)
     rows = []
     for label, (own, second) in sorted(scores.items(), key=lambda item: -item[1][1].mean()):
         row = BesideRow(label, own, second)
         if baseline is not None and label != NO_DAP:
             row = dataclasses.replace(row, difference=float(second.mean() - baseline[1].mean()))
-            if min(len(second), len(baseline[1])) >= MIN_SEEDS:
-                # a generator per row: its interval does not move when another row gains a seed
-                rng = named_generator("beside", beside, label)
-                row = dataclasses.replace(row, versus=seed_difference(second, baseline[1], rng))
+            test = seed_test(seeds[label], seeds[NO_DAP]) if min(len(second), len(baseline[1])) >= MIN_SEEDS else None
+            if test is not None:
+                row = dataclasses.replace(row, versus=(test.mean, *test.interval()), test=test)
         rows.append(row)
-    return rows
+    tested = [row for row in rows if row.test is not None]
+    qs = dict(zip([row.label for row in tested], benjamini_hochberg([row.test.p for row in tested]), strict=True))
+    return [dataclasses.replace(row, q=qs[row.label]) if row.label in qs else row for row in rows]
 
 
 def beating_no_dap(rows: list[BesideRow]) -> list[str]:
@@ -123,8 +130,9 @@ def _section(records: list[dict], beside: str) -> list[str]:
         f"### End tasks: {text(other)} beside the {text(own)}",
         "",
         f"Final macro-F1 of the same checkpoints scored both ways (mean ± sd over seeds); the gap is {text(other)}"
-        f" minus {text(own)}, per seed; against {code(NO_DAP)}: the {text(other)} score's difference with a 95%"
-        " seed-bootstrap interval.",
+        f" minus {text(own)}, per seed; against {code(NO_DAP)}: the {text(other)} score's difference with its 95%"
+        " interval and q-value (t-test paired by seed, Benjamini-Hochberg over the rows; where not resolved, the"
+        " difference its seeds resolve with 80% power).",
         "",
         f"| method | n | {text(own)} | {text(other)} | gap | {text(other)} against `{NO_DAP}` |",
         "|---|---|---|---|---|---|",
@@ -151,7 +159,8 @@ def _versus(row: BesideRow) -> str:
     """A row's table cell against no DAP."""
     if row.versus is not None:
         mean, low, high = row.versus
-        return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]{' resolved' if row.resolved() else ''}"
+        verdict = "resolved" if row.resolved() else f"not resolved (80% power at ±{row.resolvable():.2f})"
+        return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}] q={row.q:.2g} {verdict}"
     if row.difference is not None:
         return f"{row.difference:+.2f} (one seed: seed noise not measured)"
     return "–"

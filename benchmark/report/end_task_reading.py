@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from benchmark.report.escape import code, text
-from benchmark.report.reading import column_of, paired_by, paired_runs
+from benchmark.report.reading import column_of, paired_by, paired_runs, tie_bound
 from benchmark.report.statistics import ALPHA, Comparison, GroupStatistics
 
 
@@ -58,8 +58,8 @@ def _against_no_dap(stats: GroupStatistics, no_dap: str, means: pd.Series) -> li
     which = " of more than one seed" if untested else ""
     return [
         f"- DAP vs no DAP: the best DAP method{which} ({code(dap.idxmax())}) is {dap.max() - means[no_dap]:+.2f}"
-        f" points of final macro-F1 from {code(no_dap)}. Resolved by seeds (paired t-test) and test sample"
-        f" (bootstrap over test examples) alike, q < {ALPHA}: {_separation(comparisons, 'no DAP')}."
+        f" points of final macro-F1 from {code(no_dap)}. Paired t-test whose standard error adds the test sample's"
+        f" bootstrap error to the seeds', q < {ALPHA}: {_separation(comparisons, 'no DAP')}."
         + (f" {untested} one-seed row(s) are neither ranked nor tested." if untested else "")
     ]
 
@@ -77,8 +77,9 @@ def _against_dap_references(stats: GroupStatistics) -> list[str]:
             continue
         lines.append(
             f"- Final macro-F1 against {code(reference)} (paired by {paired_by(stats)}; t-test over"
-            f" {paired_runs(stats)} and bootstrap over test examples, Benjamini-Hochberg over {len(comparisons)}"
-            f" method{'s' * (len(comparisons) != 1)}, both q < {ALPHA}): {_separation(comparisons, 'it')}."
+            f" {paired_runs(stats)} with the test sample's bootstrap error added, Benjamini-Hochberg over"
+            f" {len(comparisons)} method{'s' * (len(comparisons) != 1)}, q < {ALPHA}):"
+            f" {_separation(comparisons, 'it')}."
         )
     return lines
 
@@ -92,8 +93,12 @@ def _separation(comparisons: list[Comparison], reference: str) -> str:
     def points(found: list[Comparison]) -> str:
         return ", ".join(f"{code(c.label)} ({100 * c.mean:+.2f})" for c in found) or "none"
 
-    others = len(comparisons) - len(above) - len(below)
-    return f"above it {points(above)}; below it {points(below)}; the other {others} are not separated from {reference}"
+    ties = [c for c in comparisons if not c.resolved()]
+    bound = f" ({tie_bound(ties, '.2f', 100)} points)" if ties else ""
+    return (
+        f"above it {points(above)}; below it {points(below)}; the other {len(ties)} are not separated from"
+        f" {reference}{bound}"
+    )
 
 
 def mask_reading(records: list[dict]) -> list[str]:

@@ -4,10 +4,12 @@ A ladder is a set of leaderboard groups that differ in nothing but the DAP budge
 data, evaluation and end-task protocol, found in the records themselves, so any family of rungs (the ``mini``,
 ``mini-4x`` and ``mini-pass`` profiles, or a user's ``--set dap.steps=`` series) is read alike. Per metric, the rows
 the rungs share are ranked at each rung and compared between consecutive rungs (and bottom against top) by Kendall's
-tau, with a bootstrap interval that resamples each method's seeds and the held-out chunks (or test examples) the
-metric was measured on, the same replicates the leaderboard's own intervals use. A pairwise verdict (method A better
-than B) is resolved at a rung when the 95% bootstrap interval of their difference excludes zero; between rungs it
-keeps, flips (resolved both times, opposite ways) or appears (resolved only at the larger budget). A row flagged
+tau, with a bias-corrected bootstrap interval that resamples the rows compared, each method's seeds and the held-out
+chunks (or test examples) the metric was measured on (the choice of rows is the largest part of a few-row tau's
+error), and the one-sided p-value of Kendall's test that tau is above 0 beside it. A pairwise verdict (method A better
+than B) at a rung is the report's one comparison (:mod:`benchmark.report.comparison`: paired by seed, the evaluation
+sample's error added, Benjamini-Hochberg over every pair of the rung on that metric); between rungs it keeps, flips
+(resolved both times, opposite ways) or appears (resolved only at the larger budget). A row flagged
 untrained at either of two rungs (:func:`benchmark.report.frame.untrained_flag`: its own parameters or gates did not
 learn) is left out of their comparison, as the short answer leaves it out: its rank measures a method that did not
 train, and the section names it.
@@ -23,8 +25,9 @@ from itertools import combinations
 import numpy as np
 
 from benchmark.protocols import PROTOCOLS
+from benchmark.report.comparison import ALPHA, benjamini_hochberg, paired_test, welch_test
 from benchmark.report.frame import END_TASK_COLUMNS, Column, by_label, loss_columns, tokens_per_domain, untrained_flag
-from benchmark.report.statistics import REPLICATES, GroupStatistics, named_generator
+from benchmark.report.statistics import REPLICATES, GroupStatistics, evaluation_se, named_generator
 
 
 def ladder_columns() -> list[Column]:
@@ -153,7 +156,8 @@ def kendall_tau(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @dataclass
 class TauResult:
-    """Kendall's tau of one metric between two rungs, over the rows both have, with its bootstrap interval."""
+    """Kendall's tau of one metric between two rungs, over the rows both have, with its bias-corrected bootstrap
+    interval (rows, seeds and evaluation sample resampled) and Kendall's one-sided p-value of tau > 0."""
 
     column: str
     rungs: tuple[int, int]
@@ -161,6 +165,11 @@ class TauResult:
     tau: float
     low: float
     high: float
+    p: float = float("nan")
+
+    def above_zero(self) -> bool:
+        """Whether tau is distinguishable from 0 (Kendall's test, one-sided, at the report's level)."""
+        return self.p < ALPHA
 
 
 @dataclass
@@ -208,9 +217,11 @@ def read_ladder(ladder: Ladder) -> LadderReading:
     taus, verdicts = [], []
     for column in columns:
         for i, j in pairs:
-            taus += _tau(column, samples[column.title], means[column.title], i, j, compared[i, j])
+            rng = named_generator(ladder.key, "tau rows", column.title, str(i), str(j))
+            taus += _tau(column, samples[column.title], means[column.title], (i, j, rng), compared[i, j])
         for i, j in pairs[: len(ladder.rungs) - 1]:
-            verdicts += _verdicts(column, samples[column.title], i, j, compared[i, j])
+            before, after = (rung_verdicts(ladder.rungs[k].stats, column, compared[i, j]) for k in (i, j))
+            verdicts += _verdicts(column, before, after, (i, j))
     return LadderReading(ladder, taus, verdicts, means, samples)
 
 
@@ -219,38 +230,63 @@ def _mean(stats: GroupStatistics, label: str, column: Column) -> float | None:
     return None if rows.empty else float(rows.mean())
 
 
-def _tau(column: Column, samples: list[dict], means: dict, i: int, j: int, compared: list[str]) -> list[TauResult]:
+def _tau(column: Column, samples: list[dict], means: dict, where: tuple, compared: list[str]) -> list[TauResult]:
+    from scipy.stats import kendalltau, norm
+
+    i, j, rng = where
     rows = [lab for lab in compared if means[lab][i] is not None and means[lab][j] is not None]
     if len(rows) < 3:
         return []
-    point = float(kendall_tau(np.array([means[r][i] for r in rows]), np.array([means[r][j] for r in rows])))
+    a, b = np.array([means[r][i] for r in rows]), np.array([means[r][j] for r in rows])
+    point = float(kendall_tau(a, b))
+    p = float(kendalltau(a, b, alternative="greater").pvalue)
     before, after = (np.stack([samples[k][r] for r in rows], axis=1) for k in (i, j))  # replicates x rows
-    drawn = kendall_tau(before, after)
+    picks = rng.integers(0, len(rows), before.shape)  # the rows resampled too: which rows were chosen is chance
+    drawn = kendall_tau(np.take_along_axis(before, picks, 1), np.take_along_axis(after, picks, 1))
     drawn = drawn[np.isfinite(drawn)]  # a replicate in which one rung ties every row has no tau
-    low, high = np.percentile(drawn, [2.5, 97.5]) if len(drawn) else (np.nan, np.nan)
-    return [TauResult(column.title, (i, j), len(rows), point, float(low), float(high))]
+    if not len(drawn) or np.isnan(point):
+        return [TauResult(column.title, (i, j), len(rows), point, np.nan, np.nan, p)]
+    # bias-corrected percentiles: the bootstrap of a few-row tau leans toward 0, so its plain percentiles can leave
+    # the point outside; z0 measures that lean and shifts the percentiles back (Efron's BC interval)
+    below = np.clip((np.sum(drawn < point) + 0.5 * np.sum(drawn == point)) / len(drawn), 1e-6, 1 - 1e-6)
+    z0 = norm.ppf(below)
+    low, high = np.percentile(drawn, 100 * norm.cdf(2 * z0 + norm.ppf([0.025, 0.975])))
+    return [TauResult(column.title, (i, j), len(rows), point, float(min(low, point)), float(max(high, point)), p)]
 
 
-def _verdicts(column: Column, samples: list[dict], i: int, j: int, compared: list[str]) -> list[Verdict]:
+def rung_verdicts(stats: GroupStatistics, column: Column, rows: list[str]) -> dict[tuple[str, str], bool]:
+    """At one rung, every pair of ``rows`` whose difference on ``column`` is resolved, by the report's one comparison
+    (paired by seed and order, the evaluation sample's error added; Welch's test where the two share fewer than two
+    runs), Benjamini-Hochberg over all the pairs: ``(a, b) -> True`` where ``a`` is better, False where worse."""
+    part = stats.part.dropna(subset=[column.title])
+    wide = part.pivot_table(index="pair", columns="method", values=column.title)
+    runs = part.set_index(["method", "pair"])["run_id"]
+    present = [r for r in rows if r in wide]
+    tests = {}
+    for a, b in combinations(present, 2):
+        both = wide[[a, b]].dropna()
+        if len(both) >= 2:
+            se = evaluation_se(stats.sample, column.metric, *([runs[(m, s)] for s in both.index] for m in (a, b)))
+            tests[a, b] = paired_test((both[a] - both[b]).to_numpy(), se if column.metric else None)
+        else:
+            tests[a, b] = welch_test(wide[a].dropna().to_numpy(), wide[b].dropna().to_numpy())
+    tests = {pair: test for pair, test in tests.items() if test is not None}
+    qs = benjamini_hochberg([test.p for test in tests.values()])
+    return {
+        pair: (test.mean > 0) == bool(column.higher_is_better)
+        for (pair, test), q in zip(tests.items(), qs, strict=True)
+        if q < ALPHA and test.mean != 0
+    }
+
+
+def _verdicts(column: Column, before: dict, after: dict, rungs: tuple[int, int]) -> list[Verdict]:
     out = []
-    rows = [lab for lab in compared if samples[i][lab] is not None and samples[j][lab] is not None]
-    for a, b in combinations(rows, 2):
-        before, after = _resolved(column, samples[i][a], samples[i][b]), _resolved(column, samples[j][a], samples[j][b])
-        if after is None:
-            continue
-        better, worse = (a, b) if after else (b, a)
-        change = "appeared" if before is None else "kept" if before == after else "flipped"
-        out.append(Verdict(column.title, better, worse, change, (i, j)))
+    for (a, b), better_now in after.items():
+        was = before.get((a, b))
+        better, worse = (a, b) if better_now else (b, a)
+        change = "appeared" if was is None else "kept" if was == better_now else "flipped"
+        out.append(Verdict(column.title, better, worse, change, rungs))
     return out
-
-
-def _resolved(column: Column, a: np.ndarray, b: np.ndarray) -> bool | None:
-    """True if ``a`` is resolved better than ``b`` (95% interval of the difference excludes 0), False if worse,
-    None if unresolved."""
-    low, high = np.percentile(a - b, [2.5, 97.5])
-    if low <= 0 <= high:
-        return None
-    return (low > 0) == bool(column.higher_is_better)
 
 
 def ladder_markdown(reading: LadderReading, plot: str | None) -> list[str]:
@@ -265,14 +301,16 @@ def ladder_markdown(reading: LadderReading, plot: str | None) -> list[str]:
     if not reading.taus:
         lines += ["No Kendall's tau yet: no two rungs share the 3 rows a ranking needs.", ""]
     else:
-        lines += ["Kendall's tau of the rows' ranking between rungs, with a 95% bootstrap interval over seeds and the"]
-        lines += ["evaluation sample (1 = the same order, 0 = unrelated, -1 = reversed):", ""]
-        lines += ["| metric | rungs | rows | tau | 95% interval |", "|---|---|---|---|---|"]
+        lines += ["Kendall's tau of the rows' ranking between rungs (1 = the same order, 0 = unrelated, -1 reversed),"]
+        lines += ["with a 95% bias-corrected bootstrap interval over the rows compared, seeds and evaluation sample,"]
+        lines += ["and Kendall's one-sided p-value of tau > 0 (0.05 or more: not distinguishable from 0):", ""]
+        lines += ["| metric | rungs | rows | tau | 95% interval | p (tau > 0) |", "|---|---|---|---|---|---|"]
     for t in reading.taus:
         steps = f"{rungs[t.rungs[0]].steps} -> {rungs[t.rungs[1]].steps} updates"
         tau = "n/a (every row tied)" if np.isnan(t.tau) else f"{t.tau:+.2f}"
         interval = "n/a" if np.isnan(t.low) else f"[{t.low:+.2f}, {t.high:+.2f}]"
-        lines.append(f"| {t.column} | {steps} | {t.rows} | {tau} | {interval} |")
+        p = "n/a" if np.isnan(t.p) else f"{t.p:.2g}" + ("" if t.above_zero() else " (not distinguishable from 0)")
+        lines.append(f"| {t.column} | {steps} | {t.rows} | {tau} | {interval} | {p} |")
     lines += [""] if reading.taus else []
     lines += _left_out_lines(reading.ladder)
     for i in range(len(rungs) - 1):

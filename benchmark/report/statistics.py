@@ -6,9 +6,9 @@ sample's own error, which the seed spread does not contain (every seed is measur
 comes from a bootstrap over the evaluation sample: held-out chunks resampled with replacement (one resample of each
 held-out set, shared by every record of the group, so differences between methods stay paired) for the loss
 metrics, and end-task test examples for the end-task scores. Per method and column the leaderboard shows the mean
-and the combined standard error sqrt(s^2 / n + SE_eval^2); a difference from a reference is resolved only when the
-paired t-test over seeds and the bootstrap test over the evaluation sample both reject no difference
-(Benjamini-Hochberg over the methods tested, q < 0.05).
+and the combined standard error sqrt(s^2 / n + SE_eval^2); a difference from a reference is resolved when the one
+comparison of :mod:`benchmark.report.comparison` rejects no difference: a paired t-test whose standard error holds
+both parts (Benjamini-Hochberg over the methods tested, q < 0.05).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 
 from benchmark.metrics import loss_metric_arrays, mean_regret, served_losses
+from benchmark.report.comparison import ALPHA, Test, benjamini_hochberg, paired_test
 from benchmark.report.frame import format_number, oracle_partners
 
 REPLICATES = 1000
-"""Bootstrap resamples of the evaluation sample (p-values resolve down to 1/1001)."""
-ALPHA = 0.05
+"""Bootstrap resamples of the evaluation sample (its standard error from 1000 resamples)."""
 
 
 def named_generator(*names: str) -> np.random.Generator:
@@ -161,30 +161,37 @@ def combined_se(values: pd.Series, replicates: list[np.ndarray | None]) -> float
 
 @dataclass
 class Comparison:
-    """A method's per-seed difference from a reference on one column (seeds both ran), tested two ways."""
+    """A method's per-seed difference from a reference on one column (seeds both ran), decided by the one
+    comparison of :mod:`benchmark.report.comparison`: a paired t-test whose standard error holds the seeds' spread
+    and the evaluation sample's own error, Benjamini-Hochberg over the family (``q``)."""
 
     label: str
     n: int
     mean: float
     std: float
-    p_seed: float
+    test: Test
     se_eval: float | None = None
-    p_eval: float | None = None
-    q_seed: float = 1.0
-    q_eval: float | None = None
+    q: float = 1.0
+
+    @property
+    def p(self) -> float:
+        """The test's two-sided p-value."""
+        return self.test.p
 
     def resolved(self, alpha: float = ALPHA) -> bool:
-        """Whether both the seeds and the evaluation sample resolve the difference (a verdict needs both)."""
-        return self.mean != 0 and self.q_seed < alpha and self.q_eval is not None and self.q_eval < alpha
+        """Whether the difference is resolved: the test rejects no difference after the family's correction."""
+        return self.mean != 0 and self.q < alpha
+
+    def resolvable(self) -> float:
+        """The smallest |difference| the test resolves with 80% power (what a tie can rule out)."""
+        return self.test.resolvable()
 
 
 def compare(
     part: pd.DataFrame, reference: str, column: str, sample: EvaluationSample | None = None, metric: str | None = None
 ) -> list[Comparison]:
     """Every method's comparison with ``reference`` on ``column`` (methods sharing at least two seeds with it), with
-    Benjamini-Hochberg q-values over the methods for each of the two tests."""
-    from scipy.stats import ttest_rel
-
+    Benjamini-Hochberg q-values over the methods."""
     wide = part.pivot_table(index="pair", columns="method", values=column)  # (order, seed) pairs
     runs = part.set_index(["method", "pair"])["run_id"]
     out = []
@@ -192,51 +199,32 @@ def compare(
         pairs = wide[[method, reference]].dropna()
         if len(pairs) < 2:
             continue
-        diff = pairs[method] - pairs[reference]
-        std = float(diff.std(ddof=1))
-        p = (
-            (1.0 if float(diff.iloc[0]) == 0 else 0.0)
-            if std == 0
-            else float(ttest_rel(pairs[method], pairs[reference]).pvalue)
-        )
-        comparison = Comparison(method, len(pairs), float(diff.mean()), std, p)
+        diff = (pairs[method] - pairs[reference]).to_numpy()
+        se_eval = None
         if sample is not None and metric is not None:
-            _eval_test(
-                comparison,
-                sample,
-                metric,
-                [runs[(method, s)] for s in pairs.index],
-                [runs[(reference, s)] for s in pairs.index],
-            )
-        out.append(comparison)
+            mine, theirs = [runs[(method, s)] for s in pairs.index], [runs[(reference, s)] for s in pairs.index]
+            se_eval = evaluation_se(sample, metric, mine, theirs)
+        test = paired_test(diff, se_eval)
+        out.append(Comparison(method, len(pairs), float(diff.mean()), float(diff.std(ddof=1)), test, se_eval))
     adjust_for_multiplicity(out)
     return sorted(out, key=lambda c: -c.mean)
 
 
 def adjust_for_multiplicity(family: list[Comparison]) -> None:
     """Set the Benjamini-Hochberg q-values of ``family`` (the comparisons read together, e.g. every method against
-    one reference on one metric), separately for the seed test and the evaluation-sample test."""
-    from scipy.stats import false_discovery_control
-
-    if family:
-        for comparison, q in zip(family, false_discovery_control([c.p_seed for c in family]), strict=True):
-            comparison.q_seed = float(q)
-    tested = [c for c in family if c.p_eval is not None]
-    if tested:
-        for comparison, q in zip(tested, false_discovery_control([c.p_eval for c in tested]), strict=True):
-            comparison.q_eval = float(q)
+    one reference on one metric)."""
+    for comparison, q in zip(family, benjamini_hochberg([c.p for c in family]), strict=True):
+        comparison.q = q
 
 
-def _eval_test(comparison: Comparison, sample: EvaluationSample, metric: str, mine: list[str], theirs: list[str]):
-    """The bootstrap test over the evaluation sample of the mean paired difference (two-sided percentile p-value)."""
+def evaluation_se(sample: EvaluationSample, metric: str, mine: list[str], theirs: list[str]) -> float | None:
+    """The evaluation sample's standard error of the mean paired difference ``mine`` - ``theirs`` (the spread of
+    that difference over the group's shared bootstrap resamples); None where a record has no replicates."""
     a = [sample.of(run, metric) for run in mine]
     b = [sample.of(run, metric) for run in theirs]
     if any(x is None for x in a + b):
-        return
-    delta = np.mean(a, axis=0) - np.mean(b, axis=0)
-    comparison.se_eval = float(np.std(delta, ddof=1))
-    below, above = np.sum(delta <= 0), np.sum(delta >= 0)
-    comparison.p_eval = float(min(1.0, 2 * (min(below, above) + 1) / (len(delta) + 1)))
+        return None
+    return float(np.std(np.mean(a, axis=0) - np.mean(b, axis=0), ddof=1))
 
 
 class GroupStatistics:

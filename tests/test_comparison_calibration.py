@@ -1,0 +1,163 @@
+"""Calibration of the report's one comparison (issue #85): on simulated null groups (every row drawn from one
+distribution) with the seed correlations of the committed groups, each verdict kind the report prints flags at most
+5% of its comparisons: the group tables (every row against a reference), the end tasks against no DAP, and the
+budget ladder's pairwise verdicts at a rung. Also: a tie states the difference its seeds could have resolved, and
+that difference is what the test finds 80% of the time."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from benchmark.records.store import load_records
+from benchmark.report.beside import beside_rows
+from benchmark.report.comparison import paired_test, resolvable_difference
+from benchmark.report.frame import loss_columns
+from benchmark.report.ladder import rung_verdicts
+from benchmark.report.statistics import compare
+
+ROOT = Path(__file__).resolve().parents[1]
+TOP_RUNG = ROOT / "results" / "mini-pass"
+GROUPS = 300
+ROWS = 8
+REPLICATES = 200
+
+
+def seed_correlation(values: pd.DataFrame) -> float:
+    """The mean correlation between rows of their per-seed values around each row's mean (what a shared seed, the
+    same data order and masks, makes rows share)."""
+    centred = values.sub(values.mean(axis=0), axis=1).dropna(axis=1)
+    corr = np.corrcoef(centred.to_numpy().T)
+    return float(np.nanmean(corr[np.triu_indices_from(corr, 1)]))
+
+
+@pytest.fixture(scope="module")
+def committed_correlations():
+    """Seed correlations of the committed top-rung group: forgetting, and the fine-tuned final macro-F1."""
+    records = load_records(TOP_RUNG)
+    frame = pd.DataFrame(
+        {
+            "method": r["method_label"],
+            "seed": r["seed"],
+            "forgetting": r["lm_loss"]["metrics"]["forgetting"],
+            "fine-tuned": r["end_tasks_beside"]["finetune"]["summary"]["macro_f1"]["final"],
+        }
+        for r in records
+        if r["method_label"] != "none"
+    )
+    return {
+        name: seed_correlation(frame.pivot_table(index="seed", columns="method", values=name))
+        for name in ("forgetting", "fine-tuned")
+    }
+
+
+def null_group(rng, seeds: int, rho: float, eval_share: float = 0.5):
+    """ROWS rows x ``seeds`` seeds drawn from one distribution: a seed effect shared by every row (correlation
+    ``rho``), and an evaluation-sample error per record, part of it shared by every record (the one sample), with
+    bootstrap replicates of it; returns the frame and an evaluation-sample stand-in."""
+    shared_seed = rng.normal(size=seeds)
+    values = np.sqrt(rho) * shared_seed + np.sqrt(1 - rho) * rng.normal(size=(ROWS, seeds))
+    sample_error = 0.3 * (np.sqrt(eval_share) * rng.normal() + np.sqrt(1 - eval_share) * rng.normal(size=(ROWS, seeds)))
+    values = values + sample_error
+    shared_draws = rng.normal(size=REPLICATES)
+    rows, replicates = [], {}
+    for m in range(ROWS):
+        for s in range(seeds):
+            run = f"m{m}-s{s}"
+            own = rng.normal(size=REPLICATES)
+            replicates[run] = values[m, s] + 0.3 * (np.sqrt(eval_share) * shared_draws + np.sqrt(1 - eval_share) * own)
+            rows.append({"method": f"m{m}", "pair": (0, s), "seed": s, "run_id": run, "forgetting": values[m, s]})
+    sample = SimpleNamespace(of=lambda run, metric: replicates[run])
+    return pd.DataFrame(rows), sample
+
+
+FORGETTING = next(c for c in loss_columns() if c.title == "forgetting")
+
+
+@pytest.mark.parametrize("seeds", [3, 5])
+def test_calibration_of_group_verdicts(committed_correlations, seeds):
+    rng = np.random.default_rng(seeds)
+    flagged = tested = 0
+    for rho in (0.0, committed_correlations["forgetting"], 0.9):
+        for _ in range(GROUPS // 3):
+            part, sample = null_group(rng, seeds, max(0.0, min(rho, 0.95)))
+            found = compare(part, "m0", "forgetting", sample, "forgetting")
+            flagged += sum(c.resolved() for c in found)
+            tested += len(found)
+    assert tested == GROUPS // 3 * 3 * (ROWS - 1)
+    assert flagged / tested <= 0.05, f"{flagged}/{tested} null comparisons resolved"
+
+
+@pytest.mark.parametrize("seeds", [3, 5])
+def test_calibration_of_ladder_verdicts(committed_correlations, seeds):
+    rng = np.random.default_rng(100 + seeds)
+    flagged = tested = 0
+    for _ in range(GROUPS // 2):
+        part, sample = null_group(rng, seeds, max(0.0, committed_correlations["forgetting"]))
+        stats = SimpleNamespace(part=part, sample=sample)
+        flagged += len(rung_verdicts(stats, FORGETTING, [f"m{m}" for m in range(ROWS)]))
+        tested += ROWS * (ROWS - 1) // 2
+    assert flagged / tested <= 0.05, f"{flagged}/{tested} null pairs resolved"
+
+
+def _beside_records(values: np.ndarray) -> list[dict]:
+    labels = ["none", *(f"m{m}" for m in range(1, len(values)))]
+    return [
+        {
+            "method_label": labels[m],
+            "seed": s,
+            "summary": {"macro_f1": {"final": 0.5}},
+            "end_tasks_beside": {"finetune": {"summary": {"macro_f1": {"final": float(values[m, s])}}}},
+        }
+        for m in range(len(values))
+        for s in range(values.shape[1])
+    ]
+
+
+@pytest.mark.parametrize("seeds", [3, 5])
+def test_calibration_of_end_task_verdicts_against_no_dap(committed_correlations, seeds):
+    rng = np.random.default_rng(200 + seeds)
+    rho = max(0.0, committed_correlations["fine-tuned"])
+    flagged = tested = 0
+    for _ in range(GROUPS):
+        values = 0.4 + 0.02 * (
+            np.sqrt(rho) * rng.normal(size=seeds) + np.sqrt(1 - rho) * rng.normal(size=(ROWS, seeds))
+        )
+        rows = beside_rows(_beside_records(values), "finetune")
+        flagged += sum(row.resolved() for row in rows)
+        tested += sum(row.test is not None for row in rows)
+    assert tested == GROUPS * (ROWS - 1)
+    assert flagged / tested <= 0.05, f"{flagged}/{tested} null rows resolved against none"
+
+
+def test_the_comparison_resolves_real_differences():
+    """Power, so the calibration is not bought by a test that never rejects: a shift of 2 seed sds is found."""
+    rng = np.random.default_rng(7)
+    part, sample = null_group(rng, 5, 0.5, eval_share=0.5)
+    part.loc[part["method"] == "m3", "forgetting"] += 3.0
+    found = {c.label: c for c in compare(part, "m0", "forgetting", sample, "forgetting")}
+    assert found["m3"].resolved() and found["m3"].mean > 2
+
+
+def test_the_resolvable_difference_is_found_80_percent_of_the_time():
+    rng = np.random.default_rng(11)
+    se, n = 1.0 / np.sqrt(3), 3
+    delta = resolvable_difference(se, n - 1)
+    hits = sum(paired_test(delta + rng.normal(size=n)).p < 0.05 for _ in range(4000))
+    assert 0.77 <= hits / 4000 <= 0.83
+    assert resolvable_difference(se, n - 1) > resolvable_difference(1.0 / np.sqrt(5), 4)
+
+
+def test_a_tie_says_what_its_seeds_could_have_resolved(report_records):
+    from benchmark.report.frame import leaderboard_frame, reference_labels
+    from benchmark.report.groups import group_records
+    from benchmark.report.reading import loss_reading
+    from benchmark.report.statistics import GroupStatistics
+
+    (group,), _ = group_records(report_records)
+    part = leaderboard_frame(group.records, group_of=lambda r: group.key)
+    stats = GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))
+    text = "\n".join(loss_reading(stats))
+    assert "not separated" in text and "with 80% power" in text
