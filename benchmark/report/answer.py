@@ -74,34 +74,45 @@ def short_answer(sections: list[tuple], readings: list = (), summary: str | None
 
 def answer_summary(sections: list[tuple], readings: list = ()) -> str:
     """The short answer in three or four sentences (the README's first screen; the leaderboard's section opens with
-    it, its lines below give every number): which method to use at the answering group's budget and what it costs in
-    speed, what the end tasks say (under the group's protocol, and fine-tuned where the ladder's highest compared rung
-    also scores them so), and how far the rankings hold at that rung. Empty where no group answers."""
+    it, its lines below give every number). It rests on the highest rung of the answering group's budget ladder (one
+    pass over each domain, where the ranking means most), an ordering stated plainly only where the rung below it
+    resolves it too: which method to use and what it costs in speed, what the end tasks say there, and how far the
+    quick screen (the answering group's own budget) agrees with it. Without a ladder, on the answering group alone.
+    Empty where no group answers."""
     found = answering_group(sections)
     if found is None or "naive_continual" not in found[1].references:
         return ""
     group, stats = found
     naive, none = stats.references["naive_continual"], stats.references.get("no_dap")
     reading = next((r for r in readings if r.ladder.rungs[0].key == group.key), None)
-    top = None if reading is None else reading.ladder.rungs[_compared(reading)[-1]]
+    if reading is None:
+        return " ".join(s for s in (_winners_sentence(stats, naive, []), _end_task_sentence(stats, none, None)) if s)
+    ladder = reading.ladder
+    j = _compared(reading)[-1]
+    top, below = ladder.rungs[j], ladder.rungs[j - 1] if j > 1 else None
+    naive_top = top.stats.references.get("naive_continual", naive)
     named: list[str] = []
     sentences = [
-        _winners_sentence(group, stats, naive, named),
-        _end_task_sentence(stats, none, top),
-        _holding_sentence(reading, named) if reading is not None else "",
+        _winners_sentence(top.stats, naive_top, named, below=below),
+        _end_task_sentence(top.stats, top.stats.references.get("no_dap", none), top),
+        _screen_sentence(reading, j, group),
     ]
     return " ".join(sentence for sentence in sentences if sentence)
 
 
-def _winners_sentence(group, stats: GroupStatistics, naive: str, named: list[str]) -> str:
-    """Which trained row forgets least and which keeps general knowledge best among those that learn each domain as
-    well as ``naive`` (resolved, as in :func:`_best`), with its speed; their labels are added to ``named``."""
-    first = group.records[0]
-    dap = first["config"]["dap"]
-    budget = (
+def _budget(records: list[dict]) -> str:
+    dap, first = records[0]["config"]["dap"], records[0]
+    return (
         f"{dap['steps']} updates of {dap['batch_size']} x {dap['seq_len']} tokens per domain ({first['profile']}"
-        f" profile, {_seeds(group.records)})"
+        f" profile, {_seeds(records)})"
     )
+
+
+def _winners_sentence(stats: GroupStatistics, naive: str, named: list[str], below=None) -> str:
+    """Which trained row forgets least and which keeps general knowledge best among those that learn each domain as
+    well as ``naive`` (resolved, as in :func:`_best`), with its speed; their labels are added to ``named``. Where the
+    rung ``below`` is given, a claim it does not resolve too is said to hold at this budget only."""
+    budget = _budget(stats.records)
     forgets, _, _ = _leaders(stats, naive, "forgetting")
     keeps, _, _ = _leaders(stats, naive, "general rise")
     among = f"of the methods that learn each domain as well as naive continual DAP ({code(naive)})"
@@ -132,7 +143,41 @@ def _winners_sentence(group, stats: GroupStatistics, naive: str, named: list[str
         cost = f" ({pace} {code(naive)}'s DAP tokens per second)"
     else:
         cost = ""
-    return f"At {budget}, {among}, {claims}{cost}."
+    return f"At {budget}, {among}, {claims}{cost}{_held_below(below, naive, forgets, keeps)}."
+
+
+def _held_below(below, naive: str, forgets, keeps) -> str:
+    """Whether the rung ``below`` resolves the same claims against ``naive`` (the ordering holds at the two highest
+    rungs), or which it does not."""
+    if below is None:
+        return ""
+    failed = []
+    for claim, title in ((forgets, "forgetting"), (keeps, "general rise")):
+        if claim is None:
+            continue
+        there = {c.label: c for c in below.stats.comparisons(naive, column_of(title))}.get(claim.label)
+        if there is None or not (there.resolved() and there.mean < 0):
+            failed.append(f"{code(claim.label)} on {title}")
+    if not failed:
+        return f"; the same holds at {below.steps} updates"
+    return f"; at {below.steps} updates this is not resolved for {', '.join(failed)}, so it holds at this budget only"
+
+
+def _screen_sentence(reading, j: int, group) -> str:
+    """The answering group's own budget named as the quick screen, with its measured agreement with rung ``j``."""
+    steps = group.records[0]["config"]["dap"]["steps"]
+    stated = [
+        f"{t.column} {t.tau:+.2f}" + ("" if t.above_zero() else " (not distinguishable from 0)")
+        for t in _taus_at(reading, j)
+    ]
+    if not stated:
+        return ""
+    rows = len(reading.ladder.shared(0, j))
+    return (
+        f"The {steps}-update {group.records[0]['profile']} rung is the quick screen for a new method: Kendall's tau"
+        f" between its ranking and this one's over the {rows} rows both measure (1 = the same order, 0 = unrelated)"
+        f" is {_names(stated, quote=False)}."
+    )
 
 
 def _end_task_sentence(stats: GroupStatistics, none: str | None, top) -> str:
@@ -161,25 +206,6 @@ def _end_task_sentence(stats: GroupStatistics, none: str | None, top) -> str:
         )
         clauses.append(said + (f" and {_names(below)} {_verb(below, 'scores', 'score')} below it" if below else ""))
     return "On the end tasks, " + "; ".join(clauses) + "."
-
-
-def _holding_sentence(reading, named: list[str]) -> str:
-    """How far the rankings hold at the ladder's highest compared rung: Kendall's tau of the rows both budgets
-    measure on :data:`LADDER_METRICS`, and which ``named`` rows that rung lacks."""
-    ladder = reading.ladder
-    j = _compared(reading)[-1]
-    rung = ladder.rungs[j]
-    factor = rung.tokens_per_domain / ladder.rungs[0].tokens_per_domain
-    stated = [f"{t.column} {t.tau:+.2f}" for t in _taus_at(reading, j)]
-    missing = _lacking(rung, named)
-    lacking = f"; {_names(missing)} {_verb(missing, 'is', 'are')} not measured there yet" if missing else ""
-    at = f"At {rung.steps} updates per domain ({factor:g}x the tokens, {_seeds(rung.stats.records)})"
-    if not stated:
-        return f"{at} too few rows are measured yet to rank{lacking}."
-    return (
-        f"{at}, Kendall's tau between the two budgets' rankings of the {len(ladder.shared(0, j))} rows both measure"
-        f" (1 = the same order, 0 = unrelated) is {_names(stated, quote=False)}{lacking}."
-    )
 
 
 def _verb(items: list, one: str, many: str) -> str:
