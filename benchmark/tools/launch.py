@@ -28,6 +28,7 @@ from pathlib import Path
 from benchmark.config import RunConfig
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_json, path_inside
+from benchmark.threads import threads_per_run
 
 Echo = Callable[[str], None]
 
@@ -136,7 +137,7 @@ def launch_local(commands: dict[GridRun, list[str]], processes: int, logs: Path,
         free.put(gpus[slot % len(gpus)] if gpus else None)
 
     # Runs share the cores: N runs of all cores each would oversubscribe them (unless the user chose).
-    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // processes))
+    threads = threads_per_run(processes)
 
     def launch(run: GridRun) -> bool:
         gpu = free.get()
