@@ -143,6 +143,10 @@ class ScheduleConfig:
     """``wsd`` and ``rsqrt``: the share of each domain's updates spent cooling down."""
     rewarm_ratio: float = setting(0.5, low=0, low_open=True, high=1)
     """``cyclic_cosine``: the peak every domain after the first re-warms to, as a share of ``dap.lr``."""
+    lr_scale: float = setting(1.0, low=0, low_open=True, high=100)
+    """A multiplier of every rate a stage's optimizers start from (``dap.lr`` and a method's own group rates): the
+    learning-rate axis of a method's stability-plasticity curve (issue #85). A recipe option, so
+    ``ncl[schedule.lr_scale=0.5]`` is a row of ``ncl``'s own group, compared with every other row."""
 
     def __post_init__(self):
         check_settings("schedule", self)

@@ -362,3 +362,18 @@ def test_schedule_free_trains_methods_with_hooks_and_groups_of_their_own(name, t
     from test_method_contract import check_method_contract
 
     check_method_contract(name, apply_overrides(tiny_config, ["schedule.name=schedule_free"]))
+
+
+@pytest.mark.parametrize("name", ["per_domain_linear", "wsd", "schedule_free"])
+def test_a_learning_rate_scale_multiplies_every_rate_and_labels_a_row_of_the_same_group(name):
+    from benchmark.records.identity import canonical_config, canonical_recipe, recipe_label
+
+    dap = DapConfig()
+    plain = learning_rate_curve(dap, ScheduleConfig(name=name), [8, 8])
+    half = learning_rate_curve(dap, ScheduleConfig(name=name, lr_scale=0.5), [8, 8])
+    assert half == pytest.approx([0.5 * lr for lr in plain], rel=1e-12, abs=0)
+    base = {"schedule": {"name": name}}
+    scaled = {"schedule": {"name": name, "lr_scale": 0.5}}
+    assert canonical_config(base) == canonical_config(scaled)  # the same group
+    assert "schedule.lr_scale=0.5" in recipe_label(canonical_recipe(scaled))
+    assert "lr_scale" not in json.dumps(canonical_recipe(base))  # the default changes no run id

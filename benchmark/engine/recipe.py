@@ -43,7 +43,11 @@ def stage_plan(dap: DapConfig, schedule: ScheduleConfig, steps: int, step_offset
 
 def stage_scheduler(optimizer: torch.optim.Optimizer, plan: StagePlan):
     """The stage's learning-rate schedule on ``optimizer``: the registered schedule ``schedule.name``
-    (:mod:`benchmark.schedules`), positioned at the stage's first update."""
+    (:mod:`benchmark.schedules`), positioned at the stage's first update, every group's rate first multiplied by
+    ``schedule.lr_scale`` (a schedule reads each group's starting rate when it is built)."""
+    if plan.schedule.lr_scale != 1.0:
+        for group in optimizer.param_groups:
+            group["lr"] *= plan.schedule.lr_scale
     return SCHEDULES[plan.schedule.name](optimizer, plan.schedule, plan_span(plan))
 
 
