@@ -4,6 +4,7 @@ distribution) with the seed correlations of the committed groups, each verdict k
 budget ladder's pairwise verdicts at a rung. Also: a tie states the difference its seeds could have resolved, and
 that difference is what the test finds 80% of the time."""
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -161,3 +162,43 @@ def test_a_tie_says_what_its_seeds_could_have_resolved(report_records):
     stats = GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))
     text = "\n".join(loss_reading(stats))
     assert "not separated" in text and "with 80% power" in text
+
+
+def test_calibration_of_verdicts_at_matched_plasticity():
+    """Null: every row lies on the family's curve (forgetting a fixed function of plasticity) up to seed noise."""
+    from benchmark.report.matched import Family, matched
+
+    rng = np.random.default_rng(300)
+    family = Family("m", "schedule.lr_scale", ((0.5, "m[lr=0.5]"), (1.0, "m"), (2.0, "m[lr=2]")))
+    flagged = tested = 0
+    for _ in range(GROUPS):
+        rows = []
+        for s in range(3):
+            shared = rng.normal()
+            for m, (_, label) in enumerate(family.rows):
+                p = 0.5 + 0.2 * m + 0.02 * rng.normal()
+                rows.append((label, s, p, 0.1 + 0.5 * p + 0.01 * (shared + rng.normal())))
+            for k in range(ROWS - 3):
+                p = rng.uniform(0.55, 0.85)
+                rows.append((f"x{k}", s, p, 0.1 + 0.5 * p + 0.01 * (shared + rng.normal())))
+        part = pd.DataFrame([{"method": m, "pair": (0, s), "plasticity": p, "forgetting": f} for m, s, p, f in rows])
+        found = matched(part, family, "forgetting")
+        flagged += sum(c.resolved() for c in found)
+        tested += len(found)
+    assert tested > GROUPS  # most rows lie inside the curve at 2+ seeds
+    assert flagged / tested <= 0.05, f"{flagged}/{tested} null rows resolved off the curve"
+
+
+def test_a_strength_family_is_found_from_the_records_alone(report_records):
+    from benchmark.report.matched import families, option_value
+
+    record = next(r for r in report_records if r["method"] == "ncl")
+    assert option_value(record, "schedule.lr_scale") == 1.0 and option_value(record, "replay.general") == 0.0
+    variants = []
+    for value in (0.5, 2.0):
+        copy = json.loads(json.dumps(record))
+        copy["method_label"] = f"ncl[schedule.lr_scale={value:g}]"
+        copy["config"]["schedule"]["lr_scale"] = value
+        variants.append(copy)
+    (family,) = [f for f in families([*report_records, *variants]) if f.option == "schedule.lr_scale"]
+    assert [label for _, label in family.rows] == ["ncl[schedule.lr_scale=0.5]", "ncl", "ncl[schedule.lr_scale=2]"]

@@ -29,6 +29,7 @@ from benchmark.report.frame import (
     untrained_flag,
 )
 from benchmark.report.groups import Group, LeftOut, order_of
+from benchmark.report.matched import matched_markdown
 from benchmark.report.reading import loss_reading, sibling_reading, variant_reading, verdicts
 from benchmark.report.speed import machine_counts, mixed_machines_flag, speed_reading
 from benchmark.report.statistics import GroupStatistics
@@ -93,6 +94,7 @@ def leaderboard_markdown(
         lines += ["", "### End tasks", "", *table(stats, END_TASK_COLUMNS, "final macro-F1"), ""]
         lines += beside_markdown(group.records)
         lines += order_tables(stats)
+        lines += matched_markdown(stats.part, group.records)
         lines += plot_links(plots)
         lines += ["", "**Reading** (generated from the numbers above):", "", *group_reading(stats), ""]
     if ladders:

@@ -259,6 +259,7 @@ def plot_stability_plasticity(records: list[dict], path: Path, colours: dict[str
     ylim = _bulk_limits(list(ys.values()), [ys[label] for label in anchors])
     for label, v in points.items():
         _draw_point(ax, label, v, (xlim, ylim), colours[label], label in references)
+    _draw_curves(ax, records, xs, ys, colours)
     ax.set_xlim(*xlim)
     ax.set_ylim(*ylim)
     ax.axhline(0, color="grey", lw=0.6)
@@ -269,6 +270,19 @@ def plot_stability_plasticity(records: list[dict], path: Path, colours: dict[str
         "stability vs plasticity of the held-out loss (mean over seeds, bars: seed std; ★ reference rows)", fontsize=9
     )
     return _save(fig, path)
+
+
+def _draw_curves(ax, records: list[dict], xs: dict, ys: dict, colours: dict[str, str]) -> None:
+    """Each strength family's stability-plasticity curve (:func:`benchmark.report.matched.families`): a dashed line
+    through its rows' mean points in plasticity order, in the colour of the method at its defaults."""
+    from benchmark.report.matched import families
+
+    for family in families(records):
+        labels = [label for _, label in family.rows if label in xs]
+        if len(labels) >= 2:
+            ordered = sorted(labels, key=xs.get)
+            colour = colours.get(family.method, "grey")
+            ax.plot([xs[lab] for lab in ordered], [ys[lab] for lab in ordered], ls="--", lw=0.9, color=colour)
 
 
 def _draw_point(ax, label: str, seeds: dict, limits: tuple, colour: str, reference: bool) -> None:
