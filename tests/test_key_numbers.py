@@ -11,14 +11,14 @@ from conftest import requires_shared_data
 
 from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
-from benchmark.io import read_json
 from benchmark.records.reproduce import CI_TOLERANCE, check_data, compare_records, reproduction_config
+from benchmark.records.store import load_record
 
 COMMITTED = Path(__file__).resolve().parents[1] / "results" / "ci"
 
 
 def committed_records() -> list[dict]:
-    return [read_json(path, "committed ci record") for path in sorted(COMMITTED.glob("*.json"))]
+    return [load_record(path) for path in sorted(COMMITTED.glob("*.json"))]  # whole: summary and sidecars
 
 
 def test_committed_ci_records_cover_ncl_one_and_das():
