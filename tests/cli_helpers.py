@@ -70,3 +70,26 @@ def run_side_by_side(*commands: list[str], timeout: float = 900) -> list[subproc
         subprocess.CompletedProcess(process.args, process.returncode, out, err)
         for process, (out, err) in zip(started, outputs, strict=True)
     ]
+
+
+def copy_record(path: Path, folder: Path) -> Path:
+    """Copy the record file ``path`` into ``folder`` with the sidecars it names (its samples and its group's)."""
+    import json
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    pointer = json.loads(path.read_text()).get("samples") or {}
+    for name in (pointer.get("file"), pointer.get("shared_file")):
+        if name:
+            shutil.copy(path.parent / name, folder / name)
+    return Path(shutil.copy(path, folder / path.name))
+
+
+def whole_record(path: Path) -> dict:
+    """The record file ``path`` as one dictionary, samples joined in from its sidecars, with no check applied: what a
+    test edits and writes back whole (a record in one JSON file is read as it is)."""
+    import json
+
+    from benchmark.records.store import with_samples
+
+    return with_samples(json.loads(path.read_text()), path)

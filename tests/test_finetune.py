@@ -205,27 +205,32 @@ def test_a_row_of_one_seed_is_never_resolved_against_no_dap_on_the_protocol_besi
     row gets its difference without an interval and is not named as beating no DAP; two seeds a side are compared."""
     from benchmark.report.beside import _section
 
-    records = [_beside_record("none", t) for t in (0.33, 0.35, 0.38)] + [_beside_record("ncl", 0.40)]
+    records = [{**_beside_record("none", t), "seed": s} for s, t in enumerate((0.33, 0.35, 0.38))]
+    records.append({**_beside_record("ncl", 0.40), "seed": 0})
     lines = _section(records, "finetune")
     assert _row(lines, "ncl").endswith("| +4.67 (one seed: seed noise not measured) |")
     assert "No method beats `none` on fine-tuned end tasks beyond seed noise." in lines
-    records.append(_beside_record("ncl", 0.41))  # a second seed: now compared, and far enough above to resolve
+    records.append({**_beside_record("ncl", 0.42), "seed": 1})  # a second seed: compared, and resolved above
     lines = _section(records, "finetune")
     assert " resolved |" in _row(lines, "ncl")
     assert "Beating `none` on fine-tuned end tasks beyond seed noise: `ncl`." in lines
 
 
 def test_a_rows_interval_against_no_dap_does_not_move_when_another_row_is_added():
-    """Each row resamples its seeds from a generator of its own: a row added (here listed first) leaves every other
-    row's interval against ``none`` as it was, to the last digit."""
-    from benchmark.report.beside import _section
+    """A row's comparison with ``none`` is its own paired test: a row added (here listed first) leaves every other
+    row's difference and interval as they were, to the last digit; only the family's q-values take the new row in."""
+    from benchmark.report.beside import _section, beside_rows
 
-    records = [_beside_record("none", t) for t in (0.311, 0.334, 0.352, 0.379, 0.363)]
-    records += [_beside_record("ncl", t) for t in (0.362, 0.401, 0.433, 0.471)]
-    before = _section(records, "finetune")
-    after = _section(records + [_beside_record("one", t) for t in (0.502, 0.547, 0.519)], "finetune")
-    assert after.index(_row(after, "one")) < after.index(_row(after, "ncl"))
-    assert _row(after, "ncl") == _row(before, "ncl")
+    def seeded(label: str, scores: tuple[float, ...]) -> list[dict]:
+        return [{**_beside_record(label, t), "seed": s} for s, t in enumerate(scores)]
+
+    records = seeded("none", (0.311, 0.334, 0.352, 0.379, 0.363)) + seeded("ncl", (0.362, 0.401, 0.433, 0.471))
+    before = {row.label: row for row in beside_rows(records, "finetune")}
+    grown = records + seeded("one", (0.502, 0.547, 0.519))
+    after = {row.label: row for row in beside_rows(grown, "finetune")}
+    lines = _section(grown, "finetune")
+    assert lines.index(_row(lines, "one")) < lines.index(_row(lines, "ncl"))
+    assert after["ncl"].versus == before["ncl"].versus and after["ncl"].test == before["ncl"].test
 
 
 def test_the_short_answer_states_what_the_fine_tuned_end_tasks_of_a_rung_say_against_no_dap():
@@ -256,7 +261,7 @@ def test_the_short_answer_states_what_the_fine_tuned_end_tasks_of_a_rung_say_aga
         "On the end tasks, no method's score (linear probe) is separated from no DAP (`none`) at that budget;"
         " fine-tuned at 288 updates per domain, no method beats it beyond seed noise and `hat` scores below it."
     )
-    records += seeded("kd", (0.61,))  # a second seed: now compared, and resolved above
+    records += [{**_beside_record("kd", 0.61), "seed": 1}]  # a second seed: now compared, and resolved above
     assert "above no DAP (`none`) beyond seed noise: `kd`; below it: `hat`" in _beside_line(rung, "finetune")
     assert "fine-tuned at 288 updates per domain, `kd` beats it beyond seed noise and `hat` scores below it." in (
         _end_task_sentence(stats, "none", rung)

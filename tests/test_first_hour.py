@@ -8,6 +8,7 @@ import time
 from typing import ClassVar
 
 import pytest
+from cli_helpers import copy_record
 
 from benchmark.api import report, run_benchmark
 from benchmark.config import profile_config
@@ -144,8 +145,7 @@ def test_the_repositorys_key_number_records_stay_off_its_leaderboard(tmp_path):
     # test_api's (and CI's report --check's) work, and takes minutes
     shutil.copytree(results / "ci", tmp_path / "results" / "ci")
     row = min((results / "mini").glob("ncl-seq0-*.json"), key=lambda path: path.stat().st_size)
-    (tmp_path / "results" / "mini").mkdir()
-    shutil.copy(row, tmp_path / "results" / "mini" / row.name)
+    copy_record(row, tmp_path / "results" / "mini")
     ci = [r["run_id"] for r in load_records(tmp_path / "results" / "ci")]
     assert len(ci) == 3 and [r["run_id"] for r in leaderboard_records(tmp_path / "results")] == [row.stem]
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import pytest
 import torch
-from cli_helpers import REPO, TrainingStarted, no_record, quick_run_args
+from cli_helpers import REPO, TrainingStarted, copy_record, no_record, quick_run_args, whole_record
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -217,7 +217,7 @@ def _copy_records(out: Path, profile: str, n: int) -> list[Path]:
     """``n`` committed key-number records copied into ``out/results/<profile>/`` (a user's folder: no marker)."""
     folder = out / "results" / profile
     folder.mkdir(parents=True)
-    return [Path(shutil.copy(p, folder)) for p in sorted((REPO / "results" / "ci").glob("*.json"))[:n]]
+    return [copy_record(p, folder) for p in sorted((REPO / "results" / profile).glob("*.json"))[:n]]
 
 
 EDITS = [
@@ -230,7 +230,7 @@ EDITS = [
 @pytest.mark.parametrize(("edit", "named"), EDITS, ids=["method_label", "torch_threads", "trainable_parameters"])
 def test_an_edited_record_field_is_named_when_read_and_never_written(edit, named, tmp_path):
     path = _copy_records(tmp_path, "ci", 1)[0]
-    record = json.loads(path.read_text())
+    record = whole_record(path)
     edit(record)
     path.write_text(json.dumps(record))
     with pytest.raises(DapbenchError, match=named):
@@ -242,7 +242,7 @@ def test_an_edited_record_field_is_named_when_read_and_never_written(edit, named
 
 
 def test_a_record_with_a_non_finite_number_is_never_written(tmp_path):
-    record = json.loads(_copy_records(tmp_path, "ci", 1)[0].read_text())
+    record = whole_record(_copy_records(tmp_path, "ci", 1)[0])
     record["lm_loss"]["base"]["general"] = math.nan
     fresh = tmp_path / "fresh" / f"{record['run_id']}.json"
     with pytest.raises(DapbenchError, match="lm_loss.base.general is nan"):

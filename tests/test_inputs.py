@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cli_helpers import whole_record
 
 from benchmark.cli import main
 
@@ -77,7 +78,7 @@ def test_report_refuses_a_record_whose_run_id_would_escape_the_output_folder(tmp
     from benchmark.report import write_report
 
     committed = Path(__file__).resolve().parents[1] / "results" / "mini"
-    record = json.loads(sorted(committed.glob("ncl-seq0-seed2021-*.json"))[0].read_text())
+    record = whole_record(sorted(committed.glob("ncl-seq0-seed2021-*.json"))[0])
     record["run_id"] = "../../../../x"
     (tmp_path / "results" / "mini").mkdir(parents=True)
     (tmp_path / "results" / "mini" / "evil.json").write_text(json.dumps(record))
