@@ -325,6 +325,12 @@ def plot_learning_rates(record_paths: Sequence[str | Path], output: str | Path) 
     from benchmark.io import atomic_write_bytes
     from benchmark.records.store import load_record
 
+    output = Path(output)
+    if output.suffix.lower() != ".png" or any(output.resolve() == Path(p).resolve() for p in record_paths):
+        raise DapbenchError(
+            f"--output {output} is not a new PNG file (it would overwrite a record, or hold a PNG under another name)",
+            "pass --output with a .png name that is none of the records, e.g. --output lr-curve.png",
+        )
     fig, ax = plt.subplots(figsize=(8, 3.2))
     for path in record_paths:
         record = load_record(Path(path))

@@ -89,6 +89,11 @@ def _run_command(args: argparse.Namespace) -> int:
 
     try:
         quiet_libraries()
+        if getattr(args, "output_dir", None) is not None and not str(args.output_dir).strip():
+            raise DapbenchError(
+                "--output-dir is empty (an unset shell variable?): it would name the current folder",
+                "pass the folder explicitly, e.g. --output-dir dapbench-out (or --output-dir . on purpose)",
+            )
         return args.func(args)
     except DapbenchError as exc:
         print(f"dapbench: error: {_printable(exc)}", file=sys.stderr)

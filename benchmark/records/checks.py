@@ -78,6 +78,11 @@ def _type_problems(record: dict[str, Any]) -> list[str]:
     for name, (value, least) in counts.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             out.append(f"{name} {value!r} is not a whole number >= {least}")
+    timing = record.get("timing") if isinstance(record.get("timing"), dict) else {}
+    for key in ("wall_seconds", "dap_seconds", "last_invocation_seconds"):
+        value = timing.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 10**9:
+            out.append(f"timing.{key} {value!r} is not a number of seconds (0 to 10^9)")
     return out
 
 

@@ -250,7 +250,9 @@ def record_paths(results_dir: str | Path) -> list[Path]:
                     f"{here / name} is a symbolic link: records are read only as plain files inside {root}",
                     "replace the link by a copy (or remove it)",
                 )
-        found += [here / name for name in files if name.endswith(".json")]
+        # a name that starts with a dot is a writer's temporary (``.X.json.<host>-<pid>.tmp.json``) or hidden: never a
+        # record, so a report beside a run, or a run resumed after a kill between write and rename, never reads one
+        found += [here / name for name in files if name.endswith(".json") and not name.startswith(".")]
     return sorted(found)
 
 
@@ -280,7 +282,8 @@ def in_key_number_folder(path: Path, results_dir: str | Path) -> bool:
     """Whether the record file ``path`` lies in a key-number folder (:data:`KEY_NUMBERS_MARKER`) below
     ``results_dir``."""
     root = Path(results_dir)
-    return any((folder / KEY_NUMBERS_MARKER).is_file() for folder in path.parents if root in (folder, *folder.parents))
+    # only a folder below results/ keeps key numbers: a marker in results/ itself would hide every record
+    return any((folder / KEY_NUMBERS_MARKER).is_file() for folder in path.parents if root in folder.parents)
 
 
 def _loaded(results_dir: str | Path) -> list[tuple[Path, RunRecord]]:
