@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -85,10 +85,11 @@ def leaderboard_markdown(
     ``ladders`` the lines of each budget ladder's section (:func:`benchmark.report.ladder.ladder_markdown`); ``answer``
     the short answer's (:func:`benchmark.report.answer.short_answer`, made once per report)."""
     lines = [*HEADER, *answer]
+    known = {record["method"] for group, _, _ in sections for record in group.records}
     if not sections:
         lines.append("No complete run records yet.")
     for group, stats, plots in sections:
-        lines += [f"## {text(group.title)}", "", *group_header(group), ""]
+        lines += [f"## {text(group.title)}", "", *group_header(group, known), ""]
         lines += ["### Continual ({}, {})".format(*loss_unit(group.records[0])), ""]
         lines += table(stats, group_loss_columns(stats.part), "final gain", verdicts(stats), trailing=COST_COLUMNS)
         lines += ["", "### End tasks", "", *table(stats, END_TASK_COLUMNS, "final macro-F1"), ""]
@@ -119,8 +120,9 @@ def group_reading(stats: GroupStatistics) -> list[str]:
     return [line for reading in readings for line in reading(stats)]
 
 
-def group_header(group: Group) -> list[str]:
-    """What the group's records share, read from the records (and the full canonical configuration, folded)."""
+def group_header(group: Group, known: Iterable[str] = ()) -> list[str]:
+    """What the group's records share, read from the records (and the full canonical configuration, folded); with
+    ``known``, the methods of every record the report reads, which of them this group has no record of."""
     records, first = group.records, group.records[0]
     config = first["config"]
     seeds = sorted({r["seed"] for r in records})
@@ -142,7 +144,7 @@ def group_header(group: Group) -> list[str]:
         f" chunks x {dap.get('heldout_mask_draws', 1)} mask draw(s) per set",
         *_decoder_line(first),
         *_generated_world_line(first),
-        *_absent_methods_line(group),
+        *_absent_methods_line(group, known),
         f"- end tasks: {protocol_phrase(ft)}{_beside_phrase(ft)}; matrix {code(config['matrix'])}",
         f"- made by commit(s) {', '.join(code(c) for c in commits)} on {text(machines)}; {wall / 3600:.2f} h"
         " of run wall time in all (runs that shared the machine overlap)",
@@ -182,19 +184,19 @@ def _generated_world_line(record: dict) -> list[str]:
     return [f"- **{note.replace(': ', '**: ', 1)}"] if note else []
 
 
-def _absent_methods_line(group: Group) -> list[str]:
-    # A registered method with no record in a group is said so, never left out silently: it may be refused for the
-    # group's settings (docs/running.md says which and why) or not run yet; in a part of several domain orders, it
-    # may have been run over fewer orders (it is then in the part of the orders it has).
-    from benchmark.registry import default_registry
-
-    absent = sorted(set(default_registry().names()) - {r["method"] for r in group.records})
+def _absent_methods_line(group: Group, known: Iterable[str]) -> list[str]:
+    # A method the report has records of elsewhere but not in this group is said so, never left out silently: it may
+    # be refused for the group's settings (docs/running.md says which and why) or not run yet; in a part of several
+    # domain orders, it may have been run over fewer orders. Read from the records alone, never from what is
+    # installed: the leaderboard is a function of the records (an installed plugin changes no line of it).
+    absent = sorted(set(known) - {r["method"] for r in group.records})
     if not absent:
         return []
     why = "refused for these settings by the preflight, or not run: see docs/running.md"
     if len(group.orders) > 1:
         why = "run over fewer of these orders (shown in the group's part of the orders they have), refused or not run"
-    return [f"- registered methods without a record in this group: {', '.join(code(m) for m in absent)} ({why})"]
+    names = ", ".join(code(m) for m in absent)
+    return [f"- methods with records elsewhere in this report but none in this group: {names} ({why})"]
 
 
 def _decoder_line(record: dict) -> list[str]:
