@@ -53,8 +53,16 @@ class Registry:
                 f"unknown method {name!r}. {hint}".strip(),
                 f"registered methods: {', '.join(sorted(self._targets))} (see `dapbench list`)",
             )
-        module_name, _, attr = self._targets[name].partition(":")
-        cls = getattr(importlib.import_module(module_name), attr)
+        target = self._targets[name]
+        module_name, _, attr = target.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:  # a broken plugin is named; every other method keeps working
+            raise DapbenchError(
+                f"method {name!r} is registered as {target}, which cannot be loaded ({type(exc).__name__}: {exc})",
+                "fix the plugin's entry point (module:Class, in its pyproject's"
+                ' [project.entry-points."dapbench.methods"]) and reinstall it, or uninstall the plugin',
+            ) from exc
         if getattr(cls, "name", None) != name:
             raise DapbenchError(f"plugin {self._targets[name]} declares name {cls.name!r}, registered as {name!r}")
         return cls

@@ -62,3 +62,16 @@ def test_a_wall_time_that_is_no_number_of_seconds_is_named(value, tmp_path):
     record.write_text(json.dumps(whole))
     with pytest.raises(DapbenchError, match="timing.wall_seconds .* is not a number of seconds"):
         load_record(record)
+
+
+def test_a_plugin_whose_entry_point_names_a_missing_class_is_named_and_the_rest_still_list(monkeypatch, capsys):
+    from benchmark.registry import Registry
+
+    registry = Registry({"ncl": "methods.ncl:NCL", "broken": "methods.ncl:NoSuchClass"})
+    with pytest.raises(DapbenchError, match="'broken' is registered as methods.ncl:NoSuchClass, which cannot be"):
+        registry.get("broken")
+    assert registry.get("ncl").name == "ncl"
+    monkeypatch.setattr("benchmark.registry.default_registry", lambda: registry)
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "broken" in out and "cannot be loaded" in out and "ncl " in out
