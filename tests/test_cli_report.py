@@ -132,6 +132,8 @@ def test_cli_run_and_report_end_to_end(tiny_config, capsys):
         and "**Reading**" in board
         and "One seed per method" in board
     )
+    # records made now keep per-chunk losses: never told they were made before them (issue #89)
+    assert "unknown for these records" not in board and "no paired difference" in board
     assert "-forgetting.png)" in board and "-heldout-loss.png)" in board
     # the same command again keeps the finished records byte for byte (no rewrite, no extra invocation)
     finished = {p: p.read_bytes() for p in (root / "results" / "synthetic").glob("*.json")}

@@ -177,7 +177,7 @@ def test_a_part_without_no_dap_still_tests_end_tasks_against_the_methods_that_tr
     means = stats.part.groupby("method")["final macro-F1"].mean()
     assert das.mean == pytest.approx(means["das"] - means["ncl"])
     named = f"`das` ({100 * das.mean:+.2f})" in line
-    assert named == das.resolved() and ("the other 1 are not separated" in line) == (not das.resolved())
+    assert named == das.resolved() and ("the other one is not separated" in line) == (not das.resolved())
 
 
 def test_variant_reading_and_option_parents():

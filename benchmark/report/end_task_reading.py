@@ -94,10 +94,12 @@ def _separation(comparisons: list[Comparison], reference: str) -> str:
         return ", ".join(f"{code(c.label)} ({100 * c.mean:+.2f})" for c in found) or "none"
 
     ties = [c for c in comparisons if not c.resolved()]
-    bound = f" ({tie_bound(ties, '.2f', 100)} points)" if ties else ""
+    if not ties:
+        return f"above it {points(above)}; below it {points(below)}"
+    rest = "the other one is" if len(ties) == 1 else f"the other {len(ties)} are"
     return (
-        f"above it {points(above)}; below it {points(below)}; the other {len(ties)} are not separated from"
-        f" {reference}{bound}"
+        f"above it {points(above)}; below it {points(below)}; {rest} not separated from {reference}"
+        f" ({tie_bound(ties, '.2f', 100)} points)"
     )
 
 

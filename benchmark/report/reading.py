@@ -111,6 +111,11 @@ def _evaluation_error(stats: GroupStatistics) -> list[str]:
     errors = stats.evaluation_errors([column_of(title) for title, _ in VERDICT_METRICS])
     if not errors and stats.part["method"].nunique() < 2:
         return ["- The group holds one row: there is no paired difference to put an evaluation-sample error on."]
+    if not errors and all(r["lm_loss"].get("chunks") for r in stats.records):
+        return [
+            "- No row shares two seeds with a reference yet: there is no paired difference to put an"
+            " evaluation-sample error on."
+        ]
     if not errors:
         return ["- The evaluation sample's own error is unknown for these records (made before per-chunk losses)."]
     return [
