@@ -64,7 +64,7 @@ def option_value(record: dict, option: str) -> float | None:
     section, _, key = option.partition(".")
     if key and section in ("replay", "schedule"):
         defaults = {"replay": {}, "schedule": {"lr_scale": 1.0}}[section]
-        value = record["config"].get(section, {}).get(key, defaults.get(key))
+        value = (record.get("config") or {}).get(section, {}).get(key, defaults.get(key))
     else:
         value = (record.get("method_config") or {}).get(option)
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
@@ -79,7 +79,7 @@ def families(records: list[dict]) -> list[Family]:
         options = _options(label)
         if options is None or len(options) > 1:
             continue
-        method = record["method"]
+        method = record.get("method", label.partition("[")[0])
         for option in options or _axes(record):
             value = option_value(record, option)
             if value is not None:
