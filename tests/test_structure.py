@@ -14,38 +14,14 @@ def _module(path: Path) -> str:
 
 
 TREE = sorted(p for folder in ("benchmark", "methods", "tasks") for p in (ROOT / folder).rglob("*.py"))
-LONGEST_FUNCTION = 60
-"""A ratchet, not a target (issue #48): the longest function of the whole tree when the rule was set. A function may
-grow to it, none beyond; when the longest shrinks, lower this with it. Classes are not counted (a class is its
-functions: capping it pushed code out of the classes it belongs to), and the rule is the same in every package."""
-LONGEST_MODULE = 580
-"""The same ratchet for modules (``benchmark/config.py``), over the whole tree: the earlier 300-line cap held only in
-three subpackages, and bent the code there to fit. Set at 582, then moved once to 619 when the 80 ``# fmt: skip``
-markers that packed lines under the old caps were removed and the formatter laid those lines out (issue #48); the
-code keeps no formatter exemption. Lowered to 580 when ``benchmark/cli.py``'s stop-signal handling became
-``benchmark/stopping.py``."""
+# Function and module lengths are left to review (issue #87): the ratchets that capped them (60 and 580 lines) shaped
+# the code around their caps; the formatter exemption test below stays, so no line is packed to look short.
 
 
 def test_no_line_is_exempted_from_the_formatter():
     """Lines packed past the formatter to fit a size cap were the old caps' bends; none is left."""
     marked = [str(p.relative_to(ROOT)) for p in TREE if "fmt: skip" in p.read_text() or "fmt: off" in p.read_text()]
     assert not marked, marked
-
-
-def test_no_function_of_the_tree_is_longer_than_the_ratchet():
-    long = [
-        f"{path.relative_to(ROOT)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for path in TREE
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
-    ]
-    assert not long, f"longer than the ratchet LONGEST_FUNCTION = {LONGEST_FUNCTION}: {long}"
-
-
-def test_no_module_of_the_tree_is_longer_than_the_ratchet():
-    long = {str(p.relative_to(ROOT)): n for p in TREE if (n := len(p.read_text().splitlines())) > LONGEST_MODULE}
-    assert not long, f"longer than the ratchet LONGEST_MODULE = {LONGEST_MODULE}: {long}"
 
 
 def test_the_import_graph_has_no_cycle():
@@ -96,6 +72,7 @@ def test_tests_and_benchmarks_use_no_private_member_of_the_runner():
 LAYERS = [
     ("benchmark.errors",),
     ("benchmark.settings", "benchmark.io", "benchmark.modeling", "benchmark.families", "benchmark.stopping"),
+    ("benchmark.threads",),
     ("benchmark.config", "benchmark.method", "benchmark.metrics", "benchmark.schedules"),
     ("benchmark.records",),
     ("benchmark.data",),

@@ -96,11 +96,14 @@ def end_tasks_table(records: list[dict]) -> pd.DataFrame:
             protocols[name] = (cells["matrices"], cells.get("predictions") or {})
         for protocol, (matrices, predictions) in protocols.items():
             rows += _cells(record, protocol, matrices, predictions, labels)
-    columns = [
-        "run_id", "protocol", "stage", "after", "task", "accuracy", "macro_f1", "test_examples", "classes",
-        "classes_in_test", "classes_predicted", "predicted_classes",
-    ]  # fmt: skip
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=END_TASK_COLUMNS)
+
+
+END_TASK_COLUMNS = (
+    "run_id protocol stage after task accuracy macro_f1 test_examples classes classes_in_test classes_predicted"
+    " predicted_classes"
+).split()
+"""The columns of ``end_tasks.parquet``, in order."""
 
 
 def _cells(record: dict, protocol: str, matrices: dict, predictions: dict, labels: dict) -> list[dict]:
@@ -187,8 +190,12 @@ def export_results(records: list[dict], out: str | Path) -> dict[str, int]:
 
 def dataset_card(tables: dict[str, pd.DataFrame]) -> str:
     """The dataset card: the YAML header the Hub reads (one config per table) and what each table holds."""
-    from benchmark import __version__
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        __version__ = version("dapbench")
+    except PackageNotFoundError:  # a checkout used without installing it
+        __version__ = "unknown"
     header = ["---", "license: apache-2.0", "pretty_name: dapbench results", "tags:", "- continual-learning"]
     header += ["- domain-adaptive-pretraining", "- benchmark", "configs:"]
     for name in TABLES:
@@ -210,9 +217,8 @@ def dataset_card(tables: dict[str, pd.DataFrame]) -> str:
     ]
     for name in TABLES:
         frame = tables[name]
-        body += [f"## {name} ({len(frame)} rows)", "", TABLE_DOCS[name], "", "Columns: " + ", ".join(
-            f"`{column}`" for column in frame.columns
-        ), ""]  # fmt: skip
+        columns = ", ".join(f"`{column}`" for column in frame.columns)
+        body += [f"## {name} ({len(frame)} rows)", "", TABLE_DOCS[name], "", f"Columns: {columns}", ""]
     return "\n".join(header + body)
 
 
