@@ -153,8 +153,9 @@ def with_samples(data: dict[str, Any], path: Path) -> dict[str, Any]:
     return sidecars.join_samples(data, sidecars.Samples(sidecars.own_from_rows(own_rows, pointer), shared))
 
 
-_SHARED_CACHE: dict[tuple[str, str], dict[str, Any]] = {}
-"""Shared sidecars already read in this process, by path and checksum: a group's records all name one."""
+_SHARED_CACHE: dict[tuple, dict[str, Any]] = {}
+"""Shared sidecars already read in this process, by path, checksum and the file's mtime and size: a group's records all
+name one."""
 
 
 def _shared_samples(path: Path, sha256: str, source: str) -> dict[str, Any]:

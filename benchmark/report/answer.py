@@ -166,10 +166,7 @@ def _held_below(below, naive: str, forgets, keeps) -> str:
 def _screen_sentence(reading, j: int, group) -> str:
     """The answering group's own budget named as the quick screen, with its measured agreement with rung ``j``."""
     steps = group.records[0]["config"]["dap"]["steps"]
-    stated = [
-        f"{t.column} {t.tau:+.2f}" + ("" if t.above_zero() else " (not distinguishable from 0)")
-        for t in _taus_at(reading, j)
-    ]
+    stated = [f"{t.column} {t.tau:+.2f}{t.zero_note()}" for t in _taus_at(reading, j)]
     if not stated:
         return ""
     rows = len(reading.ladder.shared(0, j))
@@ -394,11 +391,7 @@ def _rung_clause(reading, j: int) -> str:
     out as untrained), and Kendall's tau of those rows on :data:`LADDER_METRICS`."""
     ladder, rung = reading.ladder, reading.ladder.rungs[j]
     shared, left = ladder.shared(0, j), ladder.left_out(0, j)
-    zero = " (not distinguishable from 0)"
-    stated = [
-        f"{t.column} {t.tau:+.2f} [{t.low:+.2f}, {t.high:+.2f}]{'' if t.above_zero() else zero}"
-        for t in _taus_at(reading, j)
-    ]
+    stated = [f"{t.column} {t.tau:+.2f} [{t.low:+.2f}, {t.high:+.2f}]{t.zero_note()}" for t in _taus_at(reading, j)]
     order = (
         f"Kendall's tau of their ranking (95% bias-corrected interval over rows, seeds and sample): {', '.join(stated)}"
         if stated

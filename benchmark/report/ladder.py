@@ -25,9 +25,9 @@ from itertools import combinations
 import numpy as np
 
 from benchmark.protocols import PROTOCOLS
-from benchmark.report.comparison import ALPHA, benjamini_hochberg, paired_test, welch_test
+from benchmark.report.comparison import ALPHA, benjamini_hochberg, welch_test
 from benchmark.report.frame import END_TASK_COLUMNS, Column, by_label, loss_columns, tokens_per_domain, untrained_flag
-from benchmark.report.statistics import REPLICATES, GroupStatistics, evaluation_se, named_generator
+from benchmark.report.statistics import REPLICATES, GroupStatistics, named_generator, paired_difference
 
 
 def ladder_columns() -> list[Column]:
@@ -171,6 +171,10 @@ class TauResult:
         """Whether tau is distinguishable from 0 (Kendall's test, one-sided, at the report's level)."""
         return self.p < ALPHA
 
+    def zero_note(self) -> str:
+        """`` (not distinguishable from 0)`` where Kendall's test does not put tau above 0, else nothing."""
+        return "" if self.above_zero() else " (not distinguishable from 0)"
+
 
 @dataclass
 class Verdict:
@@ -264,12 +268,8 @@ def rung_verdicts(stats: GroupStatistics, column: Column, rows: list[str]) -> di
     present = [r for r in rows if r in wide]
     tests = {}
     for a, b in combinations(present, 2):
-        both = wide[[a, b]].dropna()
-        if len(both) >= 2:
-            se = evaluation_se(stats.sample, column.metric, *([runs[(m, s)] for s in both.index] for m in (a, b)))
-            tests[a, b] = paired_test((both[a] - both[b]).to_numpy(), se if column.metric else None)
-        else:
-            tests[a, b] = welch_test(wide[a].dropna().to_numpy(), wide[b].dropna().to_numpy())
+        found = paired_difference(wide, runs, a, b, stats.sample, column.metric)
+        tests[a, b] = found[2] if found else welch_test(wide[a].dropna().to_numpy(), wide[b].dropna().to_numpy())
     tests = {pair: test for pair, test in tests.items() if test is not None}
     qs = benjamini_hochberg([test.p for test in tests.values()])
     return {
@@ -309,7 +309,7 @@ def ladder_markdown(reading: LadderReading, plot: str | None) -> list[str]:
         steps = f"{rungs[t.rungs[0]].steps} -> {rungs[t.rungs[1]].steps} updates"
         tau = "n/a (every row tied)" if np.isnan(t.tau) else f"{t.tau:+.2f}"
         interval = "n/a" if np.isnan(t.low) else f"[{t.low:+.2f}, {t.high:+.2f}]"
-        p = "n/a" if np.isnan(t.p) else f"{t.p:.2g}" + ("" if t.above_zero() else " (not distinguishable from 0)")
+        p = "n/a" if np.isnan(t.p) else f"{t.p:.2g}{t.zero_note()}"
         lines.append(f"| {t.column} | {steps} | {t.rows} | {tau} | {interval} | {p} |")
     lines += [""] if reading.taus else []
     lines += _left_out_lines(reading.ladder)

@@ -196,18 +196,27 @@ def compare(
     runs = part.set_index(["method", "pair"])["run_id"]
     out = []
     for method in (m for m in wide.columns if m != reference) if reference in wide else []:
-        pairs = wide[[method, reference]].dropna()
-        if len(pairs) < 2:
-            continue
-        diff = (pairs[method] - pairs[reference]).to_numpy()
-        se_eval = None
-        if sample is not None and metric is not None:
-            mine, theirs = [runs[(method, s)] for s in pairs.index], [runs[(reference, s)] for s in pairs.index]
-            se_eval = evaluation_se(sample, metric, mine, theirs)
-        test = paired_test(diff, se_eval)
-        out.append(Comparison(method, len(pairs), float(diff.mean()), float(diff.std(ddof=1)), test, se_eval))
+        found = paired_difference(wide, runs, method, reference, sample, metric)
+        if found is not None:
+            diff, se_eval, test = found
+            out.append(Comparison(method, len(diff), float(diff.mean()), float(diff.std(ddof=1)), test, se_eval))
     adjust_for_multiplicity(out)
     return sorted(out, key=lambda c: -c.mean)
+
+
+def paired_difference(wide: pd.DataFrame, runs: pd.Series, method: str, reference: str, sample=None, metric=None):
+    """``method`` minus ``reference`` over the (order, seed) pairs both ran (``wide``: one column per method,
+    ``runs``: run ids by method and pair): the per-pair differences, the evaluation sample's standard error of
+    their mean (None without ``sample`` and ``metric``) and the one comparison's test; None below two pairs."""
+    pairs = wide[[method, reference]].dropna()
+    if len(pairs) < 2:
+        return None
+    diff = (pairs[method] - pairs[reference]).to_numpy()
+    se_eval = None
+    if sample is not None and metric is not None:
+        mine, theirs = [runs[(method, s)] for s in pairs.index], [runs[(reference, s)] for s in pairs.index]
+        se_eval = evaluation_se(sample, metric, mine, theirs)
+    return diff, se_eval, paired_test(diff, se_eval)
 
 
 def adjust_for_multiplicity(family: list[Comparison]) -> None:
