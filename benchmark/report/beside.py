@@ -61,9 +61,13 @@ class BesideRow:
     own: np.ndarray
     beside: np.ndarray
     difference: float | None = None
-    versus: tuple[float, float, float] | None = None
     test: Test | None = None
     q: float = 1.0
+
+    @property
+    def versus(self) -> tuple[float, float, float] | None:
+        """``(mean, low, high)``: the difference from no DAP with the test's 95% interval (None where not tested)."""
+        return None if self.test is None else (self.test.mean, *self.test.interval())
 
     @property
     def gap(self) -> np.ndarray:
@@ -103,7 +107,7 @@ def beside_rows(records: list[dict], beside: str) -> list[BesideRow]:
             row = dataclasses.replace(row, difference=float(second.mean() - baseline[1].mean()))
             test = seed_test(seeds[label], seeds[NO_DAP]) if min(len(second), len(baseline[1])) >= MIN_SEEDS else None
             if test is not None:
-                row = dataclasses.replace(row, versus=(test.mean, *test.interval()), test=test)
+                row = dataclasses.replace(row, test=test)
         rows.append(row)
     tested = [row for row in rows if row.test is not None]
     qs = dict(zip([row.label for row in tested], benjamini_hochberg([row.test.p for row in tested]), strict=True))
