@@ -22,6 +22,7 @@ from benchmark.preflight import check_inputs, require_multi_process
 from benchmark.records.reproduce import Reproduction, StagesReproduction
 from benchmark.records.schema import RunRecord
 from benchmark.records.store import load_record, load_records, write_record
+from benchmark.threads import MAX_THREADS
 from benchmark.tools.launch import GridRun, SlurmOptions
 
 Echo = Callable[[str], None]
@@ -196,9 +197,18 @@ def launch_grid(
     (N processes at a time) or ``slurm`` (one submitit job each; ``wait`` blocks until they end). Each run gets
     its resolved configuration as a file. Finished runs are kept; the leaderboard is written once every launched
     run has ended. Returns the runs that failed."""
-    from benchmark.tools.launch import child_command, launch_local, plan_grid, submit_slurm, write_child_config
+    from benchmark.tools.launch import (
+        check_slurm,
+        child_command,
+        launch_local,
+        plan_grid,
+        submit_slurm,
+        write_child_config,
+    )
 
     kind, processes = _parse_launcher(launcher)
+    if kind == "slurm":
+        check_slurm(slurm or SlurmOptions())
     configs = [materialise(config, echo=echo) for config in configs]
     check_inputs(configs)
     by_sequence, todo = {config.sequence: config for config in configs}, {}
@@ -503,8 +513,11 @@ def _rerun(record, record_path, output_dir, paths, overrides, threads, show_prog
     quiet_libraries()
     require_current_numerics(record, record_path)
     threads = threads if threads is not None else rep.recorded_cpu_threads(record)  # float order depends on it
-    if threads is not None and threads < 1:
-        raise DapbenchError(f"--threads must be >= 1, got {threads}", "pass a positive thread count")
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise DapbenchError(
+            f"--threads must be 1 to {MAX_THREADS}, got {threads} (given, or the record's environment.torch_threads)",
+            "pass a thread count in that range",
+        )
     out = Path(output_dir) if output_dir else Path(DEFAULT_OUTPUT) / "reproduce" / record["run_id"]
     config = apply_overrides(rep.reproduction_config(record, out, dict(paths or {}), work_dir), list(overrides))
     held = Path(config.work_dir) / "runs" / record["run_id"]

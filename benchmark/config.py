@@ -555,6 +555,10 @@ def _parse_value(raw: str) -> Any:
         return json.loads(raw)
     except json.JSONDecodeError:
         return raw
+    except ValueError as exc:  # an integer longer than Python converts (thousands of digits): no setting needs one
+        raise DapbenchError(
+            f"the value {raw[:40]}... is no number dapbench can use: {exc}", "write a smaller number"
+        ) from exc
 
 
 def _set_path(obj: Any, path: list[str], value: Any) -> Any:

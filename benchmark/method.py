@@ -59,6 +59,10 @@ class MethodConfig:
         """Whether these options make the numbers depend on the number of processes (then the run id names it)."""
         return False
 
+    def check_model(self, model_config: Any) -> None:
+        """Refuse, with a named error before any run starts, options this base model cannot run (``model_config``: its
+        ``transformers`` configuration), such as more layers frozen than it has; the default accepts every model."""
+
     def extra_positions(self) -> int:
         """Positions the method puts in front of every input (a soft prompt's vectors): they must fit the model's
         position table beside the run's sequences, which the preflight checks before any work."""

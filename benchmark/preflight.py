@@ -3,6 +3,7 @@ nothing has been trained, written or deleted yet."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from benchmark.config import RunConfig
@@ -46,9 +47,14 @@ MIN_HELDOUT_TOKENS = 10
 chunks and mask draws: a loss over fewer is noise, not a measurement."""
 
 
+MIN_TEST_EXAMPLES = 10
+"""Test examples every scored end task needs: a macro-F1 over fewer measures which examples were drawn."""
+
+
 def check_measurable(config: RunConfig, data) -> None:
     """Refuse settings under which a run's numbers would measure nothing: too little held-out text to score, past
-    replay without a past (a fine-tune of less than one pass is the ``finetune`` protocol's own check)."""
+    too few end-task test examples to score or training classes to learn, past replay without a past (a fine-tune of
+    less than one pass is the ``finetune`` protocol's own check)."""
     for name, counts in data.heldout_chunk_counts().items():
         scored = sum(counts)
         if len(counts) < MIN_HELDOUT_CHUNKS or scored < MIN_HELDOUT_TOKENS:
@@ -57,6 +63,28 @@ def check_measurable(config: RunConfig, data) -> None:
                 f" scored token(s) (dap.mlm_probability={config.dap.mlm_probability:g}); a measurement needs at least"
                 f" {MIN_HELDOUT_CHUNKS} chunks and {MIN_HELDOUT_TOKENS} scored tokens",
                 "raise dap.heldout_fraction, dap.heldout_chunks, dap.mlm_probability or dap.seq_len (or use more text)",
+            )
+    for domain in data.domains:
+        chunks = len(data.corpora[domain].train)
+        if config.dap.batch_size > chunks:
+            raise DapbenchError(
+                f"dap.batch_size={config.dap.batch_size} chunks is more than domain {domain}'s {chunks} training"
+                " chunks: every update would see the whole domain, and the record would count tokens never trained on",
+                f"set dap.batch_size to at most {chunks} (or use more text)",
+            )
+    for task in data.tasks.values():
+        if len(task.test) < MIN_TEST_EXAMPLES:
+            raise DapbenchError(
+                f"end task {task.name}: {len(task.test)} test example(s) would be scored; a score over fewer than"
+                f" {MIN_TEST_EXAMPLES} is one example's luck, not a measurement",
+                f"raise finetune.max_test_examples to at least {MIN_TEST_EXAMPLES} (or leave it unset: the whole test"
+                " set)",
+            )
+        if len({example["labels"] for example in task.train}) < 2:
+            raise DapbenchError(
+                f"end task {task.name}: its training split has one class only ({len(task.train)} examples), on which"
+                " no classifier learns anything",
+                "raise finetune.max_train_examples or fix the task's training file",
             )
     if config.replay.past > 0 and len(data.domains) < 2:
         raise DapbenchError(
@@ -73,8 +101,11 @@ def _suite_tasks(config: RunConfig) -> list[str]:
 
 
 def _check_model_fits(config: RunConfig) -> None:
-    """The model's embedding table covers its tokenizer, and its positions cover the run's sequences."""
+    """The model's embedding table covers its tokenizer, its positions cover the run's sequences, and every method's
+    options fit it (:meth:`~benchmark.method.MethodConfig.check_model`)."""
     from transformers import AutoConfig, AutoTokenizer
+
+    from benchmark.registry import default_registry
 
     try:
         model = AutoConfig.from_pretrained(config.model)
@@ -98,6 +129,8 @@ def _check_model_fits(config: RunConfig) -> None:
                     f"set {key} to at most {usable}",
                 )
         _check_method_positions(config, usable)
+    for name in config.methods:  # each method's own options against this model
+        default_registry().get(name).options_in(config).check_model(model)
 
 
 def _check_method_positions(config: RunConfig, usable: int) -> None:
@@ -117,6 +150,10 @@ def _check_method_positions(config: RunConfig, usable: int) -> None:
             )
 
 
+NAME_BYTES = 255
+"""The longest file or folder name common file systems hold (ext4, XFS, APFS, NTFS in UTF-16 units)."""
+
+
 def check_config_inputs(config: RunConfig) -> None:
     """What would otherwise fail after training: an unwritable output folder, a corrupt record already under
     ``results/`` (the leaderboard is rebuilt from all of them), a missing data root, a model directory that is
@@ -126,6 +163,14 @@ def check_config_inputs(config: RunConfig) -> None:
     from benchmark.data.suite import require_data_root
     from benchmark.modeling import check_model_files
 
+    for folder, flag in ((config.output_dir, "--output-dir"), (config.work_dir, "--work-dir")):
+        too_long = [part for part in Path(folder).parts if len(os.fsencode(part)) > NAME_BYTES]
+        if too_long:
+            raise DapbenchError(
+                f"{flag}: the folder name {too_long[0][:40]}... is {len(os.fsencode(too_long[0]))} bytes, over the"
+                f" {NAME_BYTES} a file name may hold",
+                f"pass a {flag} with shorter folder names",
+            )
     results = path_inside(config.output_dir, "results", config.profile)
     work = Path(config.work_dir).resolve()
     if work == results.parent or results.parent in work.parents:
@@ -134,13 +179,12 @@ def check_config_inputs(config: RunConfig) -> None:
             "pass a --work-dir outside <output-dir>/results (the default is <output-dir>/.dapbench)",
         )
     check_output_folders(config)
-    existing = next(p for p in (results, *results.parents) if p.exists())  # nothing is created here
-    try:
-        tempfile.TemporaryFile(dir=existing).close()
-    except OSError as exc:
-        raise DapbenchError(
-            f"cannot write results under {results}: {exc.strerror}", "pass a writable --output-dir"
-        ) from exc
+    for folder, flag in ((results, "--output-dir"), (work, "--work-dir")):
+        existing = next(p for p in (folder, *folder.parents) if p.exists())  # nothing is created here
+        try:
+            tempfile.TemporaryFile(dir=existing).close()
+        except OSError as exc:
+            raise DapbenchError(f"cannot write under {folder}: {exc.strerror}", f"pass a writable {flag}") from exc
     if results.parent.is_dir():
         load_records(results.parent)  # a corrupt record is named now, not after hours of training
     if config.data_root:
@@ -158,6 +202,10 @@ def check_config_inputs(config: RunConfig) -> None:
     check_recipe(config)
 
 
+WORK_SUBFOLDERS = (("cache",), ("cache", "base-evaluation"), ("runs",))
+"""The folders dapbench makes in a run's work folder (each run's own, ``runs/<run id>``, is checked as it starts)."""
+
+
 def check_output_folders(config: RunConfig) -> None:
     """The folders a run writes into below its output folder are its own: no symbolic link to somewhere else (the
     report's pages and plots, the trackers' files, the work folder's caches and runs), a tracker that can track."""
@@ -170,17 +218,35 @@ def check_output_folders(config: RunConfig) -> None:
     work = Path(config.work_dir).absolute()
     if out.absolute() in work.parents:  # the default <output-dir>/.dapbench, or another folder inside the output
         unlinked_path(out.absolute(), *work.relative_to(out.absolute()).parts)
+    for folder in WORK_SUBFOLDERS:  # the work folder is the user's to place; what dapbench makes inside it is its own
+        unlinked_path(work, *folder)
 
 
 def check_recipe(config: RunConfig) -> None:
-    """Replay needs what it replays and a method it can mean something for: a general training text that is not
-    the general held-out text, a method that pre-trains, and for past replay a continual one."""
+    """A recipe (replay, schedule) needs a method that pre-trains; replay needs what it replays and a method it can
+    mean something for: a general training text that is not the general held-out text, and for past replay a
+    continual one."""
+    from benchmark.records.identity import canonical_recipe
+    from benchmark.registry import default_registry
+
+    if config.replay.active():
+        _check_replay(config)
+    recipe = canonical_recipe(config.to_dict())
+    for name in config.methods if recipe else ():
+        if not default_registry().get(name).capabilities.pretrains:
+            # its numbers are the base model's whatever the recipe: a second row and run id of the same numbers
+            raise DapbenchError(
+                f"{name} does not pre-train, so {', '.join(f'{section}.*' for section in recipe)} changes none of its"
+                " numbers",
+                f"run {name} without the recipe settings (in a separate dapbench run from the methods that use them)",
+            )
+
+
+def _check_replay(config: RunConfig) -> None:
     from benchmark.io import file_sha256
     from benchmark.registry import default_registry
 
     replay = config.replay
-    if not replay.active():
-        return
     _check_replay_counts(config)
     if replay.general > 0 and not config.general_corpus:
         raise DapbenchError("replay.general needs a general training text", "pass --set general_corpus=PATH")
@@ -193,8 +259,6 @@ def check_recipe(config: RunConfig) -> None:
             )
     for name in config.methods:
         caps = default_registry().get(name).capabilities
-        if not caps.pretrains:
-            raise DapbenchError(f"{name} does not pre-train: there is nothing to mix replay into", "drop replay.*")
         if replay.past > 0 and (caps.joint_training or caps.independent_per_domain or caps.retrains_on_seen):
             raise DapbenchError(
                 f"{name} trains every stage from the base model (alone, or jointly on the domains so far): it has no"

@@ -23,6 +23,9 @@ from typing import Any
 
 from benchmark.errors import DapbenchError
 
+TEXT_LIMIT = 1024
+"""Characters a text setting may hold: longer than any path or hub id, short enough that no label or chart built from
+it grows without bound."""
 SETTING = "dapbench_setting"
 """The ``dataclasses.field`` metadata key of a declared setting."""
 
@@ -155,6 +158,11 @@ def _coerce_to(key: str, kind: Any, value: Any) -> Any:
     if kind is str:
         if not isinstance(value, str):
             raise DapbenchError(f"{key} expects a name, got {value!r}", f"write {key}=<name>")
+        if len(value) > TEXT_LIMIT:  # it becomes part of a row label, a file name or a chart's axis
+            raise DapbenchError(
+                f"{key} is {len(value):,} characters long, over the {TEXT_LIMIT} a setting may hold",
+                f"write {key} shorter (a name, a path or a hub id)",
+            )
         return value
     if dataclasses.is_dataclass(kind) and isinstance(value, kind):
         return value

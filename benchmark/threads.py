@@ -17,6 +17,9 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+MAX_THREADS = 512
+"""The most CPU threads a run or re-run may ask for: more than any machine a record comes from has cores, far fewer
+than exhaust a process (3,000 threads did)."""
 
 
 def usable_cores(cpu_max: Path = CGROUP_CPU_MAX) -> int:

@@ -28,6 +28,10 @@ class FreezeBottomConfig(MethodConfig):
     layers: int = setting(1, low=1, high=1000)
     """k: the bottom transformer layers frozen (with the input embeddings)."""
 
+    def check_model(self, model_config) -> None:
+        """At least one of the model's layers is left to train."""
+        _check_layers(self.layers, getattr(model_config, "num_hidden_layers", None))
+
 
 class FreezeBottom(ContinualMethod):
     """Sequential DAP with the embeddings and the bottom ``layers`` transformer layers frozen."""
@@ -54,10 +58,15 @@ def frozen_parameters(model: nn.Module, layers: int) -> list[nn.Parameter]:
             f"add its layer paths to benchmark.modeling.LAYER_PATHS (known: {', '.join(LAYER_PATHS)})",
         )
     stack = encoder_of(model).get_submodule(LAYER_PATHS[model_type]["layers"])
-    if layers >= len(stack):
-        raise DapbenchError(
-            f"freeze_bottom.layers={layers} freezes every one of the model's {len(stack)} layers",
-            f"set --set freeze_bottom.layers= to at most {len(stack) - 1}",
-        )
+    _check_layers(layers, len(stack))
     modules = [model.get_input_embeddings(), *list(stack)[:layers]]
     return [p for module in modules for p in module.parameters()]
+
+
+def _check_layers(layers: int, available: int | None) -> None:
+    """A named error where freezing ``layers`` would leave none of the model's ``available`` layers training."""
+    if available is not None and layers >= available:
+        raise DapbenchError(
+            f"freeze_bottom.layers={layers} freezes every one of the model's {available} layers",
+            f"set --set freeze_bottom.layers= to at most {available - 1}",
+        )

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from benchmark.errors import DapbenchError
 from benchmark.method import ContinualMethod, DomainContext, MethodConfig
 from benchmark.modeling import load_lm
 from benchmark.settings import setting
@@ -52,6 +53,18 @@ class MergeConfig(MethodConfig):
     """TIES and DARE: the share of each task vector's entries kept (TIES keeps the top 20% in its paper)."""
     majority_sign: str = setting("total", choices=("total", "frequency"))
     """TIES: how the sign of every entry is elected."""
+
+    def check_model(self, model_config) -> None:
+        """A trimming or dropping merge keeps, in expectation, at least one entry of the model's smallest merged
+        tensors (a layer's bias or norm, ``hidden_size`` entries): below that it keeps nothing (TIES) or rescales
+        by ``1 / density`` past any float (DARE)."""
+        width = getattr(model_config, "hidden_size", None)
+        if self.how != "task_arithmetic" and width and self.density * width < 1:
+            raise DapbenchError(
+                f"merge.density={self.density:g} keeps less than one of the {width} entries of this model's smallest"
+                " tensors: the merge would keep nothing of them, or rescale them past any float",
+                f"set merge.density to at least {1 / width:.2g}",
+            )
 
 
 class Merge(ContinualMethod):

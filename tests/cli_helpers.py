@@ -93,3 +93,27 @@ def whole_record(path: Path) -> dict:
     from benchmark.records.store import with_samples
 
     return with_samples(json.loads(path.read_text()), path)
+
+
+def record_with_options(path: Path, folder: Path, **options: object) -> Path:
+    """The record file ``path`` rewritten whole into ``folder`` as if its method had run with ``options`` on top of its
+    own: label, identity and run id re-derived, so it passes every check a reader applies (the numbers stay the
+    original's). What a hostile option value, from a plugin's string option, would put before a reader."""
+    import json
+
+    from benchmark.method import options_label
+    from benchmark.records.identity import canonical_recipe, recipe_label, record_identity
+
+    record = whole_record(path)
+    record["identity"]["method_options"] = {**record["identity"]["method_options"], **options}
+    variant = ",".join(
+        p
+        for p in (options_label(record["identity"]["method_options"]), recipe_label(canonical_recipe(record["config"])))
+        if p
+    )
+    record["method_label"] = f"{record['method']}[{variant}]"
+    record["run_id"] = record_identity(record).run_id(record["seed"], record["config"].get("sequence", ""))
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{record['run_id']}.json"
+    out.write_text(json.dumps(record))
+    return out

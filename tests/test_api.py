@@ -36,7 +36,7 @@ def test_a_schema_1_record_is_migrated_on_load(tmp_path):
     copy.parent.mkdir(parents=True)
     shutil.copy(source, copy)
     record = load_record(copy)
-    assert record["schema"] == SCHEMA_VERSION and record["identity"] is None
+    assert record["schema"] == SCHEMA_VERSION and record["identity"] == {"migrated_from_schema": 1}
     assert record["config"]["finetune"]["protocol"] == "finetune"
     assert set(record["lm_loss"]["metrics"]) >= {"plasticity", "forgetting", "general_rise"}
     assert "output_dir" not in record["config"] and record["config"]["model"] == "local:small"

@@ -223,7 +223,7 @@ def _copy_records(out: Path, profile: str, n: int) -> list[Path]:
 EDITS = [
     (lambda r: r.update(method_label="ewc"), "its method_label 'ewc' is not 'das'"),
     (lambda r: r["environment"].update(torch_threads=-5), "environment.torch_threads -5 is not a whole number >= 1"),
-    (lambda r: r.update(trainable_parameters="lots"), "trainable_parameters 'lots' is not a whole number >= 0"),
+    (lambda r: r.update(trainable_parameters="lots"), "trainable_parameters: input should be a valid integer"),
 ]
 
 

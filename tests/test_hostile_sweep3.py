@@ -2,6 +2,8 @@
 the correct behaviour, never data lost."""
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -60,7 +62,7 @@ def test_a_wall_time_that_is_no_number_of_seconds_is_named(value, tmp_path):
     whole = whole_record(record)
     whole["timing"]["wall_seconds"] = value
     record.write_text(json.dumps(whole))
-    with pytest.raises(DapbenchError, match="timing.wall_seconds .* is not a number of seconds"):
+    with pytest.raises(DapbenchError, match="timing.wall_seconds.*(not a number of seconds|should be a valid number)"):
         load_record(record)
 
 
@@ -75,3 +77,354 @@ def test_a_plugin_whose_entry_point_names_a_missing_class_is_named_and_the_rest_
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "broken" in out and "cannot be loaded" in out and "ncl " in out
+
+
+def _edited(tmp_path: Path, edit) -> Path:
+    """A committed record, whole, after ``edit(record)`` changed it in place, written back as its file."""
+    (record,) = _results(tmp_path)
+    whole = whole_record(record)
+    edit(whole)
+    record.write_text(json.dumps(whole))
+    return record
+
+
+WRONG_TYPES = {
+    "matrices.acc holding a string": (lambda r: r["matrices"].update(acc="high"), "matrices.acc"),
+    "lm_loss.base a list": (lambda r: r["lm_loss"].update(base=[1.0, 2.0]), "lm_loss.base"),
+    "timing.wall_seconds missing": (lambda r: r["timing"].pop("wall_seconds"), "timing.wall_seconds"),
+    "environment a list": (lambda r: r.update(environment=[1, 2]), "environment"),
+    "sequence a string": (lambda r: r.update(sequence="alpha"), "sequence"),
+    "end_tasks null": (lambda r: r.update(end_tasks=None), "end_tasks"),
+    "capabilities a string": (lambda r: r.update(capabilities="all"), "capabilities"),
+    "domains a dict": (lambda r: r.update(domains={"0": {}}), "domains"),
+    "a count that is a bool": (lambda r: r.update(trainable_parameters=True), "trainable_parameters"),
+    "a loss deep in a matrix a string": (lambda r: r["lm_loss"]["after_domain"][0].update(x="1.0"), "after_domain"),
+}
+
+
+@pytest.mark.parametrize("case", WRONG_TYPES)
+def test_a_wrong_type_at_any_depth_is_named_before_any_field_is_used(case, tmp_path):
+    edit, where = WRONG_TYPES[case]
+    record = _edited(tmp_path, edit)
+    with pytest.raises(DapbenchError, match=f"not a run record of the declared schema: .*{where}"):
+        load_record(record)
+
+
+def test_the_report_refuses_a_record_of_the_wrong_shape_with_a_named_error(tmp_path, capsys):
+    _edited(tmp_path, lambda r: r.update(domains={"0": {}}))
+    assert main(["report", "--output-dir", str(tmp_path), "--quiet"]) == 2
+    assert "not a run record of the declared schema: domains" in capsys.readouterr().err
+
+
+def test_a_record_nested_deeper_than_the_parser_is_named(tmp_path):
+    (record,) = _results(tmp_path)
+    record.write_text('{"schema": 5, "x": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    with pytest.raises(DapbenchError, match="nested too deeply"):
+        load_record(record)
+
+
+def test_an_integer_of_thousands_of_digits_is_named(tmp_path):
+    record = _edited(tmp_path, lambda r: r.update(trainable_parameters=0))
+    record.write_text(record.read_text().replace('"trainable_parameters": 0', '"trainable_parameters": ' + "9" * 5000))
+    with pytest.raises(DapbenchError, match="holds a number dapbench cannot read"):
+        load_record(record)
+
+
+def test_a_record_over_the_size_limit_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    (record,) = _results(tmp_path)
+    monkeypatch.setattr("benchmark.io.JSON_SIZE_LIMIT", record.stat().st_size - 1)
+    with pytest.raises(DapbenchError, match="bytes, over the"):
+        load_record(record)
+
+
+def test_a_record_without_its_identity_is_refused(tmp_path):
+    record = _edited(tmp_path, lambda r: r.update(identity=None))
+    with pytest.raises(DapbenchError, match="without its identity"):
+        load_record(record)
+
+
+def test_a_method_label_of_another_method_is_refused(tmp_path):
+    record = _edited(tmp_path, lambda r: r.update(method_label="das" if r["method"] != "das" else "ncl"))
+    with pytest.raises(DapbenchError, match="is not a row of its method"):
+        load_record(record)
+
+
+def test_a_cell_that_starts_like_a_formula_is_written_to_csv_as_text():
+    from benchmark.report.escape import spreadsheet_cell
+
+    assert spreadsheet_cell('=HYPERLINK("http://example.invalid","x")') == '\'=HYPERLINK("http://example.invalid","x")'
+    assert [spreadsheet_cell(v) for v in ("+1", "@sum", "-2", "ncl", -0.5, None)] == [
+        "'+1",
+        "'@sum",
+        "'-2",
+        "ncl",
+        -0.5,
+        None,
+    ]
+
+
+def test_a_setting_with_thousands_of_digits_or_characters_is_named(tmp_path, capsys):
+    from benchmark.config import RunConfig, apply_overrides
+
+    with pytest.raises(DapbenchError, match="no number dapbench can use"):
+        apply_overrides(RunConfig(), ["dap.steps=" + "9" * 5000])
+    with pytest.raises(DapbenchError, match="over the 1024 a setting may hold"):
+        apply_overrides(RunConfig(), ["model=" + "m" * 200_000])
+
+
+def test_a_row_label_over_the_limit_is_refused(tmp_path):
+    (record,) = _results(tmp_path)
+    from cli_helpers import record_with_options
+
+    long = record_with_options(record, tmp_path / "results" / "long", note="x" * 3000)
+    with pytest.raises(DapbenchError, match="over the 2,048 a row label may hold"):
+        load_record(long)
+
+
+def _elsewhere(tmp_path: Path) -> Path:
+    """A folder outside the output holding a file that must stay as it is."""
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("someone else's\n")
+    return folder
+
+
+def _untouched(folder: Path) -> bool:
+    return [p.name for p in folder.iterdir()] == ["keep.txt"] and (
+        folder / "keep.txt"
+    ).read_text() == "someone else's\n"
+
+
+@pytest.mark.parametrize("linked", [".dapbench/cache", ".dapbench/runs", ".dapbench/cache/base-evaluation"])
+def test_a_run_refuses_a_work_folder_below_linked_elsewhere(linked, world_root, tiny_model, tmp_path, capsys, started):
+    from cli_helpers import no_record, quick_run_args
+
+    out, elsewhere = tmp_path / "out", _elsewhere(tmp_path)
+    (out / linked).parent.mkdir(parents=True)
+    (out / linked).symlink_to(elsewhere)
+    assert main(quick_run_args(world_root, tiny_model, out)) == 2
+    assert "is a symbolic link" in capsys.readouterr().err and _untouched(elsewhere)
+    no_record(out)
+
+
+def test_a_runs_own_work_or_tracking_folder_linked_elsewhere_is_refused(
+    world_root, tiny_model, tmp_path, capsys, started
+):
+    from importlib.util import find_spec
+
+    from cli_helpers import TrainingStarted, quick_run_args
+
+    out, elsewhere = tmp_path / "out", _elsewhere(tmp_path)
+    with pytest.raises(TrainingStarted):  # the run's own folder is made, then its first stage stops the test
+        main(quick_run_args(world_root, tiny_model, out))
+    (run,) = [p for p in (out / ".dapbench" / "runs").iterdir() if p.is_dir()]
+    shutil.rmtree(run)
+    run.symlink_to(elsewhere)
+    assert main(quick_run_args(world_root, tiny_model, out)) == 2
+    assert "is a symbolic link" in capsys.readouterr().err and _untouched(elsewhere)
+    if find_spec("tensorboard") or find_spec("tensorboardX"):
+        run.unlink()
+        (out / "tracking").mkdir()
+        (out / "tracking" / run.name).symlink_to(elsewhere)
+        assert main(quick_run_args(world_root, tiny_model, out, "--report-to", "tensorboard")) == 2
+        assert "is a symbolic link" in capsys.readouterr().err and _untouched(elsewhere)
+
+
+@pytest.mark.parametrize("linked", ["assets", "data"])
+def test_the_report_refuses_a_site_folder_linked_elsewhere(linked, tmp_path, capsys):
+    _results(tmp_path)
+    site = tmp_path / "results" / "report" / "site"
+    site.mkdir(parents=True)
+    elsewhere = _elsewhere(tmp_path)
+    (site / linked).symlink_to(elsewhere)
+    assert main(["report", "--output-dir", str(tmp_path), "--quiet"]) == 2
+    assert "is a symbolic link" in capsys.readouterr().err and _untouched(elsewhere)
+    assert not (tmp_path / "leaderboard.md").exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        (["finetune.max_test_examples=1"], "1 test example\\(s\\) would be scored"),
+        (["finetune.max_test_examples=1", "finetune.protocol=linear_probe"], "1 test example\\(s\\) would be scored"),
+        (["finetune.max_train_examples=1"], "one class only"),
+    ],
+)
+def test_an_end_task_sample_too_small_to_measure_is_refused_before_work(
+    settings, named, world_root, tiny_model, tmp_path, capsys, started
+):
+    from cli_helpers import no_record, quick_run_args
+
+    extra = [arg for setting in settings for arg in ("--set", setting)]
+    assert main(quick_run_args(world_root, tiny_model, tmp_path, *extra)) == 2
+    assert re.search(named, capsys.readouterr().err)
+    no_record(tmp_path)
+
+
+def test_a_schedule_for_a_method_that_trains_nothing_is_refused_not_a_new_row(
+    world_root, tiny_model, tmp_path, capsys, started
+):
+    from cli_helpers import no_record, quick_run_args
+
+    args = quick_run_args(world_root, tiny_model, tmp_path, "--set", "schedule.name=wsd", methods="none")
+    assert main(args) == 2
+    assert "none does not pre-train, so schedule.* changes none of its numbers" in capsys.readouterr().err
+    no_record(tmp_path)
+
+
+def test_a_run_resumed_at_another_thread_count_is_refused(world_root, tiny_model, tmp_path, capsys, started):
+    import torch
+    from cli_helpers import TrainingStarted, no_record, quick_run_args
+
+    threads = torch.get_num_threads()
+    with pytest.raises(TrainingStarted):  # the base evaluation is done and kept; the first stage stops the test
+        main(quick_run_args(world_root, tiny_model, tmp_path))
+    torch.set_num_threads(threads + 1)
+    try:
+        assert main(quick_run_args(world_root, tiny_model, tmp_path)) == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert f"started at {threads} CPU thread(s) and is resumed at {threads + 1}" in capsys.readouterr().err
+    with pytest.raises(TrainingStarted):  # at its own count it resumes
+        main(quick_run_args(world_root, tiny_model, tmp_path))
+    no_record(tmp_path)
+
+
+def test_the_slurm_launcher_without_slurm_is_named_before_anything_is_written(
+    world_root, tiny_model, tmp_path, capsys, monkeypatch
+):
+    from cli_helpers import synthetic_run
+
+    pytest.importorskip("submitit")
+    monkeypatch.setattr("shutil.which", lambda name, *args, **kwargs: None)  # a machine without sbatch
+    assert main([*synthetic_run(world_root, tiny_model, tmp_path, "ncl"), "--launcher", "slurm"]) == 2
+    said = capsys.readouterr()
+    assert "no Slurm on this machine" in said.err and "submitted as job" not in said.out
+    assert not tmp_path.exists() or list(tmp_path.rglob("*")) == []
+
+
+@pytest.mark.parametrize("size", ["4096", "1000000000"])
+def test_a_batch_larger_than_a_domain_is_refused_before_training(
+    size, world_root, tiny_model, tmp_path, capsys, started
+):
+    from cli_helpers import no_record, quick_run_args
+
+    settings = ["--set", f"dap.batch_size={size}", "--set", f"dap.per_device_batch_size={size}"]
+    assert main(quick_run_args(world_root, tiny_model, tmp_path, *settings)) == 2
+    assert f"dap.batch_size={size} chunks is more than domain alpha's" in capsys.readouterr().err
+    no_record(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        {"runs": {}, "groups": {}, "site": ["mynotes.txt"]},
+        {"runs": {}, "groups": {}, "site": ["site/../../mynotes.txt"]},
+        {"runs": [], "groups": {}},
+        {"runs": {}, "groups": {"g": "plots/g.png"}},
+    ],
+)
+def test_a_manifest_that_is_not_the_reports_deletes_nothing(manifest, tmp_path, capsys):
+    _results(tmp_path)
+    report = tmp_path / "results" / "report"
+    report.mkdir(parents=True)
+    (report / "mynotes.txt").write_text("mine\n")
+    (tmp_path / "mynotes.txt").write_text("mine\n")
+    (report / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["report", "--output-dir", str(tmp_path), "--quiet"]) == 2
+    assert "manifest" in capsys.readouterr().err
+    assert (report / "mynotes.txt").read_text() == "mine\n" and (tmp_path / "mynotes.txt").read_text() == "mine\n"
+
+
+def test_pages_of_a_report_stopped_before_its_manifest_are_removed_by_the_next(tmp_path, monkeypatch):
+    first, second = _results(tmp_path, 2)
+
+    def stopped(*args):
+        raise KeyboardInterrupt  # the report is killed after writing its pages, before its manifest
+
+    with monkeypatch.context() as patch:
+        patch.setattr("benchmark.report.writer._remove_unproduced", stopped)
+        assert main(["report", "--output-dir", str(tmp_path), "--quiet"]) == 130  # Ctrl-C's exit code
+    report = tmp_path / "results" / "report"
+    page = report / "runs" / f"{second.stem}.md"
+    assert page.is_file() and not (report / "manifest.json").exists()
+    second.unlink()
+    assert main(["report", "--output-dir", str(tmp_path), "--quiet"]) == 0
+    assert not page.exists() and (report / "runs" / f"{first.stem}.md").is_file()
+    assert not (report / "pending.txt").exists()
+    assert main(["report", "--output-dir", str(tmp_path), "--check", "--quiet"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("methods", "setting", "named"),
+    [
+        ("ncl,freeze_bottom", "freeze_bottom.layers=5", "freezes every one of the model's 2 layers"),
+        ("ncl,merge", "merge.density=1e-300", "keeps less than one of the 32 entries"),
+    ],
+)
+def test_a_method_option_the_model_cannot_run_is_refused_before_any_method_runs(
+    methods, setting, named, world_root, tiny_model, tmp_path, capsys, started
+):
+    from cli_helpers import no_record, quick_run_args
+
+    extra = ["--set", setting] + (["--set", "merge.how=ties"] if "merge" in setting else [])
+    assert main(quick_run_args(world_root, tiny_model, tmp_path, *extra, methods=methods)) == 2
+    assert named in capsys.readouterr().err
+    no_record(tmp_path)
+    assert not (tmp_path / ".dapbench" / "runs").exists()  # ncl, listed first, did not start either
+
+
+def test_a_thread_count_past_any_machine_is_refused_before_threads_start(tmp_path, capsys):
+    (record,) = _results(tmp_path)
+    assert main(["reproduce", str(record), "--threads", "3000", "--output-dir", str(tmp_path / "re")]) == 2
+    assert "--threads must be 1 to 512, got 3000" in capsys.readouterr().err
+    whole = whole_record(record)
+    whole["environment"]["torch_threads"] = 3000
+    record.write_text(json.dumps(whole))
+    with pytest.raises(DapbenchError, match="environment.torch_threads 3000 is more than the 512 threads"):
+        load_record(record)
+
+
+@pytest.mark.parametrize(("chunks", "named"), [("0", "at least 2 chunks"), ("100000", "fewer than two disjoint")])
+def test_a_study_sample_of_no_chunks_or_more_than_the_domain_is_named(chunks, named, tiny_config):
+    from methods._shared.importance_study import stability_study
+
+    with pytest.raises(DapbenchError, match=named):
+        stability_study(tiny_config, {"chunks": chunks})
+
+
+def test_a_base_model_too_large_to_build_is_refused_before_any_allocation():
+    from benchmark.data.pretrain import BaseModelSpec
+
+    with pytest.raises(DapbenchError, match="would hold about 2.6e\\+13 parameters"):
+        BaseModelSpec(hidden_size=65536, num_layers=1000, num_heads=64, intermediate_size=65536)
+    assert BaseModelSpec().parameters() < 2_000_000  # the default stand-in is tiny
+
+
+def test_an_output_folder_name_longer_than_a_file_system_holds_is_named(world_root, tiny_model, tmp_path, capsys):
+    from cli_helpers import quick_run_args
+
+    out = tmp_path / ("o" * 300)
+    assert main(quick_run_args(world_root, tiny_model, out)) == 2
+    assert "is 300 bytes, over the 255 a file name may hold" in capsys.readouterr().err
+
+
+def test_a_file_size_limit_during_the_data_cache_write_is_named(world_root, tiny_model, tmp_path):
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from cli_helpers import one_thread_env, quick_run_args
+
+    def limited():  # a write past 4 KB fails with EFBIG instead of killing the process
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    args = quick_run_args(world_root, tiny_model, tmp_path / "out")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmark.cli", *args], preexec_fn=limited, env=one_thread_env(),
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "cannot build" in done.stderr and "ulimit -f" in done.stderr and "Traceback" not in done.stderr

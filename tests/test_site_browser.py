@@ -111,3 +111,24 @@ def test_the_index_answers_with_the_leaderboards_best_rows(page):
         page.screenshot(path=str(Path(folder) / "site-index.png"), full_page=True)
         _open(page, _group_pages()[0]).screenshot(path=str(Path(folder) / "site-group.png"), full_page=True)
     assert page.problems == []
+
+
+HOSTILE = '<span style="background:url(http://example.invalid/bg.png)">x</span>'
+
+
+def test_a_label_written_as_html_is_drawn_as_text_and_contacts_no_host(page, tmp_path):
+    from cli_helpers import record_with_options
+
+    from benchmark.cli import main
+
+    for source in sorted((ROOT / "results" / "ci").glob("*.json"))[:2]:
+        record_with_options(source, tmp_path / "results" / "hostile", note=HOSTILE)
+    assert main(["report", "--output-dir", str(tmp_path), "--quiet"]) == 0
+    (group,) = (tmp_path / "results" / "report" / "site").glob("group-*.html")
+    page.goto(group.as_uri())
+    page.wait_for_load_state("load")
+    page.wait_for_function("document.getElementById('chart-sp').data !== undefined")
+    page.wait_for_timeout(500)  # a background image would be fetched as the chart's text is laid out
+    names = page.evaluate("document.getElementById('chart-sp').data.map(t => t.name)")
+    assert names and all("&lt;span" in name for name in names)
+    assert page.problems == []

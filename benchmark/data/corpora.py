@@ -14,7 +14,7 @@ from typing import Any
 from benchmark.data.suite import require_data_root
 from benchmark.errors import CorruptStateError, DapbenchError
 from benchmark.families import MASKED_LM, ModelFamily
-from benchmark.io import verify_manifest, write_manifest
+from benchmark.io import unwritable, verify_manifest, write_manifest
 
 
 @dataclass
@@ -141,16 +141,19 @@ def _packed_dataset(lines: list[str], tokenizer, seq_len: int, cache_path: Path,
     from datasets import load_from_disk
     from filelock import FileLock
 
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
-    # One writer per cache entry: concurrent runs sharing a work dir wait for it instead of racing on its files.
-    with FileLock(str(cache_path) + ".lock"):
-        if cache_path.is_dir() and not _intact(cache_path):
-            shutil.rmtree(cache_path)
-        if not cache_path.is_dir():
-            packed = _build_packed(lines, tokenizer, seq_len, cache_path, family)
-            if packed is not None:  # no chunk: nothing worth caching, and the caller names what is missing
-                return packed.with_format("torch")
-        return load_from_disk(str(cache_path)).with_format("torch")
+    try:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        # One writer per cache entry: concurrent runs sharing a work dir wait for it instead of racing on its files.
+        with FileLock(str(cache_path) + ".lock"):
+            if cache_path.is_dir() and not _intact(cache_path):
+                shutil.rmtree(cache_path)
+            if not cache_path.is_dir():
+                packed = _build_packed(lines, tokenizer, seq_len, cache_path, family)
+                if packed is not None:  # no chunk: nothing worth caching, and the caller names what is missing
+                    return packed.with_format("torch")
+            return load_from_disk(str(cache_path)).with_format("torch")
+    except OSError as exc:  # pyarrow's and the file system's refusals alike
+        raise unwritable(cache_path, exc) from exc
 
 
 def _intact(cache_path: Path) -> bool:

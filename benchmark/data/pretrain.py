@@ -24,6 +24,10 @@ from benchmark.io import atomic_directory, atomic_write_json, mark_owned, owned_
 from benchmark.modeling import mlm_loss
 from benchmark.settings import check_settings, setting
 
+MAX_BASE_PARAMETERS = 2_000_000_000
+"""The largest base model ``pretrain-base`` builds: 8 GB of float32 weights before gradients and optimizer state, past
+any stand-in a CPU trains (a larger one would fail allocating after every range check passed)."""
+
 
 @dataclass(frozen=True)
 class BaseModelSpec:
@@ -63,6 +67,19 @@ class BaseModelSpec:
                 f"--kv-heads {self.kv_heads} does not divide --num-heads {self.num_heads}",
                 "choose a number of key/value heads that divides the number of query heads (or 0: as many)",
             )
+        if self.parameters() > MAX_BASE_PARAMETERS:
+            raise DapbenchError(
+                f"this base model would hold about {self.parameters():.2g} parameters, over the"
+                f" {MAX_BASE_PARAMETERS:.0g} pretrain-base builds (it trains small stand-ins on one machine)",
+                "lower --hidden-size, --num-layers, --intermediate-size or --vocab-size (or use a pre-trained model)",
+            )
+
+    def parameters(self) -> int:
+        """The model's parameter count to leading order: embeddings (tokens, positions) and per layer the attention
+        projections and the feed-forward block (biases and norms, a fraction of a percent, left out)."""
+        positions = max(self.seq_len, 64) * self.hidden_size
+        per_layer = 4 * self.hidden_size**2 + (3 if self.causal else 2) * self.hidden_size * self.intermediate_size
+        return self.vocab_size * self.hidden_size + positions + self.num_layers * per_layer
 
 
 def _sizes(spec: BaseModelSpec, tokenizer) -> dict[str, int]:

@@ -135,11 +135,22 @@ class RunClock:
     interruption threw away is not counted (it is redone, and counted, by the resuming invocation).
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, on_cpu: bool = True):
+        """``on_cpu``: the run computes on the CPU, so its thread count is part of its numbers (kept on resume)."""
         self.path = path
         earlier = read_json(path, "run time ledger") if path.exists() else {"seconds": 0.0, "invocations": 0}
         self.earlier_seconds = float(earlier["seconds"])
         self.invocations = int(earlier["invocations"]) + 1
+        self.threads = torch.get_num_threads()
+        started_at = earlier.get("torch_threads", self.threads)  # ledgers written before threads were kept: unknown
+        if on_cpu and started_at != self.threads:
+            # a CPU's float sums follow the thread count: the finished stages were computed at the other one, and the
+            # record would name this invocation's count beside their numbers
+            raise DapbenchError(
+                f"this run started at {started_at} CPU thread(s) and is resumed at {self.threads}: its stages would mix"
+                " numbers of two thread counts under one",
+                f"resume it at OMP_NUM_THREADS={started_at} (or delete {path.parent} to start it again)",
+            )
         self.started = time.time()
 
     def this_invocation(self) -> float:
@@ -152,7 +163,8 @@ class RunClock:
 
     def save(self) -> None:
         """Persist the total so far (called after each finished unit of work)."""
-        atomic_write_json(self.path, {"seconds": round(self.total(), 3), "invocations": self.invocations})
+        ledger = {"seconds": round(self.total(), 3), "invocations": self.invocations, "torch_threads": self.threads}
+        atomic_write_json(self.path, ledger)
 
 
 def rng_state() -> dict:

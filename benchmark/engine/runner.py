@@ -30,6 +30,7 @@ from benchmark.engine.stages import OWN_DOMAIN, StageModels, StageRunner
 from benchmark.engine.tracking import RunTracker
 from benchmark.engine.workfiles import finished, read_work_file
 from benchmark.errors import DapbenchError, error_context
+from benchmark.io import unlinked_path
 from benchmark.method import ContinualMethod, RunEnv, build_method
 from benchmark.metrics import anisotropy
 from benchmark.records.build import build_record, run_timing
@@ -61,7 +62,7 @@ class ContinualRun:
             data,
             build_method(cls, config.method_options.get(cls.name, {}), env),
             seed,
-            RunLayout(Path(config.work_dir) / "runs" / self.run_id),
+            RunLayout(unlinked_path(config.work_dir, "runs", self.run_id)),
             StageSchedule(cls.capabilities, len(data.domains), config.dap.steps, config.matrix),
             accelerator,
             RunTracker(accelerator, config.report_to, self.run_id, config.to_dict()),
@@ -77,7 +78,7 @@ class ContinualRun:
         """Run (or resume) every stage and fine-tune, then return the complete record."""
         p = self.parts
         p.layout.root.mkdir(parents=True, exist_ok=True)
-        clock = RunClock(p.layout.clock)
+        clock = RunClock(p.layout.clock, on_cpu=p.accelerator.device.type == "cpu")
         p.tracker.start()
         shown = p.show_progress and p.accelerator.is_main_process
         phases = run_phases(p.schedule, beside=len(self.end_tasks.protocols()) > 1)
@@ -109,7 +110,7 @@ class ContinualRun:
         p.progress = RunProgress(p.where, self.position, p.data.domains, phases, enabled=shown)
         p.own_domain_only = own_domain_only  # for this call only: a later execute() evaluates every set again
         try:
-            self._stages(RunClock(p.layout.clock), end_tasks=False)
+            self._stages(RunClock(p.layout.clock, on_cpu=p.accelerator.device.type == "cpu"), end_tasks=False)
         finally:
             p.progress.close()
             p.progress = None

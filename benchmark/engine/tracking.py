@@ -48,6 +48,10 @@ class RunTracker:
 
     def __init__(self, accelerator, report_to: str, run_id: str, config: Mapping[str, Any]):
         self.accelerator, self.active, self.run_id = accelerator, report_to != "none", run_id
+        if self.active:  # the trackers write below <output-dir>/tracking/<run id>: never through a link elsewhere
+            from benchmark.io import unlinked_path
+
+            unlinked_path(accelerator.project_dir, run_id)
         self._config = config
         self._started = False
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from benchmark.data.endtasks import EncodedTask
-from benchmark.errors import DapbenchError, NonFiniteError
+from benchmark.errors import NonFiniteError
 from benchmark.metrics import classification_scores
 from benchmark.protocols import register_protocol
 from benchmark.protocols.base import EndTaskProtocol, test_sizes
@@ -33,16 +33,6 @@ class LinearProbe(EndTaskProtocol):
             "linear probe (frozen model, mean-pooled last hidden states, standardised, logistic regression"
             f" C={ft.get('probe_c', 1.0)}), {test_sizes(ft)}"
         )
-
-    def check(self, config, data) -> None:
-        """Every end task's training split has two classes to fit the probe on."""
-        for task in data.tasks.values():
-            if len({ex["labels"] for ex in task.train}) < 2:
-                raise DapbenchError(
-                    f"end task {task.name}: its training split has one class only ({len(task.train)} examples), which"
-                    " a linear probe cannot be fitted on",
-                    "raise finetune.max_train_examples or fix the task's training file",
-                )
 
     def evaluate(self, model, task, tokenizer, cfg, seed, accelerator) -> dict:
         """Fit and score the probe (:func:`probe_and_evaluate`; no seed: lbfgs is deterministic)."""

@@ -18,9 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmark.errors import DapbenchError
+from benchmark.threads import MAX_THREADS
 
 DERIVED_TOLERANCE = 1e-9
 """Derived numbers are recomputed with the code that wrote them: equal up to float printing."""
+LABEL_LIMIT = 2048
+"""Characters a row label may hold: a method with several long text options stays below it, and every table and
+chart that prints the label stays of bounded size."""
 CHUNK_TOLERANCE = 1e-3
 """Nats by which the set loss may differ from its chunks' sums (each rounded to 4 decimals) over their tokens."""
 
@@ -46,6 +50,11 @@ def _identity_problems(record: dict[str, Any], path: Path | None) -> list[str]:
         out.append(f"its file name {path.name} is not its run id {run_id}")
     if not run_id.startswith(f"{record['method']}-") or f"-seed{record['seed']}-" not in run_id:
         out.append(f"its run id {run_id} does not name its method {record['method']!r} and seed {record['seed']}")
+    label = record["method_label"]
+    if len(label) > LABEL_LIMIT:
+        out.append(f"its method_label is {len(label):,} characters long, over the {LABEL_LIMIT:,} a row label may hold")
+    elif label != record["method"] and not label.startswith(f"{record['method']}["):
+        out.append(f"its method_label {label!r} is not a row of its method {record['method']!r}")
     identity = record_identity(record)
     if identity is not None:
         tag = sequence_tag(record["config"].get("sequence", ""), tuple(record["sequence"]))
@@ -78,6 +87,8 @@ def _type_problems(record: dict[str, Any]) -> list[str]:
     for name, (value, least) in counts.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             out.append(f"{name} {value!r} is not a whole number >= {least}")
+        elif name == "environment.torch_threads" and value > MAX_THREADS:
+            out.append(f"{name} {value} is more than the {MAX_THREADS} threads any run uses")
     timing = record.get("timing") if isinstance(record.get("timing"), dict) else {}
     for key in ("wall_seconds", "dap_seconds", "last_invocation_seconds"):
         if key not in timing and key != "wall_seconds":  # the oldest records lack the other two

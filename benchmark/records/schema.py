@@ -8,7 +8,8 @@ Schema history:
   ``finetune.protocol``, ``lm_loss.metrics``, ``representation``).
 - 2: input paths are portable (``shared:<path>`` under the shared assets folder, ``local:<name>``
   elsewhere, hub ids as they are); output and work folders are not recorded; ``identity`` names the
-  numerics versions the run id hashed (None for records migrated from schema 1, whose ids hashed paths);
+  numerics versions the run id hashed (None for records migrated from schema 1, whose ids hashed paths;
+  ``{"migrated_from_schema": 1}`` since schema 5, whose records always carry an identity);
   ``data_checksums`` also covers the base model's files and the general training corpus;
   ``finetune.protocol``, ``lm_loss.metrics``, ``representation`` and ``majority_class`` are always present
   (the last two None in records migrated from schema 1 that lack them).
@@ -32,7 +33,9 @@ Schema history:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import Any
+
+from typing_extensions import NotRequired, TypedDict
 
 from benchmark.config import shared_root
 
@@ -87,8 +90,10 @@ class Timing(TypedDict):
 
     wall_seconds: float
     """Seconds of kept work summed over the invocations that made the record."""
-    invocations: int
-    last_invocation_seconds: float
+    invocations: NotRequired[int]
+    """Invocations that made the record (absent in schema-1 records, made before runs resumed)."""
+    last_invocation_seconds: NotRequired[float]
+    """Seconds of the last invocation (absent in schema-1 records)."""
     dap_seconds: float
     """Seconds inside DAP training loops."""
     tokens_per_second: float | None
@@ -146,6 +151,9 @@ class RunIdentityBlock(TypedDict, total=False):
     """Present only where the method's options make the numbers depend on the process count."""
     replay_version: int
     """Present only for a run with replay: how replayed chunks are counted (``identity.REPLAY_VERSION``)."""
+    migrated_from_schema: int
+    """Present, alone, only in a record migrated from schema 1, whose run id hashed machine paths (nothing in the record
+    re-derives it)."""
 
 
 class RunRecord(TypedDict):
@@ -178,8 +186,9 @@ class RunRecord(TypedDict):
     config: dict[str, Any]
     """The resolved ``RunConfig`` with portable input paths and no output locations."""
     config_fingerprint: str
-    identity: RunIdentityBlock | None
-    """What the run id hashed besides config, sequence and checksums; None for migrated schema-1 records."""
+    identity: RunIdentityBlock
+    """What the run id hashed besides config, sequence and checksums; ``{"migrated_from_schema": 1}`` for a migrated
+    schema-1 record."""
     matrices: dict[str, list[list[float | None]]]
     """``acc``, ``macro_f1``, ``micro_f1``: A[t][k] after domain t on end task k (None: not computed)."""
     summary: dict[str, dict[str, float | None] | None]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,41 @@ def validate_record(record: Any, source: str) -> RunRecord:
             f"{source} is not a complete schema-{SCHEMA_VERSION} run record: missing {', '.join(missing)}",
             "re-run it with the current dapbench, or remove it from results/",
         )
+    problems = structure_problems(record)
+    if problems:
+        raise DapbenchError(
+            f"{source} is not a run record of the declared schema: {'; '.join(problems[:3])}"
+            + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""),
+            "restore the record from version control, or delete it and run it again",
+        )
     safe_name(record["run_id"], "record run id")  # it names files and folders
     safe_name(record["profile"], "record profile")
     if record["status"] != "complete":
         raise DapbenchError(f"{source} has status {record['status']!r}", "only complete records belong in results/")
     return record  # type: ignore[return-value]
+
+
+@functools.cache
+def _record_type() -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(RunRecord)
+
+
+def structure_problems(record: dict[str, Any]) -> list[str]:
+    """Where ``record`` departs from the declared :class:`RunRecord` at any depth (a string where a matrix holds
+    numbers, a list where a field is a mapping, a missing field), checked strictly (no coercion, a bool is no number)
+    before any reader uses a field; empty for a well-formed record."""
+    from pydantic import ValidationError
+
+    try:
+        _record_type().validate_python(record, strict=True)
+    except ValidationError as exc:
+        return [
+            f"{'.'.join(map(str, error['loc'])) or 'the record'}: {error['msg'].lower()}"
+            for error in exc.errors(include_url=False, include_input=False)
+        ]
+    return []
 
 
 def migrate_record(record: dict[str, Any], source: str) -> dict[str, Any]:
@@ -40,6 +71,15 @@ def migrate_record(record: dict[str, Any], source: str) -> dict[str, Any]:
         raise DapbenchError(
             f"{source} is a schema-{version} record; this dapbench reads schema {SCHEMA_VERSION} and older",
             "update dapbench (git pull; pip install -e .) to read it",
+        )
+    identity = record.get("identity")
+    if version >= 3 and not (
+        isinstance(identity, dict) and identity.keys() & {"method_options", "migrated_from_schema"}
+    ):
+        # every record since schema 3 names what its id hashed; without it no check could tie numbers to their name
+        raise DapbenchError(
+            f"{source} is a schema-{version} record without its identity (what its run id hashed)",
+            "restore the record from version control, or delete it and run it again",
         )
     if version < 4:
         record = _kind_neutral_names(record)
@@ -77,7 +117,7 @@ def _from_schema_1(record: dict[str, Any]) -> dict[str, Any]:
     # Schema-1 records were made before the linear probe existed whenever they lack the field.
     config["finetune"] = {"protocol": "finetune", **config["finetune"]}
     record["config"] = config
-    record["identity"] = None
+    record["identity"] = {"migrated_from_schema": 1}  # its id hashed machine paths: nothing to re-derive it from
     record.setdefault("representation", None)
     record.setdefault("majority_class", None)
     record["lm_loss"] = {**record["lm_loss"], "metrics": record_loss_metrics(record)}
@@ -93,6 +133,7 @@ def _from_schema_2(record: dict[str, Any]) -> dict[str, Any]:
         **record,
         "schema": 3,
         "model_kind": MASKED_LM.name,
+        "identity": record.get("identity") or {"migrated_from_schema": 1},  # None: a schema-1 record migrated to 2
         "predictions": None,
         "test_labels": None,
     }

@@ -23,3 +23,15 @@ def text(value: object) -> str:
 def code(value: object) -> str:
     """``value`` as inline code: control characters removed, backticks dropped, ``|`` escaped for tables."""
     return "`" + printable(value).replace("`", "'").replace("|", "\\|") + "`"
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"""What makes a spreadsheet read a cell as a formula (OWASP's list for CSV injection)."""
+
+
+def spreadsheet_cell(value: object) -> object:
+    """``value`` as a CSV cell a spreadsheet shows as text: a string starting like a formula gets a leading ``'``
+    (numbers, None and other strings as they are)."""
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
+    return value

@@ -169,7 +169,7 @@ def _newest_per_label_and_seed(records: list[dict], superseded: list[LeftOut]) -
 def _code_rank(record: dict) -> tuple[int, int, int, str]:
     identity = record.get("identity") or {}
     method, replay = identity.get("method_version", 0), identity.get("replay_version", 1)
-    return (method, replay, 1 if record.get("identity") else 0, record["run_id"])
+    return (method, replay, 1 if "method_options" in identity else 0, record["run_id"])
 
 
 def _split_by_evaluation(group: Group) -> list[Group]:

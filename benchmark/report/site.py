@@ -25,6 +25,7 @@ import numpy as np
 from benchmark.method import default_of
 from benchmark.protocols import protocol_phrase
 from benchmark.report.beside import beside_markdown, beside_protocols
+from benchmark.report.escape import spreadsheet_cell
 from benchmark.report.frame import (
     FLAGS,
     by_label,
@@ -347,7 +348,7 @@ def _table_csv(view: GroupView) -> str:
             out[f"{column.title} se"] = value.get("se")
         out |= {"verdicts": row["verdict"], "trainable params": row["params"], "flags": ", ".join(row["flags"])}
         out["untrained"] = row["untrained"]
-        rows.append(out)
+        rows.append({key: spreadsheet_cell(value) for key, value in out.items()})
     return pd.DataFrame(rows).to_csv(index=False, lineterminator="\n")
 
 

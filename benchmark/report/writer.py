@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from typing_extensions import NotRequired, TypedDict
 
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_text, read_json, unlinked_path
@@ -35,6 +38,14 @@ from benchmark.report.statistics import GroupStatistics
 MANIFEST = "manifest.json"
 REPORT_SUBFOLDERS = ("runs", "plots", SITE_FOLDER)
 """The report's folders under ``results/report/``: one page per record, the group plots, the static site."""
+SITE_SUBFOLDERS = ("assets", "data")
+"""The site's own folders (Plotly's bundle; each group's CSV)."""
+PENDING = "pending.txt"
+"""The report's journal: every file a report writes that its last manifest does not list is named here before it is
+written, so a report stopped before its manifest leaves no file that no later report knows to remove."""
+REPORT_FILE = re.compile(r"runs/[^/]+\.md|plots/[^/]+\.png|site/(assets/|data/)?[^/]+\.(html|css|js|csv)")
+"""The files a report writes, relative to its folder: a manifest or journal naming anything else is not the report's
+(it would make the report delete a file it did not write)."""
 
 
 class _Sink:
@@ -43,6 +54,9 @@ class _Sink:
 
     def __init__(self, out: Path, check: bool, scratch: Path | None = None):
         self.out, self.check, self.scratch, self.stale, self.written = out, check, scratch, [], 0
+        self.journal: Path | None = None
+        """The report folder's :data:`PENDING` journal, once the report knows what its last manifest lists."""
+        self.listed: set[Path] = set()
 
     def compares(self, path: Path) -> bool:
         """Whether ``path`` is only compared (``check``), not written: a file of the scratch build is written."""
@@ -61,9 +75,14 @@ class _Sink:
     def _changed(self, path: Path, write: Callable[[], object]) -> None:
         if self.compares(path):
             self.stale.append(str(path.relative_to(self.out)))
-        else:
-            write()
-            self.written += 1
+            return
+        if self.journal is not None and self.journal.parent in path.parents and path not in self.listed:
+            self.journal.parent.mkdir(parents=True, exist_ok=True)
+            with self.journal.open("a", encoding="utf-8") as journal:  # named before it exists, flushed on close
+                journal.write(path.relative_to(self.journal.parent).as_posix() + "\n")
+            self.listed.add(path)
+        write()
+        self.written += 1
 
 
 def write_report(output_dir: str | Path, show_progress: bool = False, check: bool = False) -> dict:
@@ -89,6 +108,8 @@ def _write_report(out: Path, report: Path, show_progress: bool, sink: _Sink) -> 
     records = [record for _, record in entries]
     groups, left_out = group_records(records)  # every check runs before anything is written
     previous = _read_manifest(report)
+    if not sink.check:
+        sink.journal, sink.listed = report / PENDING, {report / relative for relative in _files(previous)}
     manifest: dict = {"runs": {}, "groups": {}, "site": []}
     plots_code = _plots_code()
     colours = method_colours([r["method_label"] for r in records])  # one colour per method on every plot and page
@@ -104,7 +125,10 @@ def _write_report(out: Path, report: Path, show_progress: bool, sink: _Sink) -> 
     files = site_files(sections, readings, _record_files(entries, out / "results"), colours, answer)
     _write_site(report, files, manifest, sink)
     _remove_unproduced(report, previous, manifest, sink)
+    sink.journal = None  # the manifest lists every file written now
     sink.text(report / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    if not sink.check:
+        (report / PENDING).unlink(missing_ok=True)
     return {"records": len(records), "groups": len(groups), "files": sink.written, "stale": sink.stale}
 
 
@@ -118,9 +142,9 @@ def _write_site(report: Path, files: dict[str, str], manifest: dict, sink: _Sink
     changed, Plotly's bundle when the installed plotly's differs from it, all listed in the
     manifest, so the report removes only site files it wrote."""
     site = unlinked_path(report, SITE_FOLDER)
-    for relative, content in sorted(files.items()):
-        sink.text(site / relative, content)
-    bundle = site / PLOTLY_ASSET
+    for relative, content in sorted(files.items()):  # no link below the site either (assets/, data/)
+        sink.text(unlinked_path(site, *Path(relative).parts), content)
+    bundle = unlinked_path(site, *Path(PLOTLY_ASSET).parts)
     if not (sink.compares(bundle) and bundle.is_file()):  # --check asks only that it is there: it is plotly's own
         sink.text(bundle, plotly_bundle())
     manifest["site"] = sorted(f"{SITE_FOLDER}/{relative}" for relative in [*files, PLOTLY_ASSET])
@@ -230,6 +254,8 @@ def report_folder(out: Path) -> Path:
     report = unlinked_path(out, "results", REPORT_FOLDER)
     for folder in REPORT_SUBFOLDERS:
         unlinked_path(report, folder)
+    for folder in SITE_SUBFOLDERS:
+        unlinked_path(report, SITE_FOLDER, folder)
     return report
 
 
@@ -257,13 +283,43 @@ def _links(files: dict[str, str]) -> dict[str, str]:
     return {kind: f"results/{REPORT_FOLDER}/{relative}" for kind, relative in files.items()}
 
 
+class _RunEntry(TypedDict):
+    digest: str
+    file: str
+
+
+class _GroupEntry(TypedDict):
+    digest: str
+    files: dict[str, str]
+
+
+class Manifest(TypedDict):
+    """What a report wrote (``results/report/manifest.json``): per record its page, per group its plots, the site's
+    files, each with the digest of what it was made from; the next report removes what no record produces now."""
+
+    runs: dict[str, _RunEntry]
+    groups: dict[str, _GroupEntry]
+    site: NotRequired[list[str]]
+    pending: NotRequired[list[str]]
+    """Files of the :data:`PENDING` journal a stopped report left (never written to the manifest file)."""
+
+
 def _read_manifest(report: Path) -> dict:
-    path = report / MANIFEST
-    if not path.exists():
-        return {"runs": {}, "groups": {}}
-    manifest = read_json(path, "report manifest")
-    if not isinstance(manifest, dict) or not {"runs", "groups"} <= set(manifest):
-        raise DapbenchError(f"{path} is not a report manifest", f"delete {report} (it is regenerated)")
+    """The last report's manifest with its journal's files, each checked to be a file the report writes."""
+    from pydantic import TypeAdapter, ValidationError
+
+    path, journal = report / MANIFEST, report / PENDING
+    manifest = read_json(path, "report manifest") if path.exists() else {"runs": {}, "groups": {}}
+    fix = f"delete {path} and {journal} (the report rewrites every page; it then removes none of the old ones)"
+    try:
+        TypeAdapter(Manifest).validate_python(manifest, strict=True)
+    except ValidationError as exc:
+        raise DapbenchError(f"{path} is not a report manifest: {exc.errors()[0]['msg']}", fix) from exc
+    if journal.is_file() and not journal.is_symlink():
+        manifest["pending"] = journal.read_text(encoding="utf-8").splitlines()
+    foreign = sorted(f for f in _files(manifest) if not REPORT_FILE.fullmatch(f) or ".." in f)
+    if foreign:
+        raise DapbenchError(f"{path} or {journal} names {foreign[0]!r}, which is no file a report writes", fix)
     return manifest
 
 
@@ -279,7 +335,7 @@ def _files(manifest: dict) -> set[str]:
     """Every file a manifest lists, relative to the report folder."""
     files = {entry["file"] for entry in manifest["runs"].values()}
     files |= {f for entry in manifest["groups"].values() for f in entry.get("files", {}).values()}
-    return files | set(manifest.get("site", []))
+    return files | set(manifest.get("site", [])) | set(manifest.get("pending", []))
 
 
 def _progress(items: list, show: bool, desc: str):

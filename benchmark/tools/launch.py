@@ -173,16 +173,31 @@ def _visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
+def check_slurm(options: SlurmOptions) -> None:
+    """Before anything is written: ``--launcher slurm`` needs submitit and, for its ``slurm`` executor, a Slurm
+    here (``sbatch`` on the PATH); submitit would otherwise run the jobs as detached local processes, unasked."""
+    import shutil
+
+    try:
+        import submitit  # noqa: F401
+    except ImportError as exc:
+        raise DapbenchError("--launcher slurm needs submitit", "pip install 'dapbench[cluster]'") from exc
+    if options.executor == "slurm" and shutil.which("sbatch") is None:
+        raise DapbenchError(
+            "--launcher slurm: no Slurm on this machine (sbatch is not on the PATH), so no job could be submitted",
+            "run it on a Slurm login node, or use --launcher local:N here",
+        )
+
+
 def submit_slurm(
     config_files: dict[GridRun, Path], options: SlurmOptions, folder: Path, job: Callable[[str], object]
 ) -> dict[GridRun, object]:
     """Submit one job per run through submitit (one job array); each job calls ``job`` (the library's single-run
     entry point, ``benchmark.api.run_config_file``) on its configuration file. Returns the jobs."""
-    try:
-        import submitit
-    except ImportError as exc:
-        raise DapbenchError("--launcher slurm needs submitit", "pip install 'dapbench[cluster]'") from exc
-    executor = submitit.AutoExecutor(folder=folder, cluster=None if options.executor == "slurm" else options.executor)
+    import submitit
+
+    check_slurm(options)
+    executor = submitit.AutoExecutor(folder=folder, cluster=options.executor)
     parameters = {"timeout_min": options.time_min, "gpus_per_node": options.gpus, "cpus_per_task": options.cpus}
     parameters |= {"name": "dapbench", "slurm_partition": options.partition, "mem_gb": options.mem_gb}
     executor.update_parameters(**{k: v for k, v in parameters.items() if v is not None})

@@ -82,13 +82,17 @@ def importance_stability(config: RunConfig, sizes: tuple[int, ...] = (64, 256), 
     data: RunData = prepare_data(config)
     model, _ = load_lm(config.model)
     corpus, dap = data.corpora[data.domains[0]].train, config.dap
+    if 2 * max(sizes) > len(corpus):
+        raise DapbenchError(
+            f"chunks={max(sizes)}: domain {data.domains[0]} has {len(corpus)} training chunks, fewer than two disjoint"
+            f" samples of {max(sizes)}",
+            f"write chunks of at most {len(corpus) // 2}",
+        )
 
     def within_layers(a: torch.Tensor, b: torch.Tensor) -> float:
         return round(float(sum(spearmanr(x, y).statistic for x, y in zip(a, b, strict=True)) / len(a)), 3)
 
     def importance(start: int, n: int, per_example: bool) -> dict[str, torch.Tensor]:
-        if start + n > len(corpus):
-            raise ValueError(f"the corpus has {len(corpus)} chunks, fewer than two samples of {n}")
         batches = fixed_mlm_batches(
             Subset(corpus, range(start, start + n)),
             data.tokenizer,
@@ -127,6 +131,10 @@ def stability_study(config: RunConfig, options: Mapping[str, str]) -> dict:
         sizes = tuple(int(n) for n in text.split(","))
     except ValueError as exc:
         raise DapbenchError(f"chunks={text!r} is not a list of integers", "write e.g. --option chunks=64,256") from exc
+    if not sizes or min(sizes) < 2:
+        raise DapbenchError(
+            f"chunks={text!r}: each sample needs at least 2 chunks", "write e.g. --option chunks=64,256"
+        )
     return importance_stability(config, sizes)
 
 

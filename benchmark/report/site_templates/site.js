@@ -55,6 +55,9 @@ function filterTable(table) {
 /* ---- charts ---- */
 
 const data = () => JSON.parse(document.getElementById("chart-data").textContent);
+// Plotly renders its text as a subset of HTML (styles, links): every label from a record is drawn as text instead
+const esc = (value) => String(value).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+const escAll = (values) => values.map(esc);
 const isReference = (d, method) => Object.values(d.references).includes(method);
 const picked = () => Array.from(document.querySelectorAll("input.pick:checked")).map((box) => box.value);
 const layoutBase = {margin: {t: 30, r: 20, b: 50, l: 60}, hovermode: "closest", font: {size: 12},
@@ -65,14 +68,14 @@ function drawStabilityPlasticity(d, methods) {
   const traces = d.points.filter((p) => methods.includes(p.method)).map((p) => {
     const reference = isReference(d, p.method);
     return {
-      x: [p.x], y: [p.y], name: p.method, mode: "markers+text", type: "scatter",
-      text: [reference ? `★ ${p.method}` : p.method], textposition: "top center",
+      x: [p.x], y: [p.y], name: esc(p.method), mode: "markers+text", type: "scatter",
+      text: [reference ? `★ ${esc(p.method)}` : esc(p.method)], textposition: "top center",
       textfont: {size: reference ? 13 : 10, color: reference ? "#000" : "#444"},
       error_x: {type: "data", array: [p.x_se ?? 0], visible: p.x_se !== null, color: d.colours[p.method]},
       error_y: {type: "data", array: [p.y_se ?? 0], visible: p.y_se !== null, color: d.colours[p.method]},
       marker: {color: d.colours[p.method], size: reference ? 15 : 10,
                line: {color: "#000", width: reference ? 2 : 0}, symbol: reference ? "star" : "circle"},
-      hovertemplate: `${p.method}<br>plasticity %{x:.3f}<br>forgetting %{y:.3f}<extra></extra>`,
+      hovertemplate: `${esc(p.method)}<br>plasticity %{x:.3f}<br>forgetting %{y:.3f}<extra></extra>`,
     };
   });
   Plotly.react("chart-sp", traces, {...layoutBase, showlegend: false,
@@ -89,16 +92,16 @@ function drawCurves(d, methods) {
     const axis = j === 0 ? "" : String(j + 1);
     layout[`xaxis${axis}`] = {tickangle: -45, automargin: true};
     layout[`yaxis${axis}`] = {automargin: true};
-    layout.annotations.push({text: column, showarrow: false, xref: `x${axis} domain`, yref: `y${axis} domain`,
+    layout.annotations.push({text: esc(column), showarrow: false, xref: `x${axis} domain`, yref: `y${axis} domain`,
                              x: 0.5, y: 1.12, font: {size: 12}});
     methods.forEach((method) => {
       const matrix = d.losses[method];
       if (!matrix) return;
       const reference = isReference(d, method);
-      traces.push({x: d.stages, y: matrix.map((row) => row[j]), xaxis: `x${axis}`, yaxis: `y${axis}`,
-                   type: "scatter", mode: "lines+markers", name: method, legendgroup: method, showlegend: j === 0,
+      traces.push({x: escAll(d.stages), y: matrix.map((row) => row[j]), xaxis: `x${axis}`, yaxis: `y${axis}`,
+                   type: "scatter", mode: "lines+markers", name: esc(method), legendgroup: method, showlegend: j === 0,
                    line: {color: d.colours[method], width: reference ? 4 : 1.5},
-                   marker: {size: reference ? 7 : 4}, hovertemplate: `${method}<br>%{x}: %{y:.3f}<extra>${column}</extra>`});
+                   marker: {size: reference ? 7 : 4}, hovertemplate: `${esc(method)}<br>%{x}: %{y:.3f}<extra>${esc(column)}</extra>`});
     });
   });
   Plotly.react("chart-curves", traces, layout, config);
@@ -111,9 +114,9 @@ function drawMatrices(d) {
     hovertemplate: "%{y} · %{x}: %{z}<extra></extra>"}],
     {...layoutBase, title: {text: title}, yaxis: {autorange: "reversed", automargin: true},
      xaxis: {automargin: true, tickangle: -30}}, config);
-  heat(d.losses[method], d.loss_columns, d.stages, `${method}: held-out loss L[t][k] (${d.unit})`,
+  heat(d.losses[method], escAll(d.loss_columns), escAll(d.stages), `${esc(method)}: held-out loss L[t][k] (${d.unit})`,
        "chart-loss-matrix", 3, "Viridis");
-  heat(d.scores[method], d.tasks, d.stages.slice(1), `${method}: end-task macro-F1 A[t][k] (%)`,
+  heat(d.scores[method], escAll(d.tasks), escAll(d.stages.slice(1)), `${esc(method)}: end-task macro-F1 A[t][k] (%)`,
        "chart-score-matrix", 1, "Cividis");
 }
 
@@ -129,15 +132,15 @@ function drawLadders(d, methods) {
     titles.forEach((title, j) => {
       const axis = j === 0 ? "" : String(j + 1);
       layout[`xaxis${axis}`] = {type: "log", ...ticks};
-      layout.annotations.push({text: title, showarrow: false, xref: `x${axis} domain`, yref: `y${axis} domain`,
+      layout.annotations.push({text: esc(title), showarrow: false, xref: `x${axis} domain`, yref: `y${axis} domain`,
                                x: 0.5, y: 1.12});
       for (const [method, values] of Object.entries(ladder.metrics[title])) {
         if (!methods.includes(method)) continue;
         const reach = ladder.errors[title][method];  // the row's 95% bootstrap interval at each rung
-        traces.push({x: ladder.tokens, y: values, xaxis: `x${axis}`, yaxis: `y${axis}`, name: method,
+        traces.push({x: ladder.tokens, y: values, xaxis: `x${axis}`, yaxis: `y${axis}`, name: esc(method),
                      legendgroup: method, showlegend: j === 0, type: "scatter", mode: "lines+markers",
                      line: {color: d.colours[method], width: isReference(d, method) ? 4 : 1.5},
-                     hovertemplate: `${method}<br>%{x:,} tokens: %{y:.3f}<extra>${title}</extra>`,
+                     hovertemplate: `${esc(method)}<br>%{x:,} tokens: %{y:.3f}<extra>${esc(title)}</extra>`,
                      error_y: {type: "data", symmetric: false, array: reach.plus, arrayminus: reach.minus,
                                color: d.colours[method], thickness: 1, width: 3}});
       }
@@ -145,11 +148,11 @@ function drawLadders(d, methods) {
       const flagged = Object.entries(ladder.untrained[title]).filter(([method]) => methods.includes(method));
       if (flagged.length) {
         const points = flagged.flatMap(([method, marks]) => marks.map((mark) => [method, ...mark]));
-        traces.push({x: points.map((p) => p[1]), y: points.map((p) => p[2]), text: points.map((p) => p[0]),
+        traces.push({x: points.map((p) => p[1]), y: points.map((p) => p[2]), text: points.map((p) => esc(p[0])),
                      xaxis: `x${axis}`, yaxis: `y${axis}`, type: "scatter", mode: "markers",
                      marker: {symbol: "x", size: 8, color: "#595959"}, name: "flagged untrained (not compared)",
                      legendgroup: "untrained", showlegend: !shownUntrained,
-                     hovertemplate: `%{text}<br>%{x:,} tokens: %{y:.3f} (untrained)<extra>${title}</extra>`});
+                     hovertemplate: `%{text}<br>%{x:,} tokens: %{y:.3f} (untrained)<extra>${esc(title)}</extra>`});
         shownUntrained = true;
       }
     });
