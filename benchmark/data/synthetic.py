@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,10 +31,15 @@ from benchmark.config import RunConfig
 from benchmark.data.suite import SUITE_FILE
 from benchmark.io import atomic_directory, built_once
 
-VERSION = 2
+VERSION = 3
 """Bump when the generator or the base model's build changes: cached worlds and base models live under a versioned
-folder (2: the base model built with pinned arithmetic and a tokenizer numbered in a fixed order, so that every
-machine builds the same one)."""
+folder (2: the base model built with pinned arithmetic and a tokenizer numbered in a fixed order; 3: the base models
+shipped with the package, :data:`SHIPPED_MODELS`, since a build's bytes still followed the installed library versions:
+``transformers`` writes its version into ``config.json``, and kernels and serialisers change between releases)."""
+SHIPPED_MODELS = Path(__file__).parent / "synthetic_models"
+"""The synthetic world's base models as files (``masked``, ``causal``: 0.8 MB each), built once by
+:func:`rebuild_shipped_model` and shipped, so every installation runs the very model the committed synthetic records
+were made with, whatever its library versions or CPU."""
 DOMAINS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")
 NUM_LABELS = (3, 3, 4, 2, 4, 2)
 INTENSIFIERS = ("very", "really", "quite")
@@ -156,6 +162,29 @@ def write_world(world: dict, root: str | Path) -> Path:
     return atomic_directory(root, fill)
 
 
+def _copy_files(source: Path, folder: Path) -> None:
+    for file in sorted(source.iterdir()):
+        shutil.copyfile(file, folder / file.name)
+
+
+def rebuild_shipped_model(causal: bool, work_dir: Path, show_progress: bool = False) -> Path:
+    """Pre-train the synthetic world's base model (:func:`synthetic_base_spec`) with pinned arithmetic under
+    ``work_dir`` and return its folder: how the shipped files (:data:`SHIPPED_MODELS`) were made. Replacing them
+    changes every synthetic run's numbers (bump :data:`VERSION` and re-run the committed synthetic records)."""
+    from benchmark.data.bases import pretrain_pinned
+
+    data_root, model_dir = work_dir / "data", work_dir / ("base-model-causal" if causal else "base-model")
+    built_once(data_root, lambda: write_world(build_world(seed=0), data_root))
+    general, vocabulary = synthetic_base_corpora(data_root)
+    built_once(
+        model_dir,
+        lambda: pretrain_pinned(
+            general, model_dir, synthetic_base_spec(causal), vocabulary, "synthetic", show_progress
+        ),
+    )
+    return model_dir
+
+
 def synthetic_base_spec(causal: bool = False):
     """The synthetic world's base model: a tiny BERT, or with ``causal`` a tiny Llama-style decoder (grouped-query
     attention) of the same budget."""
@@ -216,7 +245,7 @@ def materialise(config: RunConfig, show_progress: bool = False, echo: Callable[[
     """``config`` with its inputs in place, each built once and cached in the work folder: the synthetic world and
     its tiny base model (``--model synthetic`` or ``synthetic-causal`` with the synthetic data), or a base model
     made by a recipe (``--model recipe:<name>``, :mod:`benchmark.data.bases`); any other config as it is."""
-    from benchmark.data.bases import RECIPE, build_recipe, pretrain_pinned
+    from benchmark.data.bases import RECIPE, build_recipe
 
     if config.model.startswith(RECIPE):
         return dataclasses.replace(config, model=str(build_recipe(config.model, config.work_dir, show_progress, echo)))
@@ -226,14 +255,8 @@ def materialise(config: RunConfig, show_progress: bool = False, echo: Callable[[
     root = Path(config.work_dir) / f"synthetic-v{VERSION}"
     data_root, model_dir = root / "data", root / ("base-model-causal" if causal else "base-model")
     built_once(data_root, lambda: write_world(build_world(seed=0), data_root))
-
-    def pretrain() -> None:
-        spec = synthetic_base_spec(causal)
-        echo(f"synthetic: pre-training the tiny {spec.family.name} base model on the general text (once, one thread)")
-        general, vocabulary = synthetic_base_corpora(data_root)
-        pretrain_pinned(general, model_dir, spec, vocabulary, "synthetic", show_progress)
-
-    built_once(model_dir, pretrain)
+    shipped = SHIPPED_MODELS / ("causal" if causal else "masked")
+    built_once(model_dir, lambda: atomic_directory(model_dir, lambda tmp: _copy_files(shipped, tmp)))
     return dataclasses.replace(
         config,
         model=str(model_dir),
