@@ -272,6 +272,12 @@ JSON_SIZE_LIMIT = 64 * 2**20
 file is not one dapbench wrote, and parsing it could exhaust memory."""
 
 
+def bar_disabled(show: bool) -> bool | None:
+    """tqdm's ``disable`` for a bar shown when ``show``: None (tqdm's own rule: drawn on a terminal only), so a log
+    written to a file gets no carriage returns and cursor escapes; True when it is not to be shown at all."""
+    return None if show else True
+
+
 def read_json(path: str | Path, what: str = "JSON file") -> Any:
     """Read a JSON file, turning a missing, corrupt, oversized or pathologically nested file into a
     :class:`DapbenchError`."""

@@ -19,9 +19,16 @@ from benchmark.method import ContinualMethod
 from benchmark.registry import default_registry
 
 
+class Terminal(io.StringIO):
+    """What a terminal's stream says of itself: the run line is a redrawn bar there."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def test_the_run_line_is_redrawn_while_a_silent_phase_runs():
     """A phase that reports nothing itself (a fine-tune) still shows the clock moving, every ``interval``."""
-    stream = io.StringIO()
+    stream = Terminal()
     progress = RunProgress("ncl seed 3", RunPosition(2, 3), ["alpha", "beta"], phases=4, interval=0.05, file=stream)
     with progress.phase(1, "end task 1/2 alpha (fine-tune)"):
         drawn = stream.getvalue().count("\r")
@@ -36,7 +43,7 @@ def test_the_run_line_is_redrawn_while_a_silent_phase_runs():
 def test_what_is_left_is_the_mean_time_of_the_phases_run_times_the_phases_left():
     """A phase that takes no time (a base evaluation found in the work folder) must not make the line read
     ``~00:00 left`` through the long phases after it, and skipped phases (a resumed run's) are not timed."""
-    stream = io.StringIO()
+    stream = Terminal()
     progress = RunProgress("ncl seed 3", RunPosition(), ["alpha", "beta"], phases=6, interval=60, file=stream)
     assert progress.line() in stream.getvalue() and "0/6 phases, 00:00 elapsed, ~? left" in stream.getvalue()
     progress.skip(2)  # done in an earlier attempt
@@ -50,6 +57,21 @@ def test_what_is_left_is_the_mean_time_of_the_phases_run_times_the_phases_left()
     (left,) = set(re.findall(r"4/6 phases, 00:0\d elapsed, ~00:0(\d) left", stream.getvalue()))  # one estimate
     assert int(left) in (1, 2), stream.getvalue()
     assert "4/6 phases, 00:01 elapsed, ~? left" not in stream.getvalue()  # the count and its estimate move together
+
+
+def test_a_log_file_gets_one_plain_line_per_phase_and_no_redraws():
+    stream = io.StringIO()  # a file, a pipe: no terminal
+    progress = RunProgress("ncl seed 3", RunPosition(1, 2), ["alpha", "beta"], phases=3, interval=0.01, file=stream)
+    progress.skip(1)
+    with progress.phase(0, "DAP"):
+        time.sleep(0.05)
+    with progress.phase(1, "DAP"):
+        pass
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue() and "\x1b" not in stream.getvalue() and progress._thread is None
+    assert lines[0] == "run 1/2 ncl seed 3 | domain 1/2 alpha | DAP | 1/3 phases, 00:00 elapsed, ~? left"
+    assert lines[1].startswith("run 1/2 ncl seed 3 | domain 2/2 beta | DAP | 2/3 phases") and len(lines) == 2
 
 
 def test_the_heartbeat_keeps_every_phase_under_the_30_second_bound():
@@ -79,10 +101,12 @@ def test_a_run_says_which_run_domain_and_phase_it_is_in(tiny_config, capsys):
     assert re.search(r"\d+/\d+ phases, \d\d:\d\d elapsed, ~", shown)
 
 
-def test_a_decoder_run_says_next_token_loss_and_never_mlm(tiny_config, tiny_gpt2, tmp_path, capsys):
+def test_a_decoder_run_says_next_token_loss_and_never_mlm(tiny_config, tiny_gpt2, tmp_path, capsys, monkeypatch):
     """What a decoder user sees, the progress bars, the console summary, the leaderboard and its run tables, names
     the loss for what it is."""
     from benchmark.cli import main
+
+    monkeypatch.setattr("benchmark.engine.training.bar_disabled", lambda show: not show)  # drawn as on a terminal
 
     config = dataclasses.replace(tiny_config, model=str(tiny_gpt2), output_dir=str(tmp_path / "out"))
     args = ["run", "--profile", "synthetic", "--methods", "ncl", "--seeds", "3", "--output-dir", config.output_dir]

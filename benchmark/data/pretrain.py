@@ -20,7 +20,14 @@ from benchmark.data.masking import MlmCollator, fixed_mlm_batches
 from benchmark.errors import DapbenchError
 from benchmark.families import CAUSAL_LM, MASKED_LM, ModelFamily
 from benchmark.families.masked import SPECIAL_TOKENS
-from benchmark.io import atomic_directory, atomic_write_json, mark_owned, owned_folder, require_replaceable
+from benchmark.io import (
+    atomic_directory,
+    atomic_write_json,
+    bar_disabled,
+    mark_owned,
+    owned_folder,
+    require_replaceable,
+)
 from benchmark.modeling import mlm_loss
 from benchmark.settings import check_settings, setting
 
@@ -160,7 +167,7 @@ def _train_mlm(model, loader: DataLoader, spec: BaseModelSpec, show_progress: bo
     scheduler = get_cosine_schedule_with_warmup(optimizer, spec.steps // 20, spec.steps)
     step = 0
     model.train()
-    with tqdm(total=spec.steps, desc="pretrain-base", disable=not show_progress, leave=False) as bar:
+    with tqdm(total=spec.steps, desc="pretrain-base", disable=bar_disabled(show_progress), leave=False) as bar:
         while step < spec.steps:
             for batch in loader:
                 mlm_loss(model, batch).backward()

@@ -45,24 +45,30 @@ class RunProgress:
         interval: float = HEARTBEAT_SECONDS,
         file=None,
     ):
+        import sys
+
         from tqdm.auto import tqdm
 
         self.label, self.position, self.domains = label, position, domains
         self.where = "starting"
         self._started, self._timed = time.monotonic(), 0
+        self._file = file or sys.stderr
+        terminal = getattr(self._file, "isatty", lambda: False)()
+        self._plain = enabled and not terminal  # a log file: one plain line per phase, no redrawn bar
         self._bar = tqdm(
             desc=self.line(),
             total=phases,
-            disable=not enabled,
+            disable=not enabled or self._plain,
             leave=False,
             file=file,
             mininterval=0,
             bar_format="{desc} | {n_fmt}/{total_fmt} phases, {elapsed} elapsed{postfix}",
             postfix="~? left",
         )
+        self._done, self._total = 0, phases
         self._stop = threading.Event()
         self._thread = None
-        if enabled:
+        if enabled and not self._plain:
             self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True, name="dapbench-progress")
             self._thread.start()
 
@@ -76,26 +82,33 @@ class RunProgress:
         domain = "base model" if t is None else f"domain {t + 1}/{len(self.domains)} {self.domains[t]}"
         self.where = f"{domain} | {name}"
         self._describe()
+        if self._plain:
+            elapsed = time.monotonic() - self._started
+            print(
+                f"{self.line()} | {self._done}/{self._total} phases, {_clock(elapsed)} elapsed, {self._left(0)}",
+                file=self._file,
+                flush=True,
+            )
         yield
         self._timed += 1
         self._bar.set_postfix_str(self._left(), refresh=False)  # before the count moves: one redraw shows both
+        self._done += 1
         self._bar.update(1)
         self._bar.refresh()
 
     def skip(self, phases: int) -> None:
         """Count ``phases`` as done without running them (finished in an earlier, resumed attempt)."""
+        self._done += phases
         self._bar.update(phases)
 
-    def _left(self) -> str:
-        """``~MM:SS left``: the phases left at the mean time of the phases timed,
-        or ``~? left`` while they took under :data:`MIN_TIMED_SECONDS` in all."""
-        from tqdm import tqdm
-
+    def _left(self, ending: int = 1) -> str:
+        """``~MM:SS left``: the phases left (after the ``ending`` one that is done now) at the mean time of the
+        phases timed, or ``~? left`` while they took under :data:`MIN_TIMED_SECONDS` in all."""
         spent = time.monotonic() - self._started
-        if spent < MIN_TIMED_SECONDS:  # only instant phases so far: they say nothing of the long ones ahead
+        if spent < MIN_TIMED_SECONDS or not self._timed:  # only instant phases so far: they say nothing ahead
             return "~? left"
-        left = max(self._bar.total - self._bar.n - 1, 0)  # the phase ending now is done
-        return f"~{tqdm.format_interval(spent / self._timed * left)} left"
+        left = max(self._total - self._done - ending, 0)
+        return f"~{_clock(spent / self._timed * left)} left"
 
     def close(self) -> None:
         """Stop the heartbeat and remove the line."""
@@ -110,3 +123,9 @@ class RunProgress:
     def _beat(self, interval: float) -> None:
         while not self._stop.wait(interval):
             self._bar.refresh()  # redraws elapsed and remaining (tqdm's lock keeps it from tearing another bar)
+
+
+def _clock(seconds: float) -> str:
+    from tqdm import tqdm
+
+    return tqdm.format_interval(seconds)

@@ -32,6 +32,7 @@ from benchmark.engine.recompute import activation_checkpointing
 from benchmark.engine.sharding import accumulating
 from benchmark.errors import NonFiniteError
 from benchmark.families import MASKED_LM, ModelFamily
+from benchmark.io import bar_disabled
 from benchmark.method import ContinualMethod, StepContext, StepOutput
 from benchmark.modeling import mlm_forward
 
@@ -132,7 +133,7 @@ class DapTrainer:
         log: list[dict] = []
         last_logged, offset = 0, ctx.global_step
         model.train()
-        bar = tqdm(range(ctx.total_domain_steps), desc=desc, disable=not self.show_progress, leave=False)
+        bar = tqdm(range(ctx.total_domain_steps), desc=desc, disable=bar_disabled(self.show_progress), leave=False)
         for step in bar:
             ctx.domain_step, ctx.global_step = step, offset + step
             terms = {} if tracking else None  # an update's own terms, kept only for a tracker (no work otherwise)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing_extensions import NotRequired, TypedDict
 
 from benchmark.errors import DapbenchError
-from benchmark.io import atomic_write_text, read_json, unlinked_path
+from benchmark.io import atomic_write_text, bar_disabled, read_json, unlinked_path
 from benchmark.records.store import REPORT_FOLDER, leaderboard_entries
 from benchmark.report.answer import answer_summary, answering_group, rows_table, short_answer
 from benchmark.report.escape import code, text
@@ -341,7 +341,7 @@ def _files(manifest: dict) -> set[str]:
 def _progress(items: list, show: bool, desc: str):
     from tqdm.auto import tqdm
 
-    return tqdm(items, desc=desc, disable=not show or len(items) < 2, leave=False)
+    return tqdm(items, desc=desc, disable=bar_disabled(show and len(items) > 1), leave=False)
 
 
 def run_tables(record: dict) -> str:
