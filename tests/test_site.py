@@ -58,6 +58,11 @@ def test_a_run_page_links_its_record_and_the_command_that_reproduces_it(site, re
         assert f"dapbench reproduce results/{relative}" in page
         link = re.search(r'href="(\.\./\.\./[^"]+\.json)"', page).group(1)
         assert (folder / link).resolve() == (out / "results" / relative).resolve()
+        # its numbers rounded, its matrices drawn, and a footer that says they are this run's own
+        forgetting = record["lm_loss"]["metrics"]["forgetting"]
+        assert re.search(f">{forgetting:.4f}</td>", page) and "<h2>macro_f1 (%)</h2>" in page
+        assert not re.search(r"\d\.\d{9,}", page), "an unrounded float on the run page"
+        assert "this run's own (one seed)" in page and "mean over seeds" not in page
 
 
 def test_no_page_refers_to_another_host(site):

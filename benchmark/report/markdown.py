@@ -295,3 +295,31 @@ def plot_links(plots: dict[str, str], title: Callable[[str], str] = lambda k: PL
     """One line of links to the group's plots (paths relative to the leaderboard)."""
     links = [f"[{title(kind)}]({path})" for kind, path in plots.items()]
     return [f"Plots: {' · '.join(links)}."] if links else []
+
+
+def run_tables(record: dict) -> str:
+    """A record's page as Markdown: its label, seed and run id, then :func:`run_matrices`."""
+    header = [f"# {code(record['method_label'])} seed {record['seed']}", "", f"run {code(record['run_id'])}", ""]
+    return "\n".join(header + run_matrices(record))
+
+
+def run_matrices(record: dict) -> list[str]:
+    """A record's numbers as Markdown sections: its loss metrics, A[t][k] (accuracy and macro-F1, percent) and the
+    held-out loss matrix (with perplexity for a decoder), every number rounded for reading."""
+    domains, tasks = record["sequence"], record["end_tasks"]
+    unit = loss_unit(record)
+    metrics = pd.DataFrame({unit[1]: record["lm_loss"]["metrics"]})
+    lines = ["## loss metrics", "", metrics.to_markdown(floatfmt=".4f", missingval="n/a"), ""]
+    for score in ("acc", "macro_f1"):
+        rows = [[None if v is None else round(100 * v, 2) for v in row] for row in record["matrices"][score]]
+        frame = pd.DataFrame(rows, index=[f"after {text(d)}" for d in domains], columns=[text(t) for t in tasks])
+        lines += [f"## {score} (%)", "", frame.to_markdown(floatfmt=".2f"), ""]
+    losses = record["lm_loss"]
+    rows = [losses["base"], *(row or {} for row in losses["after_domain"])]
+    index = ["base", *[f"after {text(d)}" for d in domains]]
+    frame = pd.DataFrame(rows, index=index)[losses["columns"]]
+    frame.columns = [text(c) for c in frame.columns]
+    lines += ["## {} ({})".format(*unit), "", frame.to_markdown(floatfmt=".4f"), ""]
+    if is_decoder(record):
+        lines += ["## perplexity (exp of the loss)", "", np.exp(frame.astype(float)).to_markdown(floatfmt=".1f"), ""]
+    return lines

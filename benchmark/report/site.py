@@ -40,7 +40,7 @@ from benchmark.report.frame import (
     untrained_flag,
 )
 from benchmark.report.groups import Group
-from benchmark.report.markdown import generated_world_note, group_reading
+from benchmark.report.markdown import generated_world_note, group_reading, run_matrices
 from benchmark.report.reading import verdict_cells, verdict_text
 from benchmark.report.speed import mixed_machines_flag
 from benchmark.report.statistics import GroupStatistics
@@ -150,14 +150,16 @@ def _number(value: float | None, kind: str) -> str:
     return "n/a" if value is None else format_number(value, kind)
 
 
-def _markdown(lines: list[str]):
-    """Generated Markdown lines (the answer, a reading) as HTML; every string from a record in them is already
-    escaped for Markdown (:mod:`benchmark.report.escape`), and raw HTML in them is escaped again here."""
+def _markdown(lines: list[str], tables: bool = False):
+    """Generated Markdown lines (the answer, a reading; with ``tables``, pipe tables too) as HTML; every string from a
+    record in them is already escaped for Markdown (:mod:`benchmark.report.escape`), and raw HTML in them is escaped
+    again here."""
     import markdown
     import markupsafe
 
     source = "\n".join(lines).replace("<", "&lt;")
-    return markupsafe.Markup(markdown.markdown(source, output_format="html"))
+    extensions = ["tables"] if tables else []
+    return markupsafe.Markup(markdown.markdown(source, output_format="html", extensions=extensions))
 
 
 # -- a group's page ------------------------------------------------------------------------------------------------
@@ -422,5 +424,5 @@ def _run_facts(record: dict, view: GroupView, record_files: dict[str, str]) -> d
         "commit": record["environment"].get("git_commit") or "unknown",
         "config": json.dumps(record["config"], indent=1, sort_keys=True),
         "method_config": json.dumps(record["method_config"], indent=1, sort_keys=True),
-        "summary": json.dumps(record["lm_loss"]["metrics"], indent=1, sort_keys=True),
+        "tables": _markdown(run_matrices(record), tables=True),
     }

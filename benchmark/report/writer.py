@@ -28,10 +28,9 @@ from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_text, bar_disabled, read_json, unlinked_path
 from benchmark.records.store import REPORT_FOLDER, leaderboard_entries
 from benchmark.report.answer import answer_summary, answering_group, rows_table, short_answer
-from benchmark.report.escape import code, text
-from benchmark.report.frame import is_decoder, leaderboard_frame, loss_unit, method_colours, reference_labels
+from benchmark.report.frame import leaderboard_frame, method_colours, reference_labels
 from benchmark.report.groups import Group, group_records
-from benchmark.report.markdown import leaderboard_markdown
+from benchmark.report.markdown import leaderboard_markdown, run_tables
 from benchmark.report.site import PLOTLY_ASSET, SITE_FOLDER, plotly_bundle, site_files
 from benchmark.report.statistics import GroupStatistics
 
@@ -342,25 +341,3 @@ def _progress(items: list, show: bool, desc: str):
     from tqdm.auto import tqdm
 
     return tqdm(items, desc=desc, disable=bar_disabled(show and len(items) > 1), leave=False)
-
-
-def run_tables(record: dict) -> str:
-    """A record's matrices as Markdown: A[t][k] (accuracy and macro-F1, percent) and the held-out loss matrix."""
-    import numpy as np
-    import pandas as pd
-
-    domains, tasks = record["sequence"], record["end_tasks"]
-    lines = [f"# {code(record['method_label'])} seed {record['seed']}", "", f"run {code(record['run_id'])}", ""]
-    for score in ("acc", "macro_f1"):
-        rows = [[None if v is None else round(100 * v, 2) for v in row] for row in record["matrices"][score]]
-        frame = pd.DataFrame(rows, index=[f"after {text(d)}" for d in domains], columns=[text(t) for t in tasks])
-        lines += [f"## {score} (%)", "", frame.to_markdown(floatfmt=".2f"), ""]
-    losses = record["lm_loss"]
-    rows = [losses["base"], *(row or {} for row in losses["after_domain"])]
-    index = ["base", *[f"after {text(d)}" for d in domains]]
-    frame = pd.DataFrame(rows, index=index)[losses["columns"]]
-    frame.columns = [text(c) for c in frame.columns]
-    lines += ["## {} ({})".format(*loss_unit(record)), "", frame.to_markdown(floatfmt=".4f"), ""]
-    if is_decoder(record):
-        lines += ["## perplexity (exp of the loss)", "", np.exp(frame.astype(float)).to_markdown(floatfmt=".1f"), ""]
-    return "\n".join(lines)
