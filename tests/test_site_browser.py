@@ -86,7 +86,10 @@ def test_picking_methods_changes_what_the_charts_draw(page):
     _open(page, _group_pages()[0])
     drawn = "document.getElementById('chart-sp').data.map(t => t.name)"
     page.wait_for_function("document.getElementById('chart-sp').data !== undefined")
+    at_first = page.evaluate(drawn)
+    page.click("[data-pick=all]")
     everything = page.evaluate(drawn)
+    assert 0 < len(at_first) < len(everything)  # the references and the leaders, not every row at once
     page.click("[data-pick=references]")
     references = page.evaluate(drawn)
     assert 0 < len(references) < len(everything) and set(references) <= set(everything)

@@ -187,6 +187,7 @@ def _group_view(group: Group, stats: GroupStatistics, colours: dict[str, str]) -
     roles = {label: role for role, label in stats.references.items()}
     cells = verdict_cells(stats)
     rows = [_row(stats, label, roles.get(label), cells.get(label, {}), colours[label]) for label in _labels(stats)]
+    _mark_drawn(rows)
     charts = {
         "colours": {r["method"]: r["colour"] for r in rows},
         "references": stats.references,
@@ -195,6 +196,24 @@ def _group_view(group: Group, stats: GroupStatistics, colours: dict[str, str]) -
         **_matrices(group.records),
     }
     return GroupView(group, stats, facts, rows, charts, group_reading(stats))
+
+
+LEADERS_DRAWN = 5
+"""Rows the group page's charts draw at first besides the references: the trained ones that forget least (the
+rest are a click away; forty lines at once overlap into noise)."""
+
+
+def _mark_drawn(rows: list[dict]) -> None:
+    """Set each row's ``drawn``: the reference rows and the :data:`LEADERS_DRAWN` trained rows of least forgetting."""
+
+    def forgetting(row: dict) -> float:
+        value = row["values"].get("forgetting") or {}
+        return np.inf if value.get("mean") is None else value["mean"]
+
+    trained = [row for row in rows if not row["role"] and not row["untrained"]]
+    leaders = {row["method"] for row in sorted(trained, key=forgetting)[:LEADERS_DRAWN]}
+    for row in rows:
+        row["drawn"] = bool(row["role"]) or row["method"] in leaders
 
 
 def _labels(stats: GroupStatistics) -> list[str]:
