@@ -77,6 +77,13 @@ class DapConfig:
     """Size of the fixed probe subset (first chunks of the training set) handed to methods."""
     probe_batch_size: int = setting(100, low=1)
     log_every: int = setting(50, low=1)
+    eval_every: int = setting(0, low=0)
+    """Continual evaluation (issue #90): every this many updates of a domain, and before its first, score the first
+    ``eval_chunks`` chunks of every held-out set (one mask draw, no gradient) and keep the curve in the domain's entry
+    (``domains[t].curve``): the stability gap shows between them. 0: off. Not in the run id: it changes no number,
+    only adds the curve."""
+    eval_chunks: int = setting(16, low=1)
+    """Held-out chunks per set that a continual evaluation scores (the first ones)."""
     loader_workers: int = setting(0, low=0, high=64)
     """DataLoader workers masking training micro-batches ahead of use; not in the run id (changes no number)."""
     sharding: str = setting("none", choices=("none", "fsdp"))

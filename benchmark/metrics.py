@@ -347,3 +347,48 @@ def mean_regret(after: np.ndarray, oracle_after: np.ndarray) -> np.ndarray:
     rows, columns = np.tril_indices(after.shape[-2], m=after.shape[-1])
     cells = (after - oracle_after)[..., rows, columns]
     return np.nanmean(cells, axis=-1)
+
+
+def stability_gap(record: Mapping) -> dict | None:
+    """The stability gap of a run measured with continual evaluation (``dap.eval_every``), from each domain's curve
+    (``domains[t].curve``), in nats; None for a record without curves.
+
+    Per stage t >= 1 and for the earlier domains' held-out sets (their mean) and the general text: ``start``, the
+    loss before the stage's first update; ``worst``, the highest loss measured during the stage (De Lange et al.'s
+    worst case, in loss); ``end``, after its last update; ``depth`` = worst - start, the dip; ``recovered`` =
+    worst - end, how much of it the stage won back; ``dip_step``, the update count where it was worst. The summary
+    ``earlier_depth`` / ``general_depth`` is each depth's mean over the stages that have it."""
+    stages = []
+    for t, domain in enumerate(record["domains"]):
+        curve = domain.get("curve")
+        if not curve or t == 0:
+            continue
+        sets = {"earlier": [name for name in record["sequence"][:t] if name in curve["losses"]]}
+        sets["general"] = ["general"] if "general" in curve["losses"] else []
+        stage = {"stage": t}
+        for part, names in sets.items():
+            if names:
+                stage[part] = _dip(np.mean([curve["losses"][name] for name in names], axis=0), curve["steps"])
+        stages.append(stage)
+    if not stages:
+        return None
+    summary = {
+        f"{part}_depth": float(np.mean([s[part]["depth"] for s in stages if part in s]))
+        for part in ("earlier", "general")
+        if any(part in s for s in stages)
+    }
+    return {**summary, "stages": stages}
+
+
+def _dip(losses: np.ndarray, steps: Sequence[int]) -> dict[str, float | int]:
+    """Start, worst, end, depth, recovered and the step of the worst point of one loss curve."""
+    worst = int(np.argmax(losses))
+    start, peak, end = float(losses[0]), float(losses[worst]), float(losses[-1])
+    return {
+        "start": round(start, 5),
+        "worst": round(peak, 5),
+        "end": round(end, 5),
+        "depth": round(peak - start, 5),
+        "recovered": round(peak - end, 5),
+        "dip_step": int(steps[worst]),
+    }

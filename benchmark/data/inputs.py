@@ -52,10 +52,11 @@ class RunData:
         """Per held-out set, a hash of its masked batches: equal hashes mean bit-identical evaluations."""
         return {name: batches_checksum(batches) for name, batches in self.heldout_batches.items()}
 
-    def feature_batches(self) -> dict[str, list[dict]]:
+    def feature_batches(self, limit: int | None = None) -> dict[str, list[dict]]:
         """Per held-out set, the batches whose unmasked inputs measure representation drift: the first draw's (every
-        chunk once; the unmasked input is the same in every draw), cut to ``dap.feature_chunks`` chunks."""
-        limit = self.feature_chunks
+        chunk once; the unmasked input is the same in every draw), cut to ``limit`` chunks (default
+        ``dap.feature_chunks``). A continual evaluation scores the same batches cut to ``dap.eval_chunks``."""
+        limit = self.feature_chunks if limit is None else limit
         out = {}
         for name, batches in self.heldout_batches.items():
             first = batches[: len(batches) // self.heldout_draws]

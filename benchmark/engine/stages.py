@@ -156,6 +156,7 @@ class StageRunner:
             p.show_progress,
             self.instrument,
             p.data.family,
+            _curve_losses(p, model),
         )
         sizes = UpdateSizes(model, p.method)  # after before_domain: what the stage's updates start from
         dataset = p.data.training_set(p.schedule.training_domains(t))
@@ -224,6 +225,16 @@ def serves_base_model(p: RunParts) -> bool:
         and method.setup is ContinualMethod.setup
         and method.heldout_view is ContinualMethod.heldout_view
     )
+
+
+def _curve_losses(p: RunParts, model):
+    """What a continual evaluation measures (``dap.eval_every``): every held-out set's loss on its first
+    ``dap.eval_chunks`` chunks (one mask draw), through the method's held-out view; None when it is off."""
+    dap = p.config.dap
+    if not dap.eval_every or p.own_domain_only:
+        return None
+    sets, view = p.data.feature_batches(dap.eval_chunks), _heldout_view(p, model)
+    return lambda current: heldout_evaluation(current, sets, p.accelerator.device, view, p.accelerator).losses
 
 
 def _heldout_view(p: RunParts, model):

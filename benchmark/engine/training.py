@@ -96,6 +96,9 @@ class DapTrainer:
     counts FLOPs (``torch.utils.flop_counter``) and records ``torch.profiler`` traces with it."""
     family: ModelFamily = MASKED_LM
     """The model's family: what its stream's batches predict (masked tokens, next tokens)."""
+    curve: Callable[[Any], dict[str, float]] | None = None
+    """Continual evaluation (``dap.eval_every``): the held-out losses of a model on the curve's subsets, measured
+    before the stage's first update and every ``eval_every`` updates; None: off."""
 
     def train(self, model, dataset: Dataset, plan: StagePlan, t: int, desc: str) -> dict:
         """Run ``plan.steps`` updates on ``dataset`` (and its replay pools) and return the stage's statistics."""
@@ -110,13 +113,15 @@ class DapTrainer:
         update = StageUpdate(optimizer, extra, schedules, clipped, self.method, dap.max_grad_norm, replicated)
         start = time.perf_counter()
         _optimizer_mode(optimizer, "train")
+        curve = Curve(self.curve) if self.curve is not None else None
         with _stage_context(model, dap, self.instrument):
-            log = self._loop(ctx, step, update, iter(stream), accum, desc)
+            log = self._loop(ctx, step, update, iter(stream), accum, desc, curve)
         _optimizer_mode(optimizer, "eval")  # the weights the stage is checkpointed and evaluated at
-        seconds = time.perf_counter() - start
-        return stage_statistics(
+        seconds = time.perf_counter() - start - (curve.seconds if curve else 0.0)  # the updates' time alone
+        stats = stage_statistics(
             steps, steps * accum * dap.per_device_batch_size * dap.seq_len * acc.num_processes, seconds, log
         )
+        return {**stats, "curve": curve.entry()} if curve else stats
 
     def _loop(
         self,
@@ -126,8 +131,11 @@ class DapTrainer:
         batches: Iterator[tuple[int, dict]],
         accum: int,
         desc: str,
+        curve: Curve | None = None,
     ) -> list[dict]:
         model, acc, dap = ctx.model, self.accelerator, self.dap
+        if curve is not None:
+            curve.measure(0, model)  # where the domain starts: the previous one's end (after before_domain)
         tracking = self.tracker.active
         sums: dict[str, torch.Tensor] = {}
         log: list[dict] = []
@@ -145,7 +153,30 @@ class DapTrainer:
             if (step + 1) % dap.log_every == 0 or step + 1 == ctx.total_domain_steps:
                 log.append(_log_entry(sums, step + 1 - last_logged, acc, self.method.name, step + 1, bar, self.family))
                 last_logged = step + 1
+            if curve is not None and ((step + 1) % dap.eval_every == 0 or step + 1 == ctx.total_domain_steps):
+                curve.measure(step + 1, model)
         return log
+
+
+class Curve:
+    """The held-out losses of one stage's model measured while it trains (``dap.eval_every``): per measured update
+    count, every held-out set's loss on its curve subset, and the seconds the measurements took (kept out of the
+    stage's training time and speed)."""
+
+    def __init__(self, losses_of: Callable[[Any], dict[str, float]]):
+        self.losses_of, self.steps, self.losses, self.seconds = losses_of, [], {}, 0.0
+
+    def measure(self, step: int, model) -> None:
+        """Score ``model`` after ``step`` updates of the stage (no gradient; the model's mode is restored)."""
+        start = time.perf_counter()
+        for name, value in self.losses_of(model).items():
+            self.losses.setdefault(name, []).append(value)
+        self.steps.append(step)
+        self.seconds += time.perf_counter() - start
+
+    def entry(self) -> dict:
+        """The stage's ``curve`` as its record entry keeps it."""
+        return {"steps": self.steps, "losses": self.losses, "seconds": round(self.seconds, 3)}
 
 
 def training_stream(

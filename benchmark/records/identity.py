@@ -52,10 +52,20 @@ LOCATION_FIELDS = (
 """Config fields that say where or what to run, not what a run computes."""
 
 NUMERICS_NEUTRAL_FIELDS = {
-    "dap": ("loader_workers", "sharding", "activation_checkpointing", "compile", "flush_denormals", "deterministic"),
+    "dap": (
+        "loader_workers",
+        "sharding",
+        "activation_checkpointing",
+        "compile",
+        "flush_denormals",
+        "deterministic",
+        "eval_every",  # adds the curve of every domain's held-out losses, changes no other number
+        "eval_chunks",
+    ),
     "finetune": ("compile",),
 }
-"""Fields of each section that change how fast a run goes, not what it computes (tested to change no number)."""
+"""Fields of each section that change how fast a run goes, or what it adds beside its numbers, not what it computes
+(tested to change no number)."""
 
 INPUT_PATH_FIELDS = ("model", "data_root", "general_heldout", "general_corpus")
 """Config fields that locate inputs: their contents enter the identity (as checksums), their paths do not."""

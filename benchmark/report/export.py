@@ -25,7 +25,7 @@ import pandas as pd
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_bytes, atomic_write_text, path_inside
 
-TABLES = ("runs", "stages", "end_tasks")
+TABLES = ("runs", "stages", "curves", "end_tasks")
 """The exported tables, each ``<name>.parquet``."""
 
 
@@ -81,6 +81,20 @@ def stages_table(records: list[dict]) -> pd.DataFrame:
             for name, value in (row or {}).items():
                 rows.append({"run_id": record["run_id"], "stage": t, "after": domain, "eval_set": name, "loss": value})
     return pd.DataFrame(rows, columns=["run_id", "stage", "after", "eval_set", "loss"])
+
+
+def curves_table(records: list[dict]) -> pd.DataFrame:
+    """One row per record x stage x measured update x held-out set of a run with continual evaluation
+    (``dap.eval_every``): the loss on the set's curve subset after ``update`` updates of domain ``stage``."""
+    rows = []
+    for record in records:
+        for t, domain in enumerate(record["domains"]):
+            curve = domain.get("curve") or {"steps": [], "losses": {}}
+            for name, losses in curve["losses"].items():
+                for update, loss in zip(curve["steps"], losses, strict=True):
+                    rows.append({"run_id": record["run_id"], "stage": t, "during": domain["domain"], "update": update,
+                                 "eval_set": name, "loss": loss})  # fmt: skip
+    return pd.DataFrame(rows, columns=["run_id", "stage", "during", "update", "eval_set", "loss"])
 
 
 def end_tasks_table(records: list[dict]) -> pd.DataFrame:
@@ -175,7 +189,8 @@ def export_results(records: list[dict], out: str | Path) -> dict[str, int]:
     folder = Path(out)
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         raise DapbenchError(f"{folder} is not a folder of its own", "pass a new folder to export into")
-    tables = {"runs": runs_table(records), "stages": stages_table(records), "end_tasks": end_tasks_table(records)}
+    tables = {"runs": runs_table(records), "stages": stages_table(records), "curves": curves_table(records)}
+    tables["end_tasks"] = end_tasks_table(records)
     for name, frame in tables.items():
         data = frame.to_parquet(index=False, compression="zstd")
         atomic_write_bytes(path_inside(folder, f"{name}.parquet"), lambda tmp, data=data: tmp.write_bytes(data))
@@ -226,6 +241,9 @@ TABLE_DOCS = {
     "runs": "One row per run record (method x seed x setting): `group` is the leaderboard group whose rows are "
     "comparable; every metric the leaderboard prints, in snake case (plasticity, forgetting, general rise: nats).",
     "stages": "One row per record x stage x held-out set: `stage` -1 is the base model, t the model after domain t.",
+    "curves": "One row per record x stage x measured update x held-out set of runs with continual evaluation "
+    "(`dap.eval_every`): the loss on the set's first `dap.eval_chunks` chunks after `update` updates of domain "
+    "`stage` (update 0: before its first); empty where no run measured curves.",
     "end_tasks": "One row per record x protocol x stage x end task: `classes_predicted` against `classes_in_test` "
     "says whether the classifier measures the backbone (a cell predicting few classes does not).",
 }

@@ -1,0 +1,54 @@
+"""Continual evaluation (issue #90): ``dap.eval_every`` measures every held-out set's loss while a domain trains,
+keeps the curve in the record and changes no other number; the stability gap is read from the curves."""
+
+import json
+import math
+
+from cli_helpers import quick_run_args
+
+from benchmark.cli import main
+from benchmark.metrics import stability_gap
+
+
+def _record(out):
+    (path,) = (out / "results").rglob("ncl-*.json")
+    from benchmark.records.store import load_record
+
+    return path, load_record(path)
+
+
+def test_curves_are_recorded_and_change_no_number(world_root, tiny_model, tmp_path):
+    plain, curved = tmp_path / "plain", tmp_path / "curved"
+    steps = ["--set", "dap.steps=4", "--set", "dap.heldout_chunks=6"]
+    assert main(quick_run_args(world_root, tiny_model, plain, *steps)) == 0
+    on = ["--set", "dap.eval_every=2", "--set", "dap.eval_chunks=3"]
+    assert main(quick_run_args(world_root, tiny_model, curved, *steps, *on)) == 0
+    (plain_path, without), (curved_path, with_curves) = _record(plain), _record(curved)
+    assert plain_path.name == curved_path.name  # one run id: the setting only adds the curve
+    for key in ("lm_loss", "matrices", "summary", "representation"):
+        assert json.dumps(without[key]) == json.dumps(with_curves[key]), key
+    assert [d["loss_log"] for d in without["domains"]] == [d["loss_log"] for d in with_curves["domains"]]
+    for domain in with_curves["domains"]:
+        curve = domain["curve"]
+        assert curve["steps"] == [0, 2, 4] and set(curve["losses"]) == set(with_curves["lm_loss"]["columns"])
+        assert all(len(v) == 3 and all(math.isfinite(x) for x in v) for v in curve["losses"].values())
+        assert curve["seconds"] >= 0
+    assert "curve" not in without["domains"][0]
+    # the second stage starts where the first ended: the same model on the same subset
+    first, second = (d["curve"]["losses"] for d in with_curves["domains"])
+    assert all(math.isclose(first[k][-1], second[k][0], abs_tol=1e-5) for k in first)
+
+    gap = stability_gap(with_curves)
+    (stage,) = gap["stages"]
+    earlier = stage["earlier"]
+    assert earlier["worst"] >= max(earlier["start"], earlier["end"]) and earlier["depth"] >= 0
+    assert math.isclose(gap["earlier_depth"], earlier["depth"]) and "general_depth" in gap
+    assert stability_gap(without) is None
+    import pandas as pd
+
+    assert main(["export", str(tmp_path / "dataset"), "--output-dir", str(curved)]) == 0
+    table = pd.read_parquet(tmp_path / "dataset" / "curves.parquet")
+    rows = table[(table.stage == 1) & (table.eval_set == with_curves["sequence"][0])]
+    assert list(rows["update"]) == [0, 2, 4] and list(rows.loss) == second[with_curves["sequence"][0]]
+    assert main(["export", str(tmp_path / "plain-dataset"), "--output-dir", str(plain)]) == 0
+    assert pd.read_parquet(tmp_path / "plain-dataset" / "curves.parquet").empty
