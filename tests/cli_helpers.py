@@ -117,3 +117,18 @@ def record_with_options(path: Path, folder: Path, **options: object) -> Path:
     out = folder / f"{record['run_id']}.json"
     out.write_text(json.dumps(record))
     return out
+
+
+def foreign_folder(tmp_path: Path) -> Path:
+    """A folder outside the output, holding a file that must survive untouched (what a link points a writer at)."""
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("someone else's\n")
+    return folder
+
+
+def is_untouched(folder: Path) -> bool:
+    """Whether :func:`foreign_folder`'s folder holds its one file, as it was."""
+    return sorted(p.name for p in folder.iterdir()) == ["keep.txt"] and (folder / "keep.txt").read_text() == (
+        "someone else's\n"
+    )

@@ -18,7 +18,16 @@ from typing import ClassVar
 
 import pytest
 import torch
-from cli_helpers import REPO, TrainingStarted, copy_record, no_record, quick_run_args, whole_record
+from cli_helpers import (
+    REPO,
+    TrainingStarted,
+    copy_record,
+    foreign_folder,
+    is_untouched,
+    no_record,
+    quick_run_args,
+    whole_record,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,21 +40,6 @@ from benchmark.errors import DapbenchError
 from benchmark.method import ContinualMethod
 from benchmark.records.store import load_record, write_record
 from benchmark.registry import default_registry
-
-
-def _elsewhere(tmp_path: Path) -> Path:
-    """A folder outside the output, holding a file that must survive untouched."""
-    folder = tmp_path / "elsewhere"
-    folder.mkdir()
-    (folder / "keep.txt").write_text("someone else's\n")
-    return folder
-
-
-def _untouched(folder: Path) -> bool:
-    return sorted(p.name for p in folder.iterdir()) == ["keep.txt"] and (folder / "keep.txt").read_text() == (
-        "someone else's\n"
-    )
-
 
 # ----------------------------------------------------------------------------------------------
 # Data written outside the output folder: symbolic links inside it are refused before any work
@@ -60,24 +54,24 @@ def test_a_run_refuses_a_folder_of_its_output_linked_elsewhere(
 ):
     if "tensorboard" in flags and not (find_spec("tensorboard") or find_spec("tensorboardX")):
         pytest.skip("tensorboard is not installed")
-    out, elsewhere = tmp_path / "out", _elsewhere(tmp_path)
+    out, elsewhere = tmp_path / "out", foreign_folder(tmp_path)
     (out / linked).parent.mkdir(parents=True, exist_ok=True)
     os.symlink(elsewhere, out / linked)
     assert main(quick_run_args(world_root, tiny_model, out, *flags)) == 2
     assert "is a symbolic link" in capsys.readouterr().err
-    assert _untouched(elsewhere)
+    assert is_untouched(elsewhere)
     no_record(out)
 
 
 @pytest.mark.parametrize("linked", ["runs", "plots"])
 def test_the_report_refuses_its_pages_or_plots_folder_linked_elsewhere(linked, tmp_path, capsys):
-    out, elsewhere = tmp_path / "out", _elsewhere(tmp_path)
+    out, elsewhere = tmp_path / "out", foreign_folder(tmp_path)
     _copy_records(out, "ci", 2)
     (out / "results" / "report").mkdir()
     os.symlink(elsewhere, out / "results" / "report" / linked)
     assert main(["report", "--output-dir", str(out), "--quiet"]) == 2
     assert "is a symbolic link" in capsys.readouterr().err
-    assert _untouched(elsewhere) and not (out / "leaderboard.md").exists()
+    assert is_untouched(elsewhere) and not (out / "leaderboard.md").exists()
 
 
 def test_a_tracking_path_that_is_a_file_is_refused_before_work(world_root, tiny_model, tmp_path, capsys, started):

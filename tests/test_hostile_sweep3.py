@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_helpers import REPO, copy_record, whole_record
+from cli_helpers import REPO, copy_record, foreign_folder, is_untouched, whole_record
 
 from benchmark.api import plot_learning_rates
 from benchmark.cli import main
@@ -181,29 +181,15 @@ def test_a_row_label_over_the_limit_is_refused(tmp_path):
         load_record(long)
 
 
-def _elsewhere(tmp_path: Path) -> Path:
-    """A folder outside the output holding a file that must stay as it is."""
-    folder = tmp_path / "elsewhere"
-    folder.mkdir()
-    (folder / "keep.txt").write_text("someone else's\n")
-    return folder
-
-
-def _untouched(folder: Path) -> bool:
-    return [p.name for p in folder.iterdir()] == ["keep.txt"] and (
-        folder / "keep.txt"
-    ).read_text() == "someone else's\n"
-
-
 @pytest.mark.parametrize("linked", [".dapbench/cache", ".dapbench/runs", ".dapbench/cache/base-evaluation"])
 def test_a_run_refuses_a_work_folder_below_linked_elsewhere(linked, world_root, tiny_model, tmp_path, capsys, started):
     from cli_helpers import no_record, quick_run_args
 
-    out, elsewhere = tmp_path / "out", _elsewhere(tmp_path)
+    out, elsewhere = tmp_path / "out", foreign_folder(tmp_path)
     (out / linked).parent.mkdir(parents=True)
     (out / linked).symlink_to(elsewhere)
     assert main(quick_run_args(world_root, tiny_model, out)) == 2
-    assert "is a symbolic link" in capsys.readouterr().err and _untouched(elsewhere)
+    assert "is a symbolic link" in capsys.readouterr().err and is_untouched(elsewhere)
     no_record(out)
 
 
@@ -214,20 +200,20 @@ def test_a_runs_own_work_or_tracking_folder_linked_elsewhere_is_refused(
 
     from cli_helpers import TrainingStarted, quick_run_args
 
-    out, elsewhere = tmp_path / "out", _elsewhere(tmp_path)
+    out, elsewhere = tmp_path / "out", foreign_folder(tmp_path)
     with pytest.raises(TrainingStarted):  # the run's own folder is made, then its first stage stops the test
         main(quick_run_args(world_root, tiny_model, out))
     (run,) = [p for p in (out / ".dapbench" / "runs").iterdir() if p.is_dir()]
     shutil.rmtree(run)
     run.symlink_to(elsewhere)
     assert main(quick_run_args(world_root, tiny_model, out)) == 2
-    assert "is a symbolic link" in capsys.readouterr().err and _untouched(elsewhere)
+    assert "is a symbolic link" in capsys.readouterr().err and is_untouched(elsewhere)
     if find_spec("tensorboard") or find_spec("tensorboardX"):
         run.unlink()
         (out / "tracking").mkdir()
         (out / "tracking" / run.name).symlink_to(elsewhere)
         assert main(quick_run_args(world_root, tiny_model, out, "--report-to", "tensorboard")) == 2
-        assert "is a symbolic link" in capsys.readouterr().err and _untouched(elsewhere)
+        assert "is a symbolic link" in capsys.readouterr().err and is_untouched(elsewhere)
 
 
 @pytest.mark.parametrize("linked", ["assets", "data"])
@@ -235,10 +221,10 @@ def test_the_report_refuses_a_site_folder_linked_elsewhere(linked, tmp_path, cap
     _results(tmp_path)
     site = tmp_path / "results" / "report" / "site"
     site.mkdir(parents=True)
-    elsewhere = _elsewhere(tmp_path)
+    elsewhere = foreign_folder(tmp_path)
     (site / linked).symlink_to(elsewhere)
     assert main(["report", "--output-dir", str(tmp_path), "--quiet"]) == 2
-    assert "is a symbolic link" in capsys.readouterr().err and _untouched(elsewhere)
+    assert "is a symbolic link" in capsys.readouterr().err and is_untouched(elsewhere)
     assert not (tmp_path / "leaderboard.md").exists()
 
 
