@@ -92,3 +92,18 @@ def test_the_short_answer_names_the_machine_of_its_speed_ratio(report_records):
             record["environment"]["cpu_model"] = "Some Other CPU"
     (group,), _ = group_records(moved)
     assert _speed(_statistics(group), "das", "ncl") == ", its speed not measured on a machine of `ncl`'s runs"
+
+
+def test_runs_on_an_oversubscribed_machine_are_compared_only_with_runs_so_loaded():
+    quiet, busy = {**EPYC, "cpu_load_per_core": 0.9}, {**EPYC, "cpu_load_per_core": 3.5}
+    records = [_record("ncl", 800.0, quiet), _record("one", 5800.0, busy)]  # a 7x that is the load's, not one's
+    assert same_machine_speed(records, "one", "ncl") is None
+    records.append(_record("ncl", 200.0, busy))
+    found = same_machine_speed(records, "one", "ncl")
+    assert found.ratio == pytest.approx(29.0) and "oversubscribed" in found.machine
+    assert machine_of(_record("ncl", 1.0, EPYC)) == machine_of(_record("ncl", 1.0, {**EPYC, "cpu_load_per_core": None}))
+
+
+def test_a_record_says_how_loaded_its_machine_was(report_records):
+    loads = [r["environment"].get("cpu_load_per_core") for r in report_records]
+    assert all(isinstance(load, float) and load >= 0 for load in loads)

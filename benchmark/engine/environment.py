@@ -190,7 +190,20 @@ def environment_facts(accelerator) -> dict:
         "torch_threads": torch.get_num_threads(),
         "cpu_kernels": cpu_kernels(),
         "cpu_model": cpu_model(),
+        "cpu_load_per_core": cpu_load_per_core(),
     }
+
+
+def cpu_load_per_core() -> float | None:
+    """The machine's 5-minute load average per core this process may use, as the run ends: above about 1, runs
+    shared the cores with more work than they had cores for, and tokens/s measured so compare only with runs made
+    under such load (``report/speed.py``); None where the system does not say."""
+    from benchmark.threads import usable_cores
+
+    try:
+        return round(os.getloadavg()[1] / usable_cores(), 2)
+    except OSError:
+        return None
 
 
 def cpu_model() -> str:

@@ -4,8 +4,11 @@ A record's tokens per second say as much about the machine as about the method: 
 AVX2-only CPU and a faster AVX-512 one, and a ratio of two rows' means over a mix of both is a ratio of machines.
 So a speed ratio is taken only between records that name the same machine (:func:`machine_of`). Records made before
 records named their CPU model but after they named its float kernels are taken as one machine per kernel set (the
-project's two CPUs differ there); records that name neither are never compared. Runs of a grid share the machine
-with each other (two streams at one thread each), so the ratio still carries that load, alike for both rows.
+project's two CPUs differ there); records that name neither are never compared. Records that say how loaded the
+machine was (``environment.cpu_load_per_core``) are compared only with records of the same load class: a run on an
+oversubscribed machine against one that had its cores made ratios like 7x that were the machines' load, not the
+methods'. Runs of a grid share the machine with each other (two streams at one thread each on two cores: one task
+per core), so the ratio still carries that load, alike for both rows.
 """
 
 from __future__ import annotations
@@ -29,7 +32,19 @@ def machine_of(record: dict) -> str | None:
     if not model and not kernels:
         return None
     cpu = f"{model} ({kernels})" if model else f"an unnamed {kernels} CPU"
-    return f"{cpu}, {env.get('torch_threads')} thread(s){across}"
+    return f"{cpu}, {env.get('torch_threads')} thread(s){across}{_load_class(env.get('cpu_load_per_core'))}"
+
+
+OVERSUBSCRIBED = 1.25
+"""Load per usable core above which a CPU run's speed counts as measured on an oversubscribed machine (more runnable
+work than cores: each run got a share of a core, not a core), compared only with runs measured so too."""
+
+
+def _load_class(load: float | None) -> str:
+    """How a record's machine was loaded, as its machine name carries it ("" where the record does not say)."""
+    if load is None:
+        return ""
+    return ", oversubscribed" if load > OVERSUBSCRIBED else ", at most one runnable task per core"
 
 
 def machine_counts(records: list[dict]) -> list[str]:
