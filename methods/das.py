@@ -151,18 +151,38 @@ class DASConfig(MethodConfig):
     fidelity: str = setting("paper", choices=("paper", "reference"))
     """``paper`` (default) or ``reference`` (the public code's behaviour)."""
     ablation: str = setting("none", choices=ABLATIONS)
+    """One of the paper's ablations (``none``: the full method): without the initialisation, the soft-masking, the
+    contrast, with random importance, a domain-level contrast, or general importance from the MLM or KL alone."""
     contrast_lambda: float = setting(1.0, low=0, high=1000)
+    """The weight of the contrastive loss beside the MLM loss."""
     temperature: float = setting(0.05, low=0, low_open=True, high=100)
+    """The contrastive loss's softmax temperature."""
     units: tuple[str, ...] = setting(UNIT_TYPES, choices=UNIT_TYPES)
+    """The unit types that get importance and a soft mask (attention heads, intermediate and output neurons)."""
     contrast_pairing: str | None = setting(None, choices=CHOICES["contrast_pairing"])
+    """``same_input``: the positive is the same input under another dropout mask (paper); ``adjacent``: tiled rows,
+    the positive another input (reference)."""
     kl_proxy: str | None = setting(None, choices=CHOICES["kl_proxy"])
+    """The general importance's proxy: ``dropout_vocab``, KL of two dropout passes' MLM distributions (paper);
+    ``eval_hidden``, a token-axis softmax of two identical eval-mode passes' hidden states (reference)."""
     mlm_importance_input: str | None = setting(None, choices=CHOICES["mlm_importance_input"])
+    """Whether the domain importance's MLM loss reads ``masked`` (paper) or ``unmasked`` (reference) inputs."""
     importance_abs: str | None = setting(None, choices=CHOICES["importance_abs"])
+    """Where the absolute value of the gate gradient is taken: ``per_example`` (paper), ``per_batch``, or
+    ``after_tanh`` (reference: the signed mean)."""
     importance_norm: str | None = setting(None, choices=CHOICES["importance_norm"])
+    """How raw importance becomes a soft mask: ``positive_tanh`` of the per-layer z-score (paper), ``abs_tanh``
+    (reference), or another normalisation."""
     importance_accumulation: str | None = setting(None, choices=CHOICES["importance_accumulation"])
+    """``per_batch`` (paper) or ``cumulative`` (reference: the gate gradients never zeroed)."""
     qkv_mask_axis: str | None = setting(None, choices=CHOICES["qkv_mask_axis"])
+    """Which axis of the query, key and value weights a head's mask scales: ``output`` rows (paper) or ``input``
+    columns (reference)."""
     mask_attn_out_bias: bool | None = None
+    """Whether the attention output's bias is masked too (reference) or not (paper)."""
     contrast_negatives: str | None = setting(None, choices=CHOICES["contrast_negatives"])
+    """The contrast's negatives: the other rows of the process's ``micro_batch`` (paper) or the views of
+    ``all_processes``, all-gathered (reference)."""
     mask_target: str = setting("gradient", choices=("gradient", "update"))
     """``gradient`` (the paper: grad *= 1 - I before the optimizer) or ``update`` (beyond the paper: the
     optimizer's step is scaled by 1 - I after it is taken)."""

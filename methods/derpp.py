@@ -39,7 +39,9 @@ class DERPPConfig(MethodConfig):
     """DER++ options."""
 
     alpha: float = setting(0.5, low=0, high=1e6)
+    """The weight of the MSE between the model's outputs now and those stored with a replayed chunk (dark knowledge)."""
     beta: float = setting(0.5, low=0, high=1e6)
+    """The weight of the MLM loss on another replayed chunk (experience replay)."""
     tokens_per_domain: int = setting(16400, low=1)
     """Buffer budget per domain (the DAS paper's)."""
 

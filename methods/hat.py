@@ -83,10 +83,15 @@ class HATConfig(MethodConfig):
     embedding_lr: float = setting(0.05, low=0, low_open=True, high=100)
     """The task embeddings' SGD rate under ``fidelity="paper"`` (the HAT paper's 0.05)."""
     smax: float = setting(400.0, low=1, low_open=True, high=1e6)
+    """The largest scale of the gates' sigmoid, annealed to over each domain (HAT's s_max)."""
     reg_lambda: float = setting(0.75, low=0, high=1000)
+    """The weight of the regulariser that keeps each domain's gates sparse (HAT's c)."""
     thres_cosh: float = setting(50.0, low=0, low_open=True, high=1000)
+    """The clamp of the scaled embedding in the gradient compensation's cosh (HAT's code)."""
     thres_emb: float = setting(6.0, low=0, low_open=True, high=1000)
+    """The clamp of the task embeddings after each update (HAT's code)."""
     units: tuple[str, ...] = setting(UNIT_TYPES, choices=UNIT_TYPES)
+    """The unit types that get gates (attention heads, intermediate and output neurons)."""
 
     def __post_init__(self):
         super().__post_init__()

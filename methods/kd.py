@@ -29,7 +29,9 @@ class KDConfig(MethodConfig):
     """KD options."""
 
     temperature: float = setting(2.0, low=0, low_open=True, high=100)
+    """The softmax temperature of the distillation over the MLM logits."""
     weight: float = setting(1.0, low=0, high=1e6)
+    """The weight of the distillation loss beside the MLM loss."""
     target: str = setting("mlm_logits", choices=("mlm_logits", "hidden_states"))
     """``mlm_logits`` (default) or ``hidden_states`` (the reference code)."""
 
