@@ -52,3 +52,28 @@ def test_curves_are_recorded_and_change_no_number(world_root, tiny_model, tmp_pa
     assert list(rows["update"]) == [0, 2, 4] and list(rows.loss) == second[with_curves["sequence"][0]]
     assert main(["export", str(tmp_path / "plain-dataset"), "--output-dir", str(plain)]) == 0
     assert pd.read_parquet(tmp_path / "plain-dataset" / "curves.parquet").empty
+
+
+def _with_curves(record: dict, dip: float) -> dict:
+    """``record`` as if measured with continual evaluation: each later domain dips the earlier ones by ``dip``."""
+    import copy
+
+    out = copy.deepcopy(record)
+    for t, domain in enumerate(out["domains"]):
+        start = {name: 3.0 for name in out["lm_loss"]["columns"]}
+        curve = {n: [v, v + (dip if t else 0.0) + 0.001 * out["seed"], v + 0.01] for n, v in start.items()}
+        domain["curve"] = {"steps": [0, 2, 4], "losses": curve, "seconds": 0.1}
+    return out
+
+
+def test_the_leaderboard_reads_the_stability_gap_with_calibrated_verdicts(report_records):
+    from benchmark.report.stability_gap import stability_gap_markdown
+
+    dips = {"ncl": 0.30, "das": 0.10, "none": 0.30}
+    records = [_with_curves(r, dips[r["method_label"]]) for r in report_records]
+    lines = stability_gap_markdown(records, "ncl")
+    table = "\n".join(lines)
+    assert "| `das` | 3 | 0.102 | 0.102 |" in table and "| `ncl` | 3 | 0.302 | 0.302 |" in table
+    verdict = next(line for line in lines if "depth on earlier domains" in line)
+    assert "`das` -0.200 (shallower)" in verdict and "`none` not resolved" in verdict
+    assert stability_gap_markdown(report_records, "ncl") == []  # no curves, no section

@@ -32,6 +32,7 @@ from benchmark.report.groups import Group, LeftOut, order_of
 from benchmark.report.matched import matched_markdown
 from benchmark.report.reading import loss_reading, sibling_reading, variant_reading, verdicts
 from benchmark.report.speed import machine_counts, mixed_machines_flag, speed_reading
+from benchmark.report.stability_gap import stability_gap_markdown
 from benchmark.report.statistics import GroupStatistics
 from benchmark.report.training_reading import training_reading
 
@@ -96,6 +97,7 @@ def leaderboard_markdown(
         lines += beside_markdown(group.records)
         lines += order_tables(stats)
         lines += matched_markdown(stats.part, group.records)
+        lines += stability_gap_markdown(group.records, stats.references.get("naive_continual"))
         lines += plot_links(plots)
         lines += ["", "**Reading** (generated from the numbers above):", "", *group_reading(stats), ""]
     if ladders:

@@ -1,0 +1,82 @@
+"""The stability gap in a group's leaderboard section (issue #90): for every row whose records measured continual
+evaluation (``dap.eval_every``), how deep the earlier domains' and the general held-out loss dipped during each
+domain (:func:`benchmark.metrics.stability_gap`), and each row against the naive continual reference through the
+calibrated comparison (paired by seed and order, Benjamini-Hochberg over the rows per measure)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmark.metrics import stability_gap
+from benchmark.report.comparison import benjamini_hochberg, paired_test
+from benchmark.report.escape import code
+
+MEASURES = {"earlier_depth": "earlier domains", "general_depth": "general text"}
+"""The depths read, by what they are the depth of."""
+
+
+def _depths(records: list[dict]) -> dict[str, dict[tuple, dict[str, float]]]:
+    """Label -> (seed, order) -> its depths, for the records with curves."""
+    out: dict[str, dict[tuple, dict[str, float]]] = {}
+    for record in records:
+        gap = stability_gap(record)
+        if gap is not None:
+            key = (record["seed"], tuple(record["sequence"]))
+            out.setdefault(record["method_label"], {})[key] = gap
+    return out
+
+
+def stability_gap_markdown(records: list[dict], reference: str | None) -> list[str]:
+    """The group's stability-gap lines (none where no record measured curves)."""
+    depths = _depths(records)
+    if not depths:
+        return []
+    lines = [
+        "### The stability gap (continual evaluation)",
+        "",
+        "Measured while each domain trains (`dap.eval_every`): how far the mean held-out loss of the domains learned"
+        " before it, and of general text, rose above where the domain started at its worst point (nats, mean over"
+        " seeds; the dip a run stopped or checkpointed mid-domain would ship).",
+        "",
+        "| row | seeds | " + " | ".join(f"depth, {name}" for name in MEASURES.values()) + " |",
+        "|---|---|" + "---|" * len(MEASURES),
+    ]
+    for label, runs in sorted(depths.items()):
+        cells = []
+        for measure in MEASURES:
+            values = [gap[measure] for gap in runs.values() if measure in gap]
+            cells.append(f"{np.mean(values):.3f}" if values else "–")
+        lines.append(f"| {code(label)} | {len(runs)} | " + " | ".join(cells) + " |")
+    lines += ["", *_verdicts(depths, reference), ""]
+    return lines
+
+
+def _verdicts(depths: dict, reference: str | None) -> list[str]:
+    """Each row's depth against the reference's, paired by seed and order; q < 0.05 after Benjamini-Hochberg over
+    the rows of one measure."""
+    if reference not in depths:
+        return []
+    out = []
+    for measure, name in MEASURES.items():
+        tests = {}
+        for label, runs in sorted(depths.items()):
+            if label == reference:
+                continue
+            theirs = depths[reference]
+            shared = [key for key in runs if measure in runs[key] and measure in theirs.get(key, {})]
+            found = paired_test(np.array([runs[k][measure] - theirs[k][measure] for k in shared]))
+            if found is not None:
+                tests[label] = found
+        if not tests:
+            continue
+        qs = dict(zip(tests, benjamini_hochberg([t.p for t in tests.values()]), strict=True))
+        parts = []
+        for label, found in tests.items():
+            if qs[label] < 0.05:
+                parts.append(f"{code(label)} {found.mean:+.3f} ({'shallower' if found.mean < 0 else 'deeper'})")
+            else:
+                parts.append(f"{code(label)} not resolved (80% power at ±{found.resolvable():.3f})")
+        out.append(
+            f"- Against {code(reference)}, depth on {name} (paired t, BH over {len(tests)} rows): {'; '.join(parts)}."
+        )
+    return out
