@@ -135,3 +135,16 @@ def test_a_label_written_as_html_is_drawn_as_text_and_contacts_no_host(page, tmp
     names = page.evaluate("document.getElementById('chart-sp').data.map(t => t.name)")
     assert names and all("&lt;span" in name for name in names)
     assert page.problems == []
+
+
+def test_the_key_columns_and_verdicts_fit_a_1366_pixel_screen(browser):
+    page = browser.new_page(viewport={"width": 1366, "height": 900})
+    page.goto((SITE / _group_pages()[0]).as_uri())
+    page.wait_for_load_state("load")
+    right = page.eval_on_selector_all(
+        "#board thead th",
+        "hs => Object.fromEntries(hs.map(h => [h.textContent.trim(), h.getBoundingClientRect().right]))",
+    )
+    key = ["method", "n", "verdicts", "plasticity ↑", "forgetting ↓", "general rise ↓"]
+    assert all(right[name] <= 1366 for name in key), {name: right[name] for name in key}
+    page.close()

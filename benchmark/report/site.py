@@ -31,7 +31,6 @@ from benchmark.report.frame import (
     by_label,
     format_number,
     group_columns,
-    group_loss_columns,
     loss_unit,
     mean_over_seeds,
     mean_score_matrix,
@@ -95,7 +94,6 @@ def site_files(
             view=view,
             charts=charts,
             columns=group_columns(view.stats.part),
-            verdict_after=len(group_loss_columns(view.stats.part)),
             reading=_markdown(view.reading),
             beside=_markdown(beside_markdown(view.group.records)) if beside_protocols(view.group.records) else None,
         )
