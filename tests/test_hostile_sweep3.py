@@ -176,9 +176,32 @@ def test_a_row_label_over_the_limit_is_refused(tmp_path):
     (record,) = _results(tmp_path)
     from cli_helpers import record_with_options
 
-    long = record_with_options(record, tmp_path / "results" / "long", note="x" * 3000)
-    with pytest.raises(DapbenchError, match="over the 2,048 a row label may hold"):
+    long = record_with_options(record, tmp_path / "results" / "long", note="x" * 300)
+    with pytest.raises(DapbenchError, match="over the 256 a row label may hold"):
         load_record(long)
+
+
+def test_a_run_whose_row_label_would_be_too_long_is_refused_before_work(tiny_config, monkeypatch):
+    import dataclasses
+    from types import SimpleNamespace
+
+    from benchmark.method import ContinualMethod, MethodConfig
+    from benchmark.preflight import check_labels
+    from benchmark.settings import setting
+
+    @dataclasses.dataclass(frozen=True)
+    class NotedConfig(MethodConfig):
+        note: str = setting("x", checked_by="the test")
+
+    class Noted(ContinualMethod):
+        name = "noted"
+        config_cls = NotedConfig
+
+    monkeypatch.setattr("benchmark.registry.default_registry", lambda: SimpleNamespace(get=lambda name: Noted))
+    config = dataclasses.replace(tiny_config, methods=("noted",), method_options={"noted": {"note": "n" * 300}})
+    with pytest.raises(DapbenchError, match="noted's row label would be 312 characters long, over the 256"):
+        check_labels(config)
+    check_labels(dataclasses.replace(config, method_options={"noted": {"note": "short"}}))
 
 
 @pytest.mark.parametrize("linked", [".dapbench/cache", ".dapbench/runs", ".dapbench/cache/base-evaluation"])

@@ -22,9 +22,10 @@ from benchmark.threads import MAX_THREADS
 
 DERIVED_TOLERANCE = 1e-9
 """Derived numbers are recomputed with the code that wrote them: equal up to float printing."""
-LABEL_LIMIT = 2048
-"""Characters a row label may hold: a method with several long text options stays below it, and every table and
-chart that prints the label stays of bounded size."""
+LABEL_LIMIT = 256
+"""Characters a row label may hold (the longest committed one has 50): every table and chart that prints labels stays
+of bounded size (a label of 8,000 characters drew a plot 67,421 px wide); a run whose label would be longer is
+refused before its work (``preflight.check_labels``)."""
 CHUNK_TOLERANCE = 1e-3
 """Nats by which the set loss may differ from its chunks' sums (each rounded to 4 decimals) over their tokens."""
 
