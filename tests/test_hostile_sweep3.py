@@ -437,3 +437,25 @@ def test_a_file_size_limit_during_the_data_cache_write_is_named(world_root, tiny
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
     assert "cannot build" in done.stderr and "ulimit -f" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_work_folder_that_cannot_be_written_is_named_before_work(
+    world_root, tiny_model, tmp_path, capsys, monkeypatch
+):
+    import tempfile
+
+    from cli_helpers import no_record, quick_run_args
+
+    work = tmp_path / "work"
+    work.mkdir()
+    real = tempfile.TemporaryFile
+
+    def refused(*args, dir=None, **kwargs):  # what an immutable folder answers (root ignores chmod, so it is stubbed)
+        if dir is not None and Path(dir) == work:
+            raise PermissionError(13, "Permission denied")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    assert main(quick_run_args(world_root, tiny_model, tmp_path / "out", "--work-dir", str(work))) == 2
+    assert f"cannot write under {work}: Permission denied" in capsys.readouterr().err
+    no_record(tmp_path / "out")
