@@ -459,3 +459,14 @@ def test_a_work_folder_that_cannot_be_written_is_named_before_work(
     assert main(quick_run_args(world_root, tiny_model, tmp_path / "out", "--work-dir", str(work))) == 2
     assert f"cannot write under {work}: Permission denied" in capsys.readouterr().err
     no_record(tmp_path / "out")
+
+
+def test_an_lm_eval_score_over_one_test_example_is_refused_before_work(
+    world_root, tiny_gpt2, tmp_path, capsys, started
+):
+    from cli_helpers import no_record, quick_run_args
+
+    args = quick_run_args(world_root, tiny_gpt2, tmp_path, "--set", "finetune.protocol=lm_eval")
+    assert main([*args, "--set", "finetune.max_test_examples=1"]) == 2
+    assert "1 test example(s) would be scored" in capsys.readouterr().err
+    no_record(tmp_path)
