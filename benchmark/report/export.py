@@ -92,8 +92,8 @@ def curves_table(records: list[dict]) -> pd.DataFrame:
             curve = domain.get("curve") or {"steps": [], "losses": {}}
             for name, losses in curve["losses"].items():
                 for update, loss in zip(curve["steps"], losses, strict=True):
-                    rows.append({"run_id": record["run_id"], "stage": t, "during": domain["domain"], "update": update,
-                                 "eval_set": name, "loss": loss})  # fmt: skip
+                    row = {"run_id": record["run_id"], "stage": t, "during": domain["domain"], "update": update}
+                    rows.append({**row, "eval_set": name, "loss": loss})
     return pd.DataFrame(rows, columns=["run_id", "stage", "during", "update", "eval_set", "loss"])
 
 
