@@ -31,15 +31,13 @@ def check_inputs(configs: list[RunConfig]) -> list:
 def check_labels(config: RunConfig) -> None:
     """Every method's row label (its name, non-default options and recipe) fits :data:`LABEL_LIMIT`: a record with a
     longer one is refused when read, so the run would be lost after its work."""
-    from benchmark.method import options_label
     from benchmark.records.checks import LABEL_LIMIT
-    from benchmark.records.identity import canonical_recipe, recipe_label
+    from benchmark.records.identity import canonical_recipe, row_label
     from benchmark.registry import default_registry
 
-    recipe = recipe_label(canonical_recipe(config.to_dict()))
+    recipe = canonical_recipe(config.to_dict())
     for name in config.methods:
-        options = options_label(default_registry().get(name).options_in(config).canonical_options())
-        label = f"{name}[{','.join(p for p in (options, recipe) if p)}]"
+        label = row_label(name, default_registry().get(name).options_in(config).canonical_options(), recipe)
         if len(label) > LABEL_LIMIT:
             raise DapbenchError(
                 f"{name}'s row label would be {len(label):,} characters long, over the {LABEL_LIMIT} a label may hold"

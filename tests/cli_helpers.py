@@ -101,17 +101,13 @@ def record_with_options(path: Path, folder: Path, **options: object) -> Path:
     original's). What a hostile option value, from a plugin's string option, would put before a reader."""
     import json
 
-    from benchmark.method import options_label
-    from benchmark.records.identity import canonical_recipe, recipe_label, record_identity
+    from benchmark.records.identity import canonical_recipe, record_identity, row_label
 
     record = whole_record(path)
     record["identity"]["method_options"] = {**record["identity"]["method_options"], **options}
-    variant = ",".join(
-        p
-        for p in (options_label(record["identity"]["method_options"]), recipe_label(canonical_recipe(record["config"])))
-        if p
+    record["method_label"] = row_label(
+        record["method"], record["identity"]["method_options"], canonical_recipe(record["config"])
     )
-    record["method_label"] = f"{record['method']}[{variant}]"
     record["run_id"] = record_identity(record).run_id(record["seed"], record["config"].get("sequence", ""))
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"{record['run_id']}.json"

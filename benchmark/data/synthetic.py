@@ -162,11 +162,6 @@ def write_world(world: dict, root: str | Path) -> Path:
     return atomic_directory(root, fill)
 
 
-def _copy_files(source: Path, folder: Path) -> None:
-    for file in sorted(source.iterdir()):
-        shutil.copyfile(file, folder / file.name)
-
-
 def rebuild_shipped_model(causal: bool, work_dir: Path, show_progress: bool = False) -> Path:
     """Pre-train the synthetic world's base model (:func:`synthetic_base_spec`) with pinned arithmetic under
     ``work_dir`` and return its folder: how the shipped files (:data:`SHIPPED_MODELS`) were made. Replacing them
@@ -256,7 +251,9 @@ def materialise(config: RunConfig, show_progress: bool = False, echo: Callable[[
     data_root, model_dir = root / "data", root / ("base-model-causal" if causal else "base-model")
     built_once(data_root, lambda: write_world(build_world(seed=0), data_root))
     shipped = SHIPPED_MODELS / ("causal" if causal else "masked")
-    built_once(model_dir, lambda: atomic_directory(model_dir, lambda tmp: _copy_files(shipped, tmp)))
+    built_once(
+        model_dir, lambda: atomic_directory(model_dir, lambda tmp: shutil.copytree(shipped, tmp, dirs_exist_ok=True))
+    )
     return dataclasses.replace(
         config,
         model=str(model_dir),

@@ -78,7 +78,7 @@ class ContinualRun:
         """Run (or resume) every stage and fine-tune, then return the complete record."""
         p = self.parts
         p.layout.root.mkdir(parents=True, exist_ok=True)
-        clock = RunClock(p.layout.clock, on_cpu=p.accelerator.device.type == "cpu")
+        clock = _clock(p)
         p.tracker.start()
         shown = p.show_progress and p.accelerator.is_main_process
         phases = run_phases(p.schedule, beside=len(self.end_tasks.protocols()) > 1)
@@ -110,7 +110,7 @@ class ContinualRun:
         p.progress = RunProgress(p.where, self.position, p.data.domains, phases, enabled=shown)
         p.own_domain_only = own_domain_only  # for this call only: a later execute() evaluates every set again
         try:
-            self._stages(RunClock(p.layout.clock, on_cpu=p.accelerator.device.type == "cpu"), end_tasks=False)
+            self._stages(_clock(p), end_tasks=False)
         finally:
             p.progress.close()
             p.progress = None
@@ -217,3 +217,8 @@ def _main_decides(decision: str) -> str:
     if PartialState().num_processes == 1:
         return decision
     return broadcast_object_list([decision], from_process=0)[0]
+
+
+def _clock(p: RunParts) -> RunClock:
+    """The run's time ledger, which on a CPU also holds it to the thread count it started with."""
+    return RunClock(p.layout.clock, on_cpu=p.accelerator.device.type == "cpu")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from benchmark.records.identity import recipe_label
+from benchmark.records.identity import row_label
 from benchmark.records.schema import (
     SCHEMA_VERSION,
     ChunkLosses,
@@ -16,13 +16,6 @@ from benchmark.records.schema import (
     Timing,
     portable_config,
 )
-
-
-def row_label(method, recipe: dict) -> str:
-    """The leaderboard row of a run: the method, its non-default options and its non-default recipe options,
-    e.g. ``das[mask_target=update]`` or ``ncl[replay.general=0.05]``."""
-    variant = ",".join(part for part in (method.variant(), recipe_label(recipe)) if part)
-    return f"{method.name}[{variant}]" if variant else method.name
 
 
 def build_record(
@@ -53,7 +46,7 @@ def build_record(
         "run_id": run_id,
         "status": "complete",
         "method": method.name,
-        "method_label": row_label(method, identity.recipe),
+        "method_label": row_label(method.name, method.config.canonical_options(), identity.recipe),
         "method_config": dataclasses.asdict(method.config),
         "capabilities": dataclasses.asdict(caps),
         "comparison_role": None if method.variant() or identity.recipe else method.comparison_role,

@@ -37,10 +37,15 @@ def check_record(record: dict[str, Any], path: Path | None = None) -> None:
     problems += _derived_problems(record)
     if problems:
         raise DapbenchError(
-            f"{source} is not what its run wrote: {'; '.join(problems[:3])}"
-            + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""),
+            f"{source} is not what its run wrote: {first_problems(problems)}",
             "restore the record from version control, or delete it and run it again",
         )
+
+
+def first_problems(problems: list[str], shown: int = 3) -> str:
+    """The first ``shown`` of a record's problems, and how many more there are, as one error message says them."""
+    more = len(problems) - shown
+    return "; ".join(problems[:shown]) + (f" (and {more} more)" if more > 0 else "")
 
 
 def _identity_problems(record: dict[str, Any], path: Path | None) -> list[str]:
@@ -67,17 +72,11 @@ def _identity_problems(record: dict[str, Any], path: Path | None) -> list[str]:
 
 def _type_problems(record: dict[str, Any]) -> list[str]:
     """Fields a reader counts or labels with: the row label the run's method and options give, whole counts."""
-    from benchmark.method import options_label
-    from benchmark.records.identity import canonical_recipe, recipe_label
+    from benchmark.records.identity import canonical_recipe, row_label
 
     out, identity = [], record.get("identity") or {}
     if "method_options" in identity:
-        variant = ",".join(
-            p
-            for p in (options_label(identity["method_options"]), recipe_label(canonical_recipe(record["config"])))
-            if p
-        )
-        label = f"{record['method']}[{variant}]" if variant else record["method"]
+        label = row_label(record["method"], identity["method_options"], canonical_recipe(record["config"]))
         if record["method_label"] != label:
             out.append(f"its method_label {record['method_label']!r} is not {label!r} (what its method, options give)")
     counts = {"trainable_parameters": (record.get("trainable_parameters"), 0)}

@@ -175,6 +175,15 @@ def canonical_recipe(config: Mapping[str, Any]) -> dict[str, Any]:
     return _without_defaults(recipe, {section: spelled_config({})[section] for section in RECIPE_SECTIONS})
 
 
+def row_label(method: str, options: Mapping[str, Any], recipe: Mapping[str, Any]) -> str:
+    """The leaderboard row of a run: the method, its canonical options and its recipe options that differ from the
+    defaults, e.g. ``das[mask_target=update]`` or ``ncl[replay.general=0.05]``."""
+    from benchmark.method import options_label
+
+    variant = ",".join(part for part in (options_label(options), recipe_label(recipe)) if part)
+    return f"{method}[{variant}]" if variant else method
+
+
 def recipe_label(recipe: Mapping[str, Any]) -> str:
     """``replay.general=0.05,schedule.name=wsd``: the recipe options as a label writes them."""
     return ",".join(

@@ -32,6 +32,7 @@ Schema history:
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +228,29 @@ OPTIONAL = ("finetune_reports", "end_tasks_beside", "update_sizes_measured")
 """Fields only some records carry (declared ``NotRequired``; the annotations are strings here, so named again)."""
 
 REQUIRED = tuple(name for name in RunRecord.__annotations__ if name not in OPTIONAL)
+
+
+@functools.cache
+def _adapter(declared: type) -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(declared)
+
+
+def type_problems(declared: type, value: Any) -> list[str]:
+    """Where ``value`` departs from the ``TypedDict`` ``declared`` at any depth (a string where a matrix holds numbers,
+    a list where a field is a mapping, a missing field), checked strictly (no coercion, a bool is no number): one line
+    per problem, with its location; empty where it conforms."""
+    from pydantic import ValidationError
+
+    try:
+        _adapter(declared).validate_python(value, strict=True)
+    except ValidationError as exc:
+        return [
+            f"{'.'.join(map(str, error['loc'])) or 'the value'}: {error['msg'].lower()}"
+            for error in exc.errors(include_url=False, include_input=False)
+        ]
+    return []
 
 
 def in_schema_order(record: dict[str, Any]) -> dict[str, Any]:

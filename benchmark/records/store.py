@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 from pathlib import Path
 from typing import Any
 
 from benchmark.errors import DapbenchError
 from benchmark.families import MASKED_LM
 from benchmark.io import read_json, safe_name
-from benchmark.records.schema import REQUIRED, SCHEMA_VERSION, RunRecord, in_schema_order, portable_config
+from benchmark.records.checks import first_problems
+from benchmark.records.schema import (
+    REQUIRED,
+    SCHEMA_VERSION,
+    RunRecord,
+    in_schema_order,
+    portable_config,
+    type_problems,
+)
 
 
 def validate_record(record: Any, source: str) -> RunRecord:
@@ -25,11 +32,10 @@ def validate_record(record: Any, source: str) -> RunRecord:
             f"{source} is not a complete schema-{SCHEMA_VERSION} run record: missing {', '.join(missing)}",
             "re-run it with the current dapbench, or remove it from results/",
         )
-    problems = structure_problems(record)
+    problems = type_problems(RunRecord, record)  # before any field is used
     if problems:
         raise DapbenchError(
-            f"{source} is not a run record of the declared schema: {'; '.join(problems[:3])}"
-            + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""),
+            f"{source} is not a run record of the declared schema: {first_problems(problems)}",
             "restore the record from version control, or delete it and run it again",
         )
     safe_name(record["run_id"], "record run id")  # it names files and folders
@@ -37,29 +43,6 @@ def validate_record(record: Any, source: str) -> RunRecord:
     if record["status"] != "complete":
         raise DapbenchError(f"{source} has status {record['status']!r}", "only complete records belong in results/")
     return record  # type: ignore[return-value]
-
-
-@functools.cache
-def _record_type() -> Any:
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(RunRecord)
-
-
-def structure_problems(record: dict[str, Any]) -> list[str]:
-    """Where ``record`` departs from the declared :class:`RunRecord` at any depth (a string where a matrix holds
-    numbers, a list where a field is a mapping, a missing field), checked strictly (no coercion, a bool is no number)
-    before any reader uses a field; empty for a well-formed record."""
-    from pydantic import ValidationError
-
-    try:
-        _record_type().validate_python(record, strict=True)
-    except ValidationError as exc:
-        return [
-            f"{'.'.join(map(str, error['loc'])) or 'the record'}: {error['msg'].lower()}"
-            for error in exc.errors(include_url=False, include_input=False)
-        ]
-    return []
 
 
 def migrate_record(record: dict[str, Any], source: str) -> dict[str, Any]:

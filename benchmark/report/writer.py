@@ -305,15 +305,14 @@ class Manifest(TypedDict):
 
 def _read_manifest(report: Path) -> dict:
     """The last report's manifest with its journal's files, each checked to be a file the report writes."""
-    from pydantic import TypeAdapter, ValidationError
+    from benchmark.records.schema import type_problems
 
     path, journal = report / MANIFEST, report / PENDING
     manifest = read_json(path, "report manifest") if path.exists() else {"runs": {}, "groups": {}}
     fix = f"delete {path} and {journal} (the report rewrites every page; it then removes none of the old ones)"
-    try:
-        TypeAdapter(Manifest).validate_python(manifest, strict=True)
-    except ValidationError as exc:
-        raise DapbenchError(f"{path} is not a report manifest: {exc.errors()[0]['msg']}", fix) from exc
+    problems = type_problems(Manifest, manifest)
+    if problems:
+        raise DapbenchError(f"{path} is not a report manifest: {problems[0]}", fix)
     if journal.is_file() and not journal.is_symlink():
         manifest["pending"] = journal.read_text(encoding="utf-8").splitlines()
     foreign = sorted(f for f in _files(manifest) if not REPORT_FILE.fullmatch(f) or ".." in f)

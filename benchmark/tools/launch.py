@@ -193,10 +193,10 @@ def submit_slurm(
     config_files: dict[GridRun, Path], options: SlurmOptions, folder: Path, job: Callable[[str], object]
 ) -> dict[GridRun, object]:
     """Submit one job per run through submitit (one job array); each job calls ``job`` (the library's single-run
-    entry point, ``benchmark.api.run_config_file``) on its configuration file. Returns the jobs."""
-    import submitit
+    entry point, ``benchmark.api.run_config_file``) on its configuration file (:func:`check_slurm` first). Returns
+    the jobs."""
+    import submitit  # present: the launcher ran check_slurm before anything was written
 
-    check_slurm(options)
     executor = submitit.AutoExecutor(folder=folder, cluster=options.executor)
     parameters = {"timeout_min": options.time_min, "gpus_per_node": options.gpus, "cpus_per_task": options.cpus}
     parameters |= {"name": "dapbench", "slurm_partition": options.partition, "mem_gb": options.mem_gb}
