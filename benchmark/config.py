@@ -195,6 +195,12 @@ class FinetuneConfig:
     max_test_examples: int | None = setting(None, low=1)
     """Subsample the test split to at most this many examples (fixed, seed-independent subset)."""
     eval_batch_size: int = setting(64, low=1)
+    validation_share: float = setting(0.0, low=0, high=0.5)
+    """Fine-tuning only: the share of the (subsampled) training split held out as a validation split, stratified by
+    label and the same for every run (:func:`benchmark.data.endtasks.validation_split`); the fine-tune scores it after
+    every epoch and the test split is scored with the weights of the epoch whose validation macro-F1 was best (issue
+    #86: the epoch count is chosen on validation, never on test). 0: no validation split, the last epoch's weights
+    (the paper's protocol)."""
     group_by_length: bool = False
     """Draw training batches of similar length (transformers' ``LengthGroupedSampler``: random megabatches, each sorted
     by length) instead of uniformly shuffled ones. The paper shuffles uniformly; grouping cuts padding about 40%."""

@@ -41,6 +41,57 @@ def classification_scores(labels: Sequence[int], predictions: Sequence[int], num
     }
 
 
+MIN_CLASS_SHARE = 0.5
+"""A cell measures the backbone only if its classifier predicts at least this share of the classes in its test set
+(issue #86: a fine-tuned head that predicts 2 of 6 classes measures its own collapse, not the model under it)."""
+
+
+def majority_macro_f1(labels: Sequence[int], num_labels: int) -> float:
+    """The macro-F1 of always predicting the most frequent test label (:func:`macro_f1`'s classes)."""
+    labels = np.asarray(labels)
+    return macro_f1(labels, np.full_like(labels, np.bincount(labels).argmax()), num_labels)
+
+
+def backbone_problem(labels: Sequence[int], predictions: Sequence[int], num_labels: int) -> str | None:
+    """Why one end-task cell does not measure the backbone, or None where it does: its classifier predicts fewer
+    than :data:`MIN_CLASS_SHARE` of the classes in the test set, or its macro-F1 is at or below the majority
+    class's (issue #86). The report states no verdict from a cell so flagged."""
+    labels, predictions = np.asarray(labels), np.asarray(predictions)
+    present, predicted = len(np.unique(labels)), len(np.unique(predictions))
+    if predicted < MIN_CLASS_SHARE * present:
+        return f"predicts {predicted} of the {present} classes in its test set"
+    score, majority = macro_f1(labels, predictions, num_labels), majority_macro_f1(labels, num_labels)
+    if score <= majority + 1e-9:
+        return f"macro-F1 {100 * score:.2f} is at or below the majority class's {100 * majority:.2f}"
+    return None
+
+
+def backbone_flags(
+    predictions: Mapping[str, Sequence[int]], test_labels: Mapping[str, Mapping], end_tasks: Sequence[str]
+) -> dict[str, str]:
+    """Every cell (``"t/k"``) of one protocol's ``predictions`` that does not measure the backbone, with why
+    (:func:`backbone_problem`); ``test_labels`` per end task holds ``labels`` and ``classes`` as a record keeps them."""
+    flags = {}
+    for cell, predicted in predictions.items():
+        task = test_labels[end_tasks[int(cell.split("/")[1])]]
+        problem = backbone_problem(task["labels"], predicted, task["classes"])
+        if problem is not None:
+            flags[cell] = problem
+    return flags
+
+
+def record_backbone_flags(record: Mapping, beside: str | None = None) -> dict[str, str]:
+    """The cells of a record's own protocol (or of the protocol ``beside`` it) that do not measure the backbone: as
+    kept in the record, else derived from its predictions (records made before the flags were kept); empty where the
+    record holds no predictions."""
+    cells = record if beside is None else record["end_tasks_beside"][beside]
+    if "backbone_flags" in cells:
+        return dict(cells["backbone_flags"])
+    if not cells.get("predictions") or not record.get("test_labels"):
+        return {}
+    return backbone_flags(cells["predictions"], record["test_labels"], record["end_tasks"])
+
+
 def _as_matrix(matrix: Sequence[Sequence[float]]) -> np.ndarray:
     a = np.asarray(matrix, dtype=float)
     if a.ndim != 2 or a.shape[0] != a.shape[1]:

@@ -159,6 +159,7 @@ def test_the_leaderboard_sets_fine_tuned_cells_against_the_probe_and_against_no_
     from benchmark.data.inputs import prepare_data
     from benchmark.io import atomic_write_json
     from benchmark.report.beside import final_macro_f1
+    from benchmark.report.frame import backbone_flag
     from benchmark.report.writer import write_report
 
     world = world_config(world_root, tiny_model, tmp_path, TINY_DAP, TINY_FINETUNE)
@@ -179,7 +180,9 @@ def test_the_leaderboard_sets_fine_tuned_cells_against_the_probe_and_against_no_
     tuned = np.mean([final_macro_f1(r, "finetune") for r in ncl])
     row = next(line for line in section.splitlines() if line.startswith("| `ncl` |"))
     assert f"| {probe:.2f} ± " in row and f"| {tuned:.2f} ± " in row and f"| {tuned - probe:.2f} ± " in row
-    assert "beyond seed noise" in section
+    # the tiny world's fine-tuned heads may collapse: then the section says why it states no verdict
+    collapsed = any(backbone_flag([r], "finetune") for r in records)
+    assert ("No verdict for" in section) if collapsed else ("beyond seed noise" in section)
     assert "beside it, fine-tuning" in board
     (page,) = (tmp_path / "results" / "report" / "site").glob("group-*.html")
     page = page.read_text()

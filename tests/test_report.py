@@ -150,7 +150,14 @@ def test_record_strings_are_escaped_in_markdown_and_on_the_terminal(records):
     assert "<script>" not in outside_code and "\x1b" not in board
 
 
+def _measuring(records: list[dict]) -> list[dict]:
+    """Copies of ``records`` whose end-task cells count as measuring the backbone: the tiny world's classifiers may
+    collapse, and these tests read the comparisons (the flags have tests of their own, test_backbone_flags.py)."""
+    return [{**copy.deepcopy(r), "backbone_flags": {}} for r in records]
+
+
 def test_the_best_dap_method_against_no_dap_is_one_the_tests_cover(records):
+    records = _measuring(records)
     one_seed_das = records[6]
     (group,), _ = group_records([*records[:6], one_seed_das])
     stats = _statistics(group)
@@ -167,7 +174,7 @@ def test_the_best_dap_method_against_no_dap_is_one_the_tests_cover(records):
 
 
 def test_a_part_without_no_dap_still_tests_end_tasks_against_the_methods_that_train(records):
-    (group,), _ = group_records(records[3:])  # ncl and das only, as in the five-order part
+    (group,), _ = group_records(_measuring(records[3:]))  # ncl and das only, as in the five-order part
     stats = _statistics(group)
     lines = end_task_reading(stats)
     assert not [x for x in lines if x.startswith("- DAP vs no DAP")]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,22 @@ def fixed_subset(examples: list[Example], limit: int | None, key: str) -> list[E
     order = list(range(len(examples)))
     random.Random(key).shuffle(order)
     return [examples[i] for i in sorted(order[:limit])]
+
+
+def validation_split(features: list[dict], share: float, key: str) -> tuple[list[dict], list[dict]]:
+    """``features`` (encoded training examples with ``labels``) split into a part to train on and a validation part
+    of about ``share`` of them, stratified by label where every label has two examples or more, and drawn by a seed
+    derived from ``key`` only: the same split for every run and seed. ``share`` 0 keeps every example for training."""
+    if share <= 0:
+        return features, []
+    from sklearn.model_selection import train_test_split
+
+    labels = [f["labels"] for f in features]
+    counts = Counter(labels)
+    stratify = labels if min(counts.values()) >= 2 and len(features) * share >= len(counts) else None
+    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big")
+    fit, held = train_test_split(list(range(len(features))), test_size=share, random_state=seed, stratify=stratify)
+    return [features[i] for i in sorted(fit)], [features[i] for i in sorted(held)]
 
 
 def format_example(example: Example, sep_token: str | None) -> str:

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from benchmark.config import FinetuneConfig
-from benchmark.data.endtasks import EncodedTask
+from benchmark.data.endtasks import EncodedTask, validation_split
 from benchmark.engine.compiling import compile_blocks
 from benchmark.engine.optimizers import fused_adamw
 from benchmark.errors import DapbenchError, NonFiniteError
@@ -23,6 +23,11 @@ from benchmark.protocols.base import EndTaskProtocol, test_sizes
 MIN_FINETUNE_EPOCHS = 1.0
 """Passes over its training examples every fine-tuned end task gets at least (``finetune.epochs`` x
 ``finetune.epoch_scale``): less leaves the head close to its random start, and the score measures that start."""
+
+
+MIN_VALIDATION_EXAMPLES = 10
+"""The fewest validation examples an epoch is chosen on (``finetune.validation_share``), as the test split's floor:
+fewer, and one example moves the validation macro-F1 by whole points."""
 
 
 @register_protocol
@@ -38,12 +43,27 @@ class FineTune(EndTaskProtocol):
         """Epochs, scale, rate and sample sizes."""
         epochs = sorted(set(ft["epochs"].values())) or [ft["default_epochs"]]
         scale = ft.get("epoch_scale", 1.0)
-        return f"fine-tuning {'/'.join(f'{e:g}' for e in epochs)} epochs x {scale:g}, lr {ft['lr']}, {test_sizes(ft)}"
+        share = ft.get("validation_share") or 0.0
+        chosen = f", the epoch chosen on a {100 * share:g}% validation split" if share else ""
+        return (
+            f"fine-tuning {'/'.join(f'{e:g}' for e in epochs)} epochs x {scale:g}, lr {ft['lr']}{chosen},"
+            f" {test_sizes(ft)}"
+        )
 
     def check(self, config, data) -> None:
-        """Every end task gets at least one pass over its training examples."""
+        """Every end task gets at least one pass over its training examples, and a validation split (where asked
+        for) of at least :data:`MIN_VALIDATION_EXAMPLES` examples to choose its epoch on."""
         ft = config.finetune
         for task in data.tasks.values():
+            held = len(validation_split(task.train, ft.validation_share, f"{task.name}/validation")[1])
+            if ft.validation_share and held < MIN_VALIDATION_EXAMPLES:
+                raise DapbenchError(
+                    f"end task {task.name}'s validation split would hold {held} example(s)"
+                    f" (finetune.validation_share={ft.validation_share:g} of {len(task.train)}): too few to choose an"
+                    " epoch on",
+                    f"raise finetune.validation_share or finetune.max_train_examples (to {MIN_VALIDATION_EXAMPLES}"
+                    " validation examples), or set finetune.validation_share=0",
+                )
             epochs = ft.epochs.get(task.name, ft.default_epochs) * ft.epoch_scale
             if epochs < MIN_FINETUNE_EPOCHS:
                 raise DapbenchError(
@@ -73,7 +93,8 @@ def finetune_and_evaluate(
 
     set_seed(seed)
     collator = DataCollatorWithPadding(tokenizer)
-    loader = _train_loader(task.train, cfg, collator)
+    train, validation = validation_split(task.train, cfg.validation_share, f"{task.name}/validation")
+    loader = _train_loader(train, cfg, collator)
     epochs = cfg.epochs.get(task.name, cfg.default_epochs) * cfg.epoch_scale
     total_steps = max(1, math.ceil(epochs * len(loader)))
     optimizer, scheduler = _optimizer(model, cfg, accelerator, total_steps)
@@ -84,6 +105,7 @@ def finetune_and_evaluate(
     model = accelerator.prepare_model(model, evaluation_mode=True)
     optimizer, device = accelerator.prepare_optimizer(optimizer), accelerator.device
     start = time.perf_counter()
+    best = BestEpoch(validation, task.num_labels, collator, cfg.eval_batch_size, accelerator)
     model.train()
     step = 0
     # First step whose loss was not finite (-1: none), kept on the device: checked once per epoch, no sync per step.
@@ -102,20 +124,65 @@ def finetune_and_evaluate(
             if step >= total_steps:
                 break
         _check_finite_steps(first_bad, task.name, cfg)
+        best.score(model, step / len(loader))
+        model.train()
     train_seconds = time.perf_counter() - start
+    best.restore(model)
     predictions = predict(model, task.test, collator, cfg.eval_batch_size, accelerator)
     scores = classification_scores(task.test_labels, predictions, task.num_labels)
     accelerator.free_memory()
     return {
         **scores,
         "predictions": predictions,
-        "n_train": len(task.train),
+        "n_train": len(train),
         "n_test": len(task.test),
         "epochs": epochs,
         "steps": total_steps,
+        **best.summary(),
         "train_seconds": round(train_seconds, 3),
         "eval_seconds": round(time.perf_counter() - start - train_seconds, 3),
     }
+
+
+class BestEpoch:
+    """Model selection on a validation split (``finetune.validation_share``): after every pass over the training
+    examples the validation macro-F1 is measured, and the weights of the best pass are kept (a copy on the host) to
+    score the test split with. Without a validation split it keeps nothing and the last weights are scored."""
+
+    def __init__(self, validation: list[dict], num_labels: int, collator, batch_size: int, accelerator):
+        """``validation``: the encoded validation examples (empty: no selection)."""
+        self.validation, self.num_labels = validation, num_labels
+        self.collator, self.batch_size, self.accelerator = collator, batch_size, accelerator
+        self.scores: list[tuple[float, float]] = []
+        self.best_state: dict[str, torch.Tensor] | None = None
+
+    def score(self, model: nn.Module, epoch: float) -> None:
+        """Score the validation split after ``epoch`` passes; keep the weights where it is the best so far (the
+        earliest of equal scores: fewer passes, the same validation result)."""
+        if not self.validation:
+            return
+        labels = [f["labels"] for f in self.validation]
+        predicted = predict(model, self.validation, self.collator, self.batch_size, self.accelerator)
+        value = classification_scores(labels, predicted, self.num_labels)["macro_f1"]
+        if not self.scores or value > max(score for _, score in self.scores):
+            self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        self.scores.append((round(epoch, 4), value))
+
+    def restore(self, model: nn.Module) -> None:
+        """Load the best epoch's weights into ``model`` (nothing without a validation split)."""
+        if self.best_state is not None:
+            model.load_state_dict(self.best_state)
+
+    def summary(self) -> dict:
+        """The validation examples, the macro-F1 after each pass and the pass chosen (nothing without a split)."""
+        if not self.validation:
+            return {}
+        chosen = max(self.scores, key=lambda item: item[1])  # max keeps the first of equal scores
+        return {
+            "n_validation": len(self.validation),
+            "validation_macro_f1": [score for _, score in self.scores],
+            "selected_epoch": chosen[0],
+        }
 
 
 def _optimizer(model: nn.Module, cfg: FinetuneConfig, accelerator, total_steps: int) -> tuple:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from benchmark.metrics import backbone_flags
 from benchmark.records.identity import row_label
 from benchmark.records.schema import (
     SCHEMA_VERSION,
@@ -41,6 +42,7 @@ def build_record(
     after_domain = [None if s is None else s["lm_loss"] for s in stage_stats]
     chunk_rows = [None if s is None else s["lm_loss_chunks"] for s in stage_stats]
     present = [{k: v for k, v in s.items() if k != "lm_loss_chunks"} for s in stage_stats if s is not None]
+    tasks, labels = [data.tasks[d].name for d in data.domains], _test_labels(data)
     return {
         "schema": SCHEMA_VERSION,
         "run_id": run_id,
@@ -55,14 +57,14 @@ def build_record(
         "seed": seed,
         "profile": config.profile,
         "sequence": list(data.domains),
-        "end_tasks": [data.tasks[d].name for d in data.domains],
+        "end_tasks": tasks,
         "config": portable_config(config.to_dict()),
         "config_fingerprint": run_id.rsplit("-", 1)[-1],
         "identity": _identity_block(identity),
         "matrices": matrices,
         "summary": {metric: _summary(m, caps) for metric, m in matrices.items()},
         "predictions": predictions,
-        "test_labels": _test_labels(data),
+        "test_labels": labels,
         "majority_class": _majority_class([data.tasks[d] for d in data.domains]),
         "lm_loss": _lm_loss_block(data, base_losses, after_domain, caps, _chunks(data, base_chunk_sums, chunk_rows)),
         "representation": {
@@ -75,28 +77,35 @@ def build_record(
         "domains": present,
         "environment": environment,
         "data_checksums": data.checksums,
-        **_optional_blocks(reports, beside, caps),
+        "backbone_flags": backbone_flags(predictions, labels, tasks),
+        **_optional_blocks(reports, beside, caps, labels, tasks),
     }
 
 
-def _optional_blocks(reports: dict, beside: dict[str, tuple] | None, caps) -> dict[str, Any]:
+def _optional_blocks(
+    reports: dict, beside: dict[str, tuple] | None, caps, labels: dict[str, dict[str, Any]], tasks: list[str]
+) -> dict[str, Any]:
     """The blocks only some records carry: the method's reports on its fine-tuned models (DoMIX) and the cells of the
     protocol beside the run's own (``finetune.beside``)."""
     out: dict[str, Any] = {}
     if reports:
         out["finetune_reports"] = reports
     if beside:
-        out["end_tasks_beside"] = _beside_block(beside, caps)
+        out["end_tasks_beside"] = _beside_block(beside, caps, labels, tasks)
     return out
 
 
-def _beside_block(beside: dict[str, tuple], caps) -> dict[str, EndTasksBeside]:
-    """Per protocol scored beside the run's own: its matrices, their summaries and each cell's test predictions."""
+def _beside_block(
+    beside: dict[str, tuple], caps, labels: dict[str, dict[str, Any]], tasks: list[str]
+) -> dict[str, EndTasksBeside]:
+    """Per protocol scored beside the run's own: its matrices, their summaries, each cell's test predictions and the
+    cells that do not measure the backbone."""
     return {
         name: {
             "matrices": matrices,
             "summary": {metric: _summary(m, caps) for metric, m in matrices.items()},
             "predictions": predictions,
+            "backbone_flags": backbone_flags(predictions, labels, tasks),
         }
         for name, (matrices, predictions, _) in beside.items()
     }

@@ -148,7 +148,7 @@ def _end_task_blocks(record: dict[str, Any]) -> Iterator[tuple[str, dict[str, An
 
 def _prediction_problems(record: dict[str, Any], where: str, cells: dict[str, Any]) -> list[str]:
     """Every scored cell's scores are what its test predictions give against the task's test labels."""
-    from benchmark.metrics import classification_scores
+    from benchmark.metrics import backbone_flags, classification_scores
 
     predictions, labels = cells.get("predictions"), record.get("test_labels")
     if not predictions or not labels:
@@ -169,6 +169,10 @@ def _prediction_problems(record: dict[str, Any], where: str, cells: dict[str, An
     computed = {f"{t}/{k}" for t, row in enumerate(matrix) for k, v in enumerate(row) if v is not None}
     if computed != set(predictions):
         out.append(f"{where}the scored cells and the cells with predictions differ")
+    if "backbone_flags" in cells and cells["backbone_flags"] != backbone_flags(
+        predictions, labels, record["end_tasks"]
+    ):
+        out.append(f"{where}backbone_flags are not what its predictions give")
     return out
 
 

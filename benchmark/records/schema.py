@@ -139,6 +139,8 @@ class EndTasksBeside(TypedDict):
     matrices: dict[str, list[list[float | None]]]
     summary: dict[str, dict[str, float | None] | None]
     predictions: dict[str, list[int]]
+    backbone_flags: NotRequired[dict[str, str]]
+    """As the record's own ``backbone_flags``, for this protocol's cells."""
 
 
 class RunIdentityBlock(TypedDict, total=False):
@@ -219,12 +221,17 @@ class RunRecord(TypedDict):
     end_tasks_beside: NotRequired[dict[str, EndTasksBeside]]
     """Per protocol scored beside ``config.finetune.protocol`` (``finetune.beside``): the same cells under it; present
     only in runs that ask for one."""
+    backbone_flags: NotRequired[dict[str, str]]
+    """Per cell ``t/k`` of the run's own protocol that does not measure the backbone, why
+    (:func:`benchmark.metrics.backbone_problem`: its classifier predicts fewer than half of the test set's classes, or
+    scores at or below the majority class); the report states no verdict from such a cell. Absent in records made
+    before it was kept: the report derives it from their predictions."""
     update_sizes_measured: NotRequired[UpdateSizesMeasured]
     """Present only in a record made before per-stage ``update_sizes`` were measured, whose sizes were added later
     by a stages-only re-run that matched it."""
 
 
-OPTIONAL = ("finetune_reports", "end_tasks_beside", "update_sizes_measured")
+OPTIONAL = ("finetune_reports", "end_tasks_beside", "backbone_flags", "update_sizes_measured")
 """Fields only some records carry (declared ``NotRequired``; the annotations are strings here, so named again)."""
 
 REQUIRED = tuple(name for name in RunRecord.__annotations__ if name not in OPTIONAL)

@@ -22,7 +22,9 @@ from benchmark.report.beside import (
     beating_no_dap,
     beside_protocols,
     beside_rows,
+    unmeasured_note,
 )
+from benchmark.report.end_task_reading import measuring_comparisons
 from benchmark.report.escape import code, text
 from benchmark.report.frame import GENERATED_WORLD, column_header, tokens_per_domain, untrained_flag
 from benchmark.report.reading import column_of
@@ -182,8 +184,8 @@ def _end_task_sentence(stats: GroupStatistics, none: str | None, top) -> str:
     ``top`` rung scores beside its own (its fine-tuning), with the rows resolved below no DAP there."""
     if none is None:
         return ""
-    column = column_of("final macro-F1")
-    above = [c.label for c in stats.comparisons(none, column) if c.resolved() and c.mean > 0]
+    comparisons, _ = measuring_comparisons(stats, none)
+    above = [c.label for c in comparisons if c.resolved() and c.mean > 0]
     protocol = protocol_words(stats.records[0]["config"]["finetune"])
     clauses = [
         f"{_names(above)} {_verb(above, 'scores', 'score')} above no DAP ({code(none)}) ({protocol}) at that budget"
@@ -201,6 +203,8 @@ def _end_task_sentence(stats: GroupStatistics, none: str | None, top) -> str:
             if beats
             else f"{where}, no method beats it beyond seed noise"
         )
+        if not beats and (unmeasured := unmeasured_note(rows)):
+            said = f"{where}, {unmeasured}"
         clauses.append(said + (f" and {_names(below)} {_verb(below, 'scores', 'score')} below it" if below else ""))
     return "On the end tasks, " + "; ".join(clauses) + "."
 
@@ -360,6 +364,8 @@ def _beside_line(rung, beside: str) -> str:
         best = max(compared, key=lambda row: row.versus[0], default=None)
         closest = f" (closest: {code(best.label)} {_interval(best)})" if best is not None else ""
         verdict = f"no method beats no DAP ({code(NO_DAP)}) beyond seed noise{closest}"
+        if best is None and (unmeasured := unmeasured_note(rows)):
+            verdict = unmeasured
     below = [row for row in rows if row.below()]
     worse = f"; below it: {', '.join(f'{code(row.label)} {_interval(row)}' for row in below)}" if below else ""
     intervals = f"95% t intervals paired by seed, q-values over the rows, rows of {MIN_SEEDS} seeds or more"
@@ -434,8 +440,12 @@ def _speed(stats: GroupStatistics, label: str, naive: str) -> str:
 def _end_tasks(stats: GroupStatistics, none: str | None) -> list[str]:
     if none is None:
         return []
-    column = column_of("final macro-F1")
-    better = [c for c in stats.comparisons(none, column) if c.resolved() and c.mean > 0]
+    comparisons, unmeasured = measuring_comparisons(stats, none)
+    better = [c for c in comparisons if c.resolved() and c.mean > 0]
+    if unmeasured and not comparisons:
+        return [
+            f"on the end tasks no verdict against no DAP ({code(none)}): the cells compared do not measure the backbone"
+        ]
     if not better:
         protocol = protocol_words(stats.records[0]["config"]["finetune"])
         return [

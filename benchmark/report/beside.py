@@ -21,7 +21,7 @@ import numpy as np
 from benchmark.protocols import protocol_short, protocol_words
 from benchmark.report.comparison import ALPHA, Test, benjamini_hochberg, paired_test, welch_test
 from benchmark.report.escape import code, text
-from benchmark.report.frame import by_label
+from benchmark.report.frame import backbone_flag, by_label
 
 NO_DAP = "none"
 """The row every method is compared with."""
@@ -63,6 +63,9 @@ class BesideRow:
     difference: float | None = None
     test: Test | None = None
     q: float = 1.0
+    unmeasured: str = ""
+    """Why no comparison was drawn although both rows have the seeds: the row's (or no DAP's) final cells under the
+    beside protocol do not measure the backbone (:func:`benchmark.report.frame.backbone_flag`)."""
 
     @property
     def versus(self) -> tuple[float, float, float] | None:
@@ -100,18 +103,31 @@ def beside_rows(records: list[dict], beside: str) -> list[BesideRow]:
             scores[label] = (np.array([a for a, _ in pairs]), np.array([b for _, b in pairs]))
             seeds[label] = {r["seed"]: b for r, (_, b) in zip(runs, pairs, strict=True)}
     baseline = scores.get(NO_DAP)
-    rows = []
+    rows, grouped = [], by_label(records)
+    unmeasured = {label: backbone_flag(grouped[label], beside) for label in scores}
     for label, (own, second) in sorted(scores.items(), key=lambda item: -item[1][1].mean()):
-        row = BesideRow(label, own, second)
+        row = BesideRow(label, own, second, unmeasured=unmeasured[label])
         if baseline is not None and label != NO_DAP:
             row = dataclasses.replace(row, difference=float(second.mean() - baseline[1].mean()))
-            test = seed_test(seeds[label], seeds[NO_DAP]) if min(len(second), len(baseline[1])) >= MIN_SEEDS else None
-            if test is not None:
-                row = dataclasses.replace(row, test=test)
+            if not row.unmeasured and unmeasured[NO_DAP]:
+                row = dataclasses.replace(row, unmeasured=f"{NO_DAP}: {unmeasured[NO_DAP]}")
+            enough = min(len(second), len(baseline[1])) >= MIN_SEEDS
+            if enough and not row.unmeasured:
+                row = dataclasses.replace(row, test=seed_test(seeds[label], seeds[NO_DAP]))
         rows.append(row)
     tested = [row for row in rows if row.test is not None]
     qs = dict(zip([row.label for row in tested], benjamini_hochberg([row.test.p for row in tested]), strict=True))
     return [dataclasses.replace(row, q=qs[row.label]) if row.label in qs else row for row in rows]
+
+
+def unmeasured_note(rows: list[BesideRow]) -> str:
+    """``no verdict: the cells of 12 of 15 rows do not measure the backbone`` where rows went uncompared with no DAP
+    because of their cells (or no DAP's); empty where none did."""
+    left = [row for row in rows if row.unmeasured and row.label != NO_DAP]
+    if not left:
+        return ""
+    counted = f"{len(left)} of {len(rows) - 1} rows"
+    return f"no verdict: the cells of {counted} (or of {code(NO_DAP)}) do not measure the backbone"
 
 
 def beating_no_dap(rows: list[BesideRow]) -> list[str]:
@@ -147,9 +163,19 @@ def _section(records: list[dict], beside: str) -> list[str]:
             f" | {_versus(row)} |"
         )
     lines.append("")
+    unmeasured = [row for row in rows if row.unmeasured and row.label != NO_DAP]
+    if unmeasured:
+        lines += [
+            f"No verdict for {len(unmeasured)} row(s): their {text(other)} final cells (or `{NO_DAP}`'s) do not"
+            " measure the backbone: a classifier that predicts under half of its test set's classes, or scores at or"
+            " below the majority class, measures its own collapse, not the model under it.",
+            "",
+        ]
     if any(row.label == NO_DAP for row in rows):
         named = ", ".join(code(label) for label in beating_no_dap(rows))
         scored = text(protocol_short({"protocol": beside}))
+        if unmeasured and not any(row.test for row in rows):
+            return lines
         lines.append(
             f"Beating `{NO_DAP}` on {scored} end tasks beyond seed noise: {named}."
             if named
@@ -165,6 +191,8 @@ def _versus(row: BesideRow) -> str:
         mean, low, high = row.versus
         verdict = "resolved" if row.resolved() else f"not resolved (80% power at ±{row.resolvable():.2f})"
         return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}] q={row.q:.2g} {verdict}"
+    if row.difference is not None and row.unmeasured:
+        return f"{row.difference:+.2f} (no verdict: {text(row.unmeasured)})"
     if row.difference is not None:
         return f"{row.difference:+.2f} (one seed: seed noise not measured)"
     return "–"

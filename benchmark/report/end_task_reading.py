@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from benchmark.report.escape import code, text
+from benchmark.report.frame import backbone_flag, by_label
 from benchmark.report.reading import column_of, paired_by, paired_runs, tie_bound
 from benchmark.report.statistics import ALPHA, Comparison, GroupStatistics
 
@@ -46,8 +47,32 @@ def end_task_reading(stats: GroupStatistics) -> list[str]:
     return lines + mask_reading(records) + method_notes(records)
 
 
+def measuring_comparisons(stats: GroupStatistics, reference: str) -> tuple[list[Comparison], list[str]]:
+    """Every final macro-F1 comparison with ``reference`` whose two rows' final cells all measure the backbone, and
+    the labels of the rows left out because theirs (or the reference's) do not (:func:`backbone_flag`): the report
+    states no end-task verdict from such cells."""
+    comparisons = stats.comparisons(reference, column_of("final macro-F1"))
+    rows = by_label(stats.records)
+    if backbone_flag(rows.get(reference, [])):
+        return [], [c.label for c in comparisons]
+    flagged = {c.label for c in comparisons if backbone_flag(rows[c.label])}
+    return [c for c in comparisons if c.label not in flagged], sorted(flagged)
+
+
+def _left_out(labels: list[str], reference: str) -> str:
+    """The sentence naming the rows not compared with ``reference`` because their cells do not measure the backbone."""
+    if not labels:
+        return ""
+    return (
+        f" Not compared with {code(reference)}: {', '.join(code(label) for label in labels)} (final cells that do not"
+        " measure the backbone: they predict under half of a test set's classes or score at the majority class)."
+    )
+
+
 def _against_no_dap(stats: GroupStatistics, no_dap: str, means: pd.Series) -> list[str]:
-    comparisons = stats.comparisons(no_dap, column_of("final macro-F1"))
+    comparisons, unmeasured = measuring_comparisons(stats, no_dap)
+    if unmeasured and not comparisons:
+        return [f"- DAP vs no DAP: no verdict.{_left_out(unmeasured, no_dap)}"]
     dap = means.drop(no_dap)
     # The paired tests cover only rows of more than one seed; naming a one-seed row "best" beside verdicts it never
     # had would read as a result, so the best is taken among the rows compared below whenever there are any.
@@ -61,6 +86,7 @@ def _against_no_dap(stats: GroupStatistics, no_dap: str, means: pd.Series) -> li
         f" points of final macro-F1 from {code(no_dap)}. Paired t-test whose standard error adds the test sample's"
         f" bootstrap error to the seeds', q < {ALPHA}: {_separation(comparisons, 'no DAP')}."
         + (f" {untested} one-seed row(s) are neither ranked nor tested." if untested else "")
+        + _left_out(unmeasured, no_dap)
     ]
 
 
@@ -72,14 +98,14 @@ def _against_dap_references(stats: GroupStatistics) -> list[str]:
     for role, reference in stats.references.items():
         if role == "no_dap":
             continue
-        comparisons = stats.comparisons(reference, column_of("final macro-F1"))
-        if not comparisons:
+        comparisons, unmeasured = measuring_comparisons(stats, reference)
+        if not comparisons and not unmeasured:
             continue
         lines.append(
             f"- Final macro-F1 against {code(reference)} (paired by {paired_by(stats)}; t-test over"
             f" {paired_runs(stats)} with the test sample's bootstrap error added, Benjamini-Hochberg over"
             f" {len(comparisons)} method{'s' * (len(comparisons) != 1)}, q < {ALPHA}):"
-            f" {_separation(comparisons, 'it')}."
+            f" {_separation(comparisons, 'it')}.{_left_out(unmeasured, reference)}"
         )
     return lines
 

@@ -6,7 +6,8 @@ Three Parquet tables and a dataset card whose YAML header the Hugging Face Hub r
 - ``runs.parquet``: one row per record (:func:`runs_table`): identity, setting and every leaderboard metric;
 - ``stages.parquet``: one row per record x stage x held-out set (:func:`stages_table`): the held-out loss;
 - ``end_tasks.parquet``: one row per record x protocol x stage x end task (:func:`end_tasks_table`): accuracy,
-  macro-F1, test examples, the classes in the test set and the classes the classifier predicted.
+  macro-F1, test examples, the classes in the test set and the classes the classifier predicted, the majority class's
+  macro-F1 and whether the cell measures the backbone.
 
 Records scored by lm-evaluation-harness (protocol ``lm_eval``) also get lm-eval's own results JSON per stage under
 ``lm_eval/`` (its ``results`` block, ``acc,none`` as the harness reported it: dapbench checks at run time that the
@@ -24,6 +25,7 @@ import pandas as pd
 
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_bytes, atomic_write_text, path_inside
+from benchmark.metrics import backbone_problem, majority_macro_f1
 
 TABLES = ("runs", "stages", "curves", "end_tasks")
 """The exported tables, each ``<name>.parquet``."""
@@ -115,7 +117,7 @@ def end_tasks_table(records: list[dict]) -> pd.DataFrame:
 
 END_TASK_COLUMNS = (
     "run_id protocol stage after task accuracy macro_f1 test_examples classes classes_in_test classes_predicted"
-    " predicted_classes"
+    " predicted_classes majority_macro_f1 measures_backbone"
 ).split()
 """The columns of ``end_tasks.parquet``, in order."""
 
@@ -143,9 +145,21 @@ def _cells(record: dict, protocol: str, matrices: dict, predictions: dict, label
                     "classes_in_test": len(set(test["labels"])) if "labels" in test else None,
                     "classes_predicted": len(set(predicted)) if predicted is not None else None,
                     "predicted_classes": sorted(set(predicted)) if predicted is not None else None,
+                    **_backbone(test, predicted),
                 }
             )
     return rows
+
+
+def _backbone(test: dict, predicted: list[int] | None) -> dict[str, Any]:
+    """A cell's majority-class macro-F1 and whether it measures the backbone
+    (:func:`benchmark.metrics.backbone_problem`); None where the record kept no predictions."""
+    if predicted is None or "labels" not in test:
+        return {"majority_macro_f1": None, "measures_backbone": None}
+    return {
+        "majority_macro_f1": majority_macro_f1(test["labels"], test["classes"]),
+        "measures_backbone": backbone_problem(test["labels"], predicted, test["classes"]) is None,
+    }
 
 
 def lm_eval_results(record: dict) -> dict[str, dict]:
@@ -244,6 +258,8 @@ TABLE_DOCS = {
     "curves": "One row per record x stage x measured update x held-out set of runs with continual evaluation "
     "(`dap.eval_every`): the loss on the set's first `dap.eval_chunks` chunks after `update` updates of domain "
     "`stage` (update 0: before its first); empty where no run measured curves.",
-    "end_tasks": "One row per record x protocol x stage x end task: `classes_predicted` against `classes_in_test` "
-    "says whether the classifier measures the backbone (a cell predicting few classes does not).",
+    "end_tasks": "One row per record x protocol x stage x end task: `measures_backbone` is false where the "
+    "classifier predicts fewer than half of `classes_in_test` (`classes_predicted`) or its macro-F1 is at or below "
+    "`majority_macro_f1`, always predicting the most frequent test label; the leaderboard states no verdict from "
+    "such a cell.",
 }

@@ -18,6 +18,7 @@ from benchmark.metrics import (
     GATE_DECISIONS,
     LOSS_METRIC_REGISTRY,
     mean_regret,
+    record_backbone_flags,
     record_loss_metrics,
     untrained_groups,
 )
@@ -192,6 +193,27 @@ def untrained_flag(records: list[dict]) -> str:
     ``untrained: prompts ≤ 2.0e-04`` (relative update size), ``untrained: gate decisions ≤ 1.8%`` (share changed)."""
     stalled = untrained_groups([stage for record in records for stage in record["domains"]])
     return ", ".join(f"untrained: {group} ≤ {_amount(group, size)}" for group, size in sorted(stalled.items()))
+
+
+def final_cells(record: dict) -> list[str]:
+    """The cells (``"t/k"``) a record's final end-task score averages: the last row, or for a per-domain method each
+    domain's own model, the diagonal."""
+    last = len(record["sequence"]) - 1
+    if record["capabilities"].get("independent_per_domain"):
+        return [f"{k}/{k}" for k in range(last + 1)]
+    return [f"{last}/{k}" for k in range(last + 1)]
+
+
+def backbone_flag(records: list[dict], beside: str | None = None) -> str:
+    """The table flag of a row some of whose final end-task cells (under its own protocol, or the one ``beside`` it)
+    do not measure the backbone (:func:`benchmark.metrics.backbone_problem`): ``not measuring the backbone: 9 of 18
+    final cells``; empty where every cell measures it. The report states no end-task verdict for such a row."""
+    flags = [record_backbone_flags(r, beside) for r in records]
+    if not any(flags):
+        return ""
+    cells = [(found, cell) for r, found in zip(records, flags, strict=True) for cell in final_cells(r)]
+    flagged = sum(cell in found for found, cell in cells)
+    return f"not measuring the backbone: {flagged} of {len(cells)} final cells" if flagged else ""
 
 
 def _amount(group: str, value: float) -> str:

@@ -22,6 +22,7 @@ from benchmark.report.frame import (
     GENERATED_WORLD,
     Column,
     all_columns,
+    backbone_flag,
     column_header,
     group_loss_columns,
     is_decoder,
@@ -276,10 +277,11 @@ def table(
 
 
 def _flags(capabilities: str, stats: GroupStatistics, label: str) -> str:
-    """A row's capability flags and, where its records say so, what it did not train (over all its records) and that
-    its tokens/s mix machines."""
+    """A row's capability flags and, where its records say so, what it did not train (over all its records), that
+    its end-task cells do not measure the backbone and that its tokens/s mix machines."""
     records = [r for r in stats.records if r["method_label"] == label]
-    shown = [f for f in (capabilities, untrained_flag(records), mixed_machines_flag(records)) if f and f != "–"]
+    found = (capabilities, untrained_flag(records), backbone_flag(records), mixed_machines_flag(records))
+    shown = [f for f in found if f and f != "–"]
     return ", ".join(shown) or "–"
 
 
