@@ -599,6 +599,15 @@ def export_results(results_dir: str | Path, out: str | Path) -> dict[str, int]:
     return export(leaderboard_records(results_dir), out)
 
 
+def finetune_frontier(results_dir: str | Path) -> list[str]:
+    """The fine-tuning settings of the no-DAP records under ``results_dir``: cost, fine-tuning noise and the difference
+    each resolves, the frontier marked (:mod:`benchmark.report.frontier`), as Markdown lines."""
+    from benchmark.records.store import leaderboard_records
+    from benchmark.report.frontier import frontier_markdown, protocol_points
+
+    return frontier_markdown(protocol_points(leaderboard_records(results_dir)))
+
+
 def leaderboard_table(results_dir: str | Path):
     """One pandas row per record under ``results_dir``: its leaderboard group, method label, seed, every column."""
     from benchmark.report import leaderboard_frame

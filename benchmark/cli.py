@@ -54,6 +54,10 @@ examples:
     "migrate": """\
 examples:
   dapbench migrate --output-dir .""",
+    "frontier": """\
+examples:
+  dapbench frontier --output-dir .               # every fine-tuning setting the committed no-DAP records ran
+  dapbench frontier --output-dir study           # your own: records of `none` at several finetune.* settings""",
     "export": """\
 examples:
   dapbench export dapbench-dataset --output-dir .
@@ -231,6 +235,13 @@ def _add_record_commands(command) -> None:
     export = command("export", "write the results as a dataset: Parquet tables and a dataset card", cmd_export)
     export.add_argument("out", help="the folder to write the dataset into (runs, stages, end_tasks, README.md)")
     export.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"the folder of results/ ({DEFAULT_OUTPUT})")
+
+    front = command(
+        "frontier",
+        "fine-tuning settings of the no-DAP records: cost against the difference each resolves",
+        cmd_frontier,
+    )
+    front.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"the folder of results/ ({DEFAULT_OUTPUT})")
 
     listing = command("list", "registered methods and their options, domains, end tasks, sequences, profiles", cmd_list)
     listing.add_argument("--data-root", help="list a custom suite instead of the built-in one")
@@ -535,6 +546,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     rows = export_results(Path(args.output_dir) / "results", args.out)
     print(f"export: {', '.join(f'{name} {count} rows' for name, count in rows.items())} -> {args.out}")
+    return 0
+
+
+def cmd_frontier(args: argparse.Namespace) -> int:
+    """``dapbench frontier``: the fine-tuning protocol's frontier (issue #86) as a Markdown table."""
+    from benchmark.api import finetune_frontier
+
+    print("\n".join(finetune_frontier(Path(args.output_dir) / "results")))
     return 0
 
 
