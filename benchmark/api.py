@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -154,7 +155,7 @@ def run_benchmark(
     per run under ``<output_dir>/results/<profile>/`` and, unless told not to, the leaderboard; return the
     records of this grid (a run that another process holds is skipped: that process writes its record)."""
     from benchmark.engine.environment import process_state
-    from benchmark.engine.progress import RunPosition
+    from benchmark.engine.progress import MIN_TIMED_SECONDS, RunPosition
     from benchmark.engine.runner import ContinualRun, run_once
     from benchmark.report.summary import one_line
 
@@ -166,12 +167,17 @@ def run_benchmark(
         config = materialise(config, show_progress, echo)
         (data,) = check_inputs([config])
     records, grid = [], [(method, seed) for method in config.methods for seed in config.seeds]
+    earlier, timed = 0.0, 0
     for index, (method, seed) in enumerate(grid, 1):
-        run = ContinualRun(config, data, _method_class(method), seed, show_progress, RunPosition(index, len(grid)))
+        position = RunPosition(index, len(grid), earlier, timed)
+        run = ContinualRun(config, data, _method_class(method), seed, show_progress, position)
         path = path_inside(config.output_dir, "results", config.profile, f"{run.run_id}.json")
+        start = time.monotonic()
         record = run_once(run, path, echo, describe=one_line)
         if record is not None:
             records.append(record)
+        if (seconds := time.monotonic() - start) >= MIN_TIMED_SECONDS:  # a run found finished says nothing ahead
+            earlier, timed = earlier + seconds, timed + 1
     if records and write_leaderboard and processes.is_main_process:
         report(config.output_dir)
     return records

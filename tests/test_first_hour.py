@@ -59,6 +59,22 @@ def test_what_is_left_is_the_mean_time_of_the_phases_run_times_the_phases_left()
     assert "4/6 phases, 00:01 elapsed, ~? left" not in stream.getvalue()  # the count and its estimate move together
 
 
+def test_before_the_last_run_the_line_also_estimates_the_whole_command():
+    """Issue #89: a grid of runs says what the command has left, at the mean time of the runs it did so far (the
+    run's own estimate plus that mean for every run after it), or how many runs follow before one was timed."""
+    assert RunPosition(3, 3, 100.0, 2).after_this() == 0.0
+    assert RunPosition(2, 5).after_this() is None
+    assert RunPosition(3, 5, 120.0, 2).after_this() == 120.0  # 60 s a run, two runs after this one
+    first, later = Terminal(), Terminal()
+    for stream, position in ((first, RunPosition(1, 3)), (later, RunPosition(2, 3, 600.0, 1))):
+        progress = RunProgress("ncl seed 3", position, ["alpha"], phases=3, interval=60, file=stream)
+        with progress.phase(0, "DAP"):
+            time.sleep(1.1)
+        progress.close()
+    assert re.search(r"~00:0\d left \(command: 2 runs more\)", first.getvalue()), first.getvalue()
+    assert re.search(r"~00:0\d left \(command: ~10:0\d more\)", later.getvalue()), later.getvalue()
+
+
 def test_a_log_file_gets_one_plain_line_per_phase_and_no_redraws():
     stream = io.StringIO()  # a file, a pipe: no terminal
     progress = RunProgress("ncl seed 3", RunPosition(1, 2), ["alpha", "beta"], phases=3, interval=0.01, file=stream)

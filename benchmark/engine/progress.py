@@ -25,10 +25,24 @@ MIN_TIMED_SECONDS = 1.0
 
 @dataclass(frozen=True)
 class RunPosition:
-    """Which run of a grid this is (1-based) and how many the grid holds."""
+    """Which run of a grid this is (1-based), how many the grid holds, and what the runs before it in this command
+    took: the line's estimate of the whole command's time left."""
 
     index: int = 1
     total: int = 1
+    earlier_seconds: float = 0.0
+    """Wall seconds of the runs of this command before this one that did work (not those found finished)."""
+    earlier_runs: int = 0
+    """How many runs :attr:`earlier_seconds` sums."""
+
+    def after_this(self) -> float | None:
+        """Seconds the runs after this one will take at the mean of the earlier ones (None: none timed yet; 0 for
+        the last run). Runs of other methods cost other times: an estimate that improves as the command goes."""
+        if self.index >= self.total:
+            return 0.0
+        if not self.earlier_runs:
+            return None
+        return self.earlier_seconds / self.earlier_runs * (self.total - self.index)
 
 
 class RunProgress:
@@ -103,12 +117,19 @@ class RunProgress:
 
     def _left(self, ending: int = 1) -> str:
         """``~MM:SS left``: the phases left (after the ``ending`` one that is done now) at the mean time of the
-        phases timed, or ``~? left`` while they took under :data:`MIN_TIMED_SECONDS` in all."""
+        phases timed, or ``~? left`` while they took under :data:`MIN_TIMED_SECONDS` in all; before the last run of a
+        command, also the command's time left (:meth:`RunPosition.after_this`), or how many runs follow."""
         spent = time.monotonic() - self._started
         if spent < MIN_TIMED_SECONDS or not self._timed:  # only instant phases so far: they say nothing ahead
             return "~? left"
-        left = max(self._total - self._done - ending, 0)
-        return f"~{_clock(spent / self._timed * left)} left"
+        left = spent / self._timed * max(self._total - self._done - ending, 0)
+        after = self.position.after_this()
+        if self.position.index >= self.position.total:
+            return f"~{_clock(left)} left"
+        command = (
+            f"~{_clock(left + after)}" if after is not None else f"{self.position.total - self.position.index} runs"
+        )
+        return f"~{_clock(left)} left (command: {command} more)"
 
     def close(self) -> None:
         """Stop the heartbeat and remove the line."""
