@@ -5,7 +5,7 @@ Every domain starts from the base model with a new adapter (``independent_per_do
 task is scored with its own domain's adapter and forgetting is undefined. Training and fine-tuning
 are those of :mod:`methods.adapter_ncl` (adapter + MLM head during DAP, adapter + model at
 fine-tuning). The reference would re-create (re-initialise) the adapter at fine-tuning or crash
-(``DAS_REFERENCE.md`` section 4.6); we load the trained one, as the paper intends.
+(``docs/das.md`` section 4.6); we load the trained one, as the paper intends.
 """
 
 from __future__ import annotations

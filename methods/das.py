@@ -10,7 +10,7 @@ lambda * contrast.
 
 Defaults follow the paper. Every point where the public reference code behaves differently is a
 named switch; ``fidelity="reference"`` turns them all to the code's behaviour
-(``../shared/design/DAS_REFERENCE.md`` section 8.1):
+(``docs/das.md`` section 8.1):
 
 =============================  ==================================  ======================================
 switch                         paper (default)                     reference code
@@ -376,7 +376,7 @@ class DAS(ContinualMethod):
         if self.config.switch("contrast_pairing") == "adjacent":
             first, second = reference_pairing(first, second)
         if self.config.switch("contrast_negatives") == "all_processes":
-            # The reference all-gathers the views of every process (DAS_REFERENCE.md, section 3.9): N processes
+            # The reference all-gathers the views of every process (docs/das.md, section 3.9): N processes
             # then compute another loss than one process accumulating the same micro-batches.
             first, second, prev = (gathered(views) for views in (first, second, prev))
         # By default the negatives are the other rows of this micro-batch, with one process or many: a run over N

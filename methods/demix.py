@@ -1,6 +1,6 @@
 """DEMIX: one expert adapter per domain, each new expert initialised from the nearest earlier one
 (DEMix layers, Gururangan et al., NAACL 2022; the adapter form of the DAS paper's baseline,
-``DAS_REFERENCE.md`` section 4.8, which the reference leaves unimplemented).
+``docs/das.md`` section 4.8, which the reference leaves unimplemented).
 
 Before domain t > 0, every earlier expert k is scored on the new domain's fixed probe subset (eval
 mode, no dropout) by its MLM perplexity exp(mean loss); expert t starts as a copy of the expert with

@@ -5,7 +5,7 @@ After each domain the diagonal Fisher of the MLM loss is computed on the domain'
 domains' Fisher as a running average; the weights at that point are the anchor. During later
 domains every step adds ``strength / 2 * sum F (theta - theta*)^2`` over all trainable parameters.
 strength = 5000 is the reference's value. Unlike the reference, the Fisher is taken of the MLM loss
-alone (the reference's includes the EWC penalty itself, and crashes; ``DAS_REFERENCE.md`` 4.4).
+alone (the reference's includes the EWC penalty itself, and crashes; ``docs/das.md`` 4.4).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """HAT: hard attention to the task on every attention head and FFN neuron (Serra et al., ICML 2018;
 the DAS paper's "HAT" baseline, Ke et al. 2023; transformer-level design of the DGA code,
-``DAS_REFERENCE.md`` section 4.7).
+``docs/das.md`` section 4.7).
 
 Each domain t has task embeddings e_t for the same units as DAS (heads, FFN intermediate, FFN
 output); the runner's forward is gated by sigmoid(s * e_t), with s annealed linearly from 1/smax to

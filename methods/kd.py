@@ -6,7 +6,7 @@ the MLM output distributions at the masked positions, with temperature T (Hinton
 T = 2 and weight 1 are our defaults (the DAS paper does not state them; the reference uses T = 1
 and weight 1 on a different target). ``target="hidden_states"`` reproduces the reference code:
 KL over the token axis of the final hidden states of unmasked inputs, teacher with dropout
-(``DAS_REFERENCE.md`` section 4.3).
+(``docs/das.md`` section 4.3).
 """
 
 from __future__ import annotations

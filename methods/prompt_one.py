@@ -1,5 +1,5 @@
 """Prompt-ONE: a soft prompt per domain on the frozen base model (DAS paper baseline, Ke et al. 2023,
-Table 1; reference ``prompt_one``, which crashes as released, ``DAS_REFERENCE.md`` section 4.9).
+Table 1; reference ``prompt_one``, which crashes as released, ``docs/das.md`` section 4.9).
 
 Every domain starts from the base model (``independent_per_domain``) with 100 new prompt vectors
 prepended to the input (the paper's ``n_tokens``); during DAP only the prompt trains (the reference

@@ -147,7 +147,7 @@ def test_kl_proxy_is_nonzero_in_train_mode_and_rounding_noise_in_the_reference_f
 
 def _reference_general_importance(model, batches, units):
     """The reference's ``compute_impt`` with ``prune_loss='before_distill'`` and ``impt_norm``, written from its
-    formulas (DAS_REFERENCE.md 3.2, 3.3, 3.5): a student and a teacher copy in eval mode, both gated by the same
+    formulas (docs/das.md 3.2, 3.3, 3.5): a student and a teacher copy in eval mode, both gated by the same
     leaf gates; DistillKL(T=1)(teacher hidden, student hidden) on the masked input; ``backward`` with the gates'
     ``.grad`` never zeroed, the running ``.grad`` added after every batch; divided by the tokens seen; per layer
     (x - mean) / std (unbiased, no epsilon), then |tanh|."""

@@ -5,7 +5,7 @@ Llama's ``down_proj``: :func:`benchmark.modeling.layer_modules`).
 
 The DAS paper's adapter baselines use adapter-transformers' default "pfeiffer" adapter: one
 sequential bottleneck (down to hidden/16 = 48 for roberta-base, ReLU, up, residual) after every
-layer's FFN output (``DAS_REFERENCE.md`` section 4.6). peft has no sequential bottleneck adapter;
+layer's FFN output (``docs/das.md`` section 4.6). peft has no sequential bottleneck adapter;
 its closest is LoRA on the FFN's second projection (``output.dense``), which we use:
 
 * same place: its output is added to the FFN output before dropout, residual and LayerNorm;

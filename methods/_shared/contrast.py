@@ -18,7 +18,7 @@ def info_nce(anchor: torch.Tensor, positive: torch.Tensor, negatives: torch.Tens
 
 
 def reference_pairing(first: torch.Tensor, second: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference code's pairing defect, for comparison only (``DAS_REFERENCE.md`` section 3.9).
+    """The reference code's pairing defect, for comparison only (``docs/das.md`` section 3.9).
 
     It stacks the two views as the tiled batch [x_1..x_B, x_1..x_B], reshapes to (-1, 2) and takes
     the two columns, so the "positive" of an anchor is a *different* input; the callee then swaps
@@ -30,7 +30,7 @@ def reference_pairing(first: torch.Tensor, second: torch.Tensor) -> tuple[torch.
 
 def gathered(rows: torch.Tensor) -> torch.Tensor:
     """Every process's ``rows`` in rank order, this process's own keeping their gradient and the others' carrying
-    none: the reference's all-gather of the contrastive views (``DAS_REFERENCE.md`` section 3.9). Without a
+    none: the reference's all-gather of the contrastive views (``docs/das.md`` section 3.9). Without a
     process group, or with one process, ``rows`` as they are."""
     import torch.distributed as dist
 

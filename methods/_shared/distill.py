@@ -19,7 +19,7 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
 def reference_hidden_kl(
     student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, temperature: float = 1.0
 ) -> torch.Tensor:
-    """The reference code's KD term (``DAS_REFERENCE.md`` 4.3): softmax over the *token* axis of the
+    """The reference code's KD term (``docs/das.md`` 4.3): softmax over the *token* axis of the
     final hidden states, KL(student || teacher) * T^2 / batch size."""
     log_s = F.log_softmax(student_hidden.float() / temperature, dim=1)
     log_t = F.log_softmax(teacher_hidden.float() / temperature, dim=1)

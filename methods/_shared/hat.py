@@ -6,7 +6,7 @@ m_<t is the element-wise max of every earlier domain's gate at s = smax. Trainin
 attention regulariser, which charges the use of units that earlier domains did not take, (2) scales
 every weight gradient by 1 - min(m_<t of its output unit, m_<t of its input unit) (units without a
 gate count as 1), (3) compensates the embedding gradient for the annealing, and (4) clamps the
-embeddings. Constants from the HAT paper and the reference (``DAS_REFERENCE.md`` section 4.6):
+embeddings. Constants from the HAT paper and the reference (``docs/das.md`` section 4.6):
 smax 400, lambda 0.75, cosh clamp 50, embedding clamp 6.
 """
 

@@ -88,7 +88,7 @@ def kl_proxy_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.
 
 
 def reference_kl_proxy_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The reference code's proxy, computed as it computes it (``DAS_REFERENCE.md`` 3.3): eval mode, masked input,
+    """The reference code's proxy, computed as it computes it (``docs/das.md`` 3.3): eval mode, masked input,
     two passes of the same weights (the reference's student and teacher copies), and its ``DistillKL(T=1)`` of the
     teacher's and the student's final hidden states: ``kl_div(log_softmax(teacher), softmax(student))`` over the
     *token* axis, summed, divided by the batch size. The passes are equal, so the loss is zero up to rounding, but
@@ -106,7 +106,7 @@ def reference_kl_proxy_loss(model: nn.Module, batch: Mapping[str, torch.Tensor])
 
 def mlm_importance_loss(unmasked: bool = False) -> LossFn:
     """MLM loss on the masked input (paper); ``unmasked`` predicts the selected tokens from the
-    original, visible input, as the reference does (``DAS_REFERENCE.md`` 3.4)."""
+    original, visible input, as the reference does (``docs/das.md`` 3.4)."""
 
     def loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         if unmasked:

@@ -6,7 +6,7 @@ the attention mask (and token types); the forward hook drops the prompt position
 hidden state (and recomputes BERT's pooler from the real first token), so everything downstream
 (the MLM head at the collator's masked positions, a classifier's first-token head) sees the
 original sequence, which attended to the prompt. Position ids run over prompt + text, as in the
-reference's prepending (``DAS_REFERENCE.md`` section 4.9). ``hidden_states``/``attentions`` outputs,
+reference's prepending (``docs/das.md`` section 4.9). ``hidden_states``/``attentions`` outputs,
 if requested, still contain the prompt positions.
 """
 

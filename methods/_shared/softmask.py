@@ -11,7 +11,7 @@ AdamW and soft-masking: for a constant per-element scale c of the gradient, Adam
 the unscaled update with eps replaced by eps / c (m -> c m, sqrt(v) -> c sqrt(v)). With the
 reference's eps = 1e-6, gradient soft-masking therefore damps only elements whose c * sqrt(v)
 approaches 1e-6: units of importance very close to 1 or with tiny gradients
-(``DAS_REFERENCE.md`` section 3.8). Masking the optimizer's *update* instead scales the step by
+(``docs/das.md`` section 3.8). Masking the optimizer's *update* instead scales the step by
 exactly c. :func:`damping_by_importance` measures which of the two a run is in.
 """
 

@@ -5,7 +5,7 @@ copied. A head gate scales head h's slice of the input of the attention output p
 equals scaling that head's attention probabilities (context = probs @ V is linear in probs) and
 works with SDPA attention. The intermediate gate scales the pre-activation (the output of the first
 FFN projection, before GELU); the output gate scales the second FFN projection's output (before
-dropout, residual and LayerNorm), as in the DAS reference (section 3.1 of ``DAS_REFERENCE.md``).
+dropout, residual and LayerNorm), as in the DAS reference (section 3.1 of ``docs/das.md``).
 """
 
 from __future__ import annotations
