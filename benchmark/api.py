@@ -540,6 +540,53 @@ def _rerun(record, record_path, output_dir, paths, overrides, threads, show_prog
         yield continual_run(config, data, record["method"], record["seed"], show_progress=show_progress), out, threads
 
 
+def rescore(
+    record_path: str | Path,
+    *,
+    overrides: Iterable[str],
+    work_dir: str | Path,
+    output_dir: str | Path = DEFAULT_OUTPUT,
+    paths: Mapping[str, str | None] | None = None,
+    show_progress: bool = False,
+) -> tuple[RunRecord, Path]:
+    """Score a finished run's kept checkpoints again under other end-task settings (issue #86): ``overrides`` change
+    ``finetune.*`` only, the run under ``work_dir`` must have kept every stage's checkpoint (``keep_checkpoints``),
+    and the new record (its own run id) carries the run's own DAP stages, linked into a run folder of its own, not
+    re-run; its end tasks are scored afresh at the record's thread count. Returns the new record and its file."""
+    from benchmark.data.inputs import prepare_data
+    from benchmark.engine.layout import RunPaths, link_finished_stages
+    from benchmark.preflight import check_run_data
+    from benchmark.records import reproduce as rep
+
+    quiet_libraries()
+    record = load_record(record_path)
+    require_current_numerics(record, record_path)
+    outside = [item for item in overrides if not item.split("=", 1)[0].strip().startswith("finetune.")]
+    if outside or not overrides:
+        raise DapbenchError(
+            f"a re-scoring changes end-task settings only; got {', '.join(outside) or 'no --set'}",
+            "pass --set finetune.KEY=VALUE (anything else would need the DAP stages re-run: use dapbench run)",
+        )
+    config = apply_overrides(rep.reproduction_config(record, output_dir, dict(paths or {}), work_dir), list(overrides))
+    threads = rep.recorded_cpu_threads(record)
+    with rep.cpu_threads(threads) if threads else contextlib.nullcontext():
+        config = materialise(config)
+        data = prepare_data(config)
+        rep.check_data(record, data.checksums)
+        check_run_data(config, data)
+        run = continual_run(config, data, record["method"], record["seed"], show_progress=show_progress)
+        if run.run_id == record["run_id"]:
+            raise DapbenchError(
+                f"--set {' '.join(overrides)} leaves {record['run_id']}'s numbers as they are: nothing to re-score",
+                "change an end-task setting the record does not already have",
+            )
+        link_finished_stages(RunPaths(Path(config.work_dir) / "runs" / record["run_id"]), run.layout)
+        new = run.execute()
+    path = path_inside(output_dir, "results", record["profile"], f"{run.run_id}.json")
+    write_record(path, new)
+    return new, path
+
+
 def require_current_numerics(record: RunRecord, record_path: str | Path) -> None:
     """Refuse to reproduce a record whose numerics versions (core, method, replay) this checkout does not compute:
     its numbers come from another training stream or method code, so every comparison would fail."""

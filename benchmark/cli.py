@@ -58,6 +58,10 @@ examples:
 examples:
   dapbench frontier --output-dir .               # every fine-tuning setting the committed no-DAP records ran
   dapbench frontier --output-dir study           # your own: records of `none` at several finetune.* settings""",
+    "rescore": """\
+examples:
+  dapbench rescore results/mini-pass/ncl-seq0-seed2021-<hash>.json --work-dir grid/.dapbench \\
+      --set finetune.validation_share=0.1 --set finetune.max_train_examples=null""",
     "export": """\
 examples:
   dapbench export dapbench-dataset --output-dir .
@@ -219,6 +223,17 @@ def _add_record_commands(command) -> None:
         " --output-dir); one that already holds this run is refused",
     )
     reproduce.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    rescore = command(
+        "rescore", "score a run's kept checkpoints again under other end-task settings (finetune.*)", cmd_rescore
+    )
+    rescore.add_argument("record", help="a run record JSON file whose run kept its checkpoints")
+    rescore.add_argument("--work-dir", required=True, help="the work folder that holds the run (runs/<its run id>)")
+    rescore.add_argument("--set", action="append", default=[], metavar="finetune.KEY=VALUE", help="the new settings")
+    rescore.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"where the new record goes ({DEFAULT_OUTPUT})")
+    for name in ("model", "data-root", "general-heldout", "general-corpus"):
+        rescore.add_argument(f"--{name}", help=f"this machine's {name} (the record names it portably)")
+    rescore.add_argument("--quiet", action="store_true", help="no progress bars")
 
     report = command("report", "regenerate the leaderboard, tables, plots and site from a folder's records", cmd_report)
     report.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"the folder (default: {DEFAULT_OUTPUT})")
@@ -509,6 +524,24 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     for line in result.lines():
         print(_printable(line))
     return 0 if result.ok else 1
+
+
+def cmd_rescore(args: argparse.Namespace) -> int:
+    """``dapbench rescore``: a new record from a run's kept checkpoints under other end-task settings."""
+    from benchmark.api import rescore
+    from benchmark.report.summary import one_line
+
+    paths = {name: getattr(args, name) for name in ("model", "data_root", "general_heldout", "general_corpus")}
+    record, path = rescore(
+        args.record,
+        overrides=args.set,
+        work_dir=args.work_dir,
+        output_dir=args.output_dir,
+        paths=paths,
+        show_progress=not args.quiet,
+    )
+    print(_printable(f"rescore: {path}: {one_line(record)}"))
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

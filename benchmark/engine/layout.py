@@ -18,7 +18,9 @@ work directory someone else made cannot run their code.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -219,3 +221,43 @@ def run_lock(run_root: Path) -> Iterator[bool]:
         yield True
     finally:
         lock.release()
+
+
+STAGE_FILE = re.compile(r"domain-(\d+)\.json")
+"""The name of a finished stage's statistics file (:meth:`RunPaths.domain_done`)."""
+
+
+def link_finished_stages(source: RunPaths, target: RunPaths) -> None:
+    """Give the run folder ``target`` the finished DAP stages of the run folder ``source``: its base-model evaluation,
+    every stage's statistics file and checkpoint, as hard links (copies where the file system has none), never its
+    end-task cells or time ledger. Every stage must have kept its checkpoint; a ``target`` that exists already (an
+    interrupted re-scoring) is resumed as it is. Nothing in ``source`` is changed: the runner replaces files
+    atomically, never writing into a linked one."""
+    if target.root.exists():
+        return
+    found = source.root.glob("domain-*.json") if source.root.is_dir() else []
+    stages = sorted(int(m.group(1)) for p in found if (m := STAGE_FILE.fullmatch(p.name)))
+    missing = [t for t in stages if not source.checkpoint(t).is_dir()]
+    if not stages or missing:
+        where = f"stages {missing} kept no checkpoint" if missing else "it holds no finished stage"
+        raise DapbenchError(
+            f"the run folder {source.root} cannot be re-scored: {where}",
+            "re-run it with --set keep_checkpoints=true (every stage's checkpoint is kept) in this --work-dir",
+        )
+    staging = RunPaths(target.root.with_name(f".{target.root.name}.linking"))
+    shutil.rmtree(staging.root, ignore_errors=True)  # our own half-made folder of an interrupted attempt
+    files = [source.base_losses, source.base_features, *(source.domain_done(t) for t in stages)]
+    for t in stages:
+        files += [p for p in source.checkpoint(t).rglob("*") if p.is_file()]
+    for path in files:
+        if path.is_file():
+            _link(path, staging.root / path.relative_to(source.root))
+    staging.root.rename(target.root)  # the run folder appears whole or not at all
+
+
+def _link(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:  # another file system, or links refused: a copy holds the same bytes
+        shutil.copy2(source, target)
