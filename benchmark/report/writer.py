@@ -264,6 +264,7 @@ def _write_ladders(
     """Every budget ladder among the groups (:mod:`benchmark.report.ladder`): its reading, plot and leaderboard lines;
     the plot is listed in the manifest like a group's, so it is removed once the ladder is gone."""
     from benchmark.report.ladder import find_ladders, ladder_markdown, plot_ladder, read_ladder
+    from benchmark.report.law import law_markdown
 
     readings, lines = [], []
     for ladder in find_ladders(sections):
@@ -274,7 +275,7 @@ def _write_ladders(
             sink.stale.append(f"results/{REPORT_FOLDER}/{relative}")
         manifest["groups"][f"ladder-{ladder.key}"] = {"digest": ladder.key, "files": {"ladder": relative}}
         readings.append(reading)
-        lines.append(ladder_markdown(reading, _links({"ladder": relative})["ladder"]))
+        lines.append(ladder_markdown(reading, _links({"ladder": relative})["ladder"]) + law_markdown(reading))
     return readings, lines
 
 

@@ -1,0 +1,119 @@
+"""A budget law fitted on a ladder's lower rungs, predicting its top rung before it is read (issue #90).
+
+The law: a row's metric m (forgetting, general rise, plasticity, final gain; nats) is linear in the logarithm of the
+DAP updates per domain N, m(N) = a + b ln N. It is the first-order form of the loss-against-compute relations
+(a power law in N is linear in ln N over a narrow range of budgets) and, unlike a power law, holds for metrics of
+either sign (an oracle's forgetting is negative). Two rungs fix it; the third tests it. Fitted per row on the means
+of the two rungs below the top and read at the top rung's N, it is compared with what the top rung measured; the
+interval of the error comes from the ladder's joint bootstrap of seeds and evaluation sample at all three rungs
+(:func:`benchmark.report.ladder.replicates`), so it holds the noise of the fit and of the measurement alike. The
+naive predictor, "the middle rung's value", is scored beside it: a law that does not beat it predicts nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from benchmark.report.escape import code
+from benchmark.report.ladder import LadderReading
+
+LAW_METRICS = ("forgetting", "general rise", "plasticity", "final gain")
+"""The held-out-loss metrics the law predicts (nats)."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One row's metric at the top rung: as the law fitted on the two rungs below predicts it, and as measured."""
+
+    label: str
+    metric: str
+    predicted: float
+    measured: float
+    naive: float
+    """The middle rung's value: the prediction of "no change"."""
+    low: float
+    high: float
+    """95% bootstrap interval of ``predicted - measured``."""
+
+    @property
+    def error(self) -> float:
+        """Predicted minus measured."""
+        return self.predicted - self.measured
+
+    def holds(self) -> bool:
+        """Whether the error's interval holds zero: the law's prediction is within what the noise allows."""
+        return self.low <= 0 <= self.high
+
+
+def law_at(steps: tuple[float, float], values: tuple[np.ndarray | float, np.ndarray | float], target: float):
+    """The value at ``target`` updates of the law m = a + b ln N through two rungs (``steps``, ``values``; arrays of
+    replicates alike)."""
+    (n0, n1), (m0, m1) = steps, values
+    return m1 + (m1 - m0) * math.log(target / n1) / math.log(n1 / n0)
+
+
+def predict_top(reading: LadderReading) -> list[Prediction]:
+    """Per row measured at the top rung and the two rungs below it, and per metric of :data:`LAW_METRICS`, the law's
+    prediction of the top rung from those two, against what the top rung measured (rows left out as untrained at any
+    of the three rungs, and rows whose metric is 0 at every rung, no DAP's, are not predicted). Nothing for a ladder
+    of fewer than three rungs."""
+    rungs = reading.ladder.rungs
+    if len(rungs) < 3:
+        return []
+    low, mid, top = len(rungs) - 3, len(rungs) - 2, len(rungs) - 1
+    untrained = set().union(*(rungs[i].untrained for i in (low, mid, top)))
+    steps = (float(rungs[low].steps), float(rungs[mid].steps))
+    out = []
+    for metric in LAW_METRICS:
+        means, samples = reading.means.get(metric, {}), reading.samples.get(metric)
+        for label, values in sorted(means.items()):
+            chosen = (values[low], values[mid], values[top])
+            if label in untrained or None in chosen or not any(chosen):  # no DAP (all zero) has nothing to predict
+                continue
+            replicated = [samples[i].get(label) for i in (low, mid, top)] if samples else [None] * 3
+            predicted = law_at(steps, (values[low], values[mid]), rungs[top].steps)
+            if any(r is None for r in replicated):
+                interval = (math.nan, math.nan)
+            else:
+                errors = law_at(steps, (replicated[0], replicated[1]), rungs[top].steps) - replicated[2]
+                interval = tuple(float(v) for v in np.percentile(errors, [2.5, 97.5]))
+            out.append(Prediction(label, metric, predicted, values[top], values[mid], *interval))
+    return out
+
+
+def law_markdown(reading: LadderReading) -> list[str]:
+    """The ladder's law section: per metric, how well the law fitted on the two rungs below the top predicts it, and
+    each row's prediction, measurement and error interval (empty for a ladder of fewer than three rungs)."""
+    predictions = predict_top(reading)
+    if not predictions:
+        return []
+    rungs = reading.ladder.rungs
+    fit, top = rungs[-3:-1], rungs[-1]
+    lines = [
+        f"#### Predicting {top.steps} updates from {fit[0].steps} and {fit[1].steps}: m = a + b ln N",
+        "",
+        f"Each row's metric fitted through its {fit[0].steps}- and {fit[1].steps}-update means and read at"
+        f" {top.steps} updates, before the top rung is looked at (`benchmark/report/law.py`); the error's 95% interval"
+        " is a joint bootstrap of seeds and evaluation sample at all three rungs. Beside it, the error of predicting"
+        f" no change from {fit[1].steps} updates.",
+        "",
+        "| metric | rows | law: mean abs. error | no change: mean abs. error | errors within their interval |",
+        "|---|---|---|---|---|",
+    ]
+    for metric in LAW_METRICS:
+        found = [p for p in predictions if p.metric == metric]
+        if found:
+            law = np.mean([abs(p.error) for p in found])
+            naive = np.mean([abs(p.naive - p.measured) for p in found])
+            holds = sum(p.holds() for p in found)
+            lines.append(f"| {metric} | {len(found)} | {law:.3f} | {naive:.3f} | {holds} of {len(found)} |")
+    lines += ["", "| row | metric | predicted | measured | error [95% interval] |", "|---|---|---|---|---|"]
+    for p in predictions:
+        interval = "" if math.isnan(p.low) else f" [{p.low:+.3f}, {p.high:+.3f}]"
+        lines.append(
+            f"| {code(p.label)} | {p.metric} | {p.predicted:.3f} | {p.measured:.3f} | {p.error:+.3f}{interval} |"
+        )
+    return [*lines, ""]

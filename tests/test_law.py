@@ -1,0 +1,54 @@
+"""Issue #90: a law fitted on a ladder's two lower rungs predicts the top rung, and the report says how well."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from benchmark.report.ladder import Ladder, LadderReading, Rung
+from benchmark.report.law import law_at, law_markdown, predict_top
+
+
+def test_the_law_is_linear_in_the_log_of_the_updates():
+    # m = 0.1 + 0.05 ln N through N = 24 and 96, read at 288
+    values = tuple(0.1 + 0.05 * math.log(n) for n in (24, 96))
+    assert law_at((24, 96), values, 288) == pytest.approx(0.1 + 0.05 * math.log(288))
+    assert law_at((24, 96), (0.2, 0.2), 10_000) == pytest.approx(0.2)  # a flat row stays flat
+    replicated = law_at((24, 96), (np.array([0.1, 0.2]), np.array([0.2, 0.2])), 288)
+    assert replicated.shape == (2,) and replicated[1] == pytest.approx(0.2)
+
+
+def _reading(measured_top: float, spread: float) -> LadderReading:
+    """A three-rung ladder whose ``ncl`` forgetting follows the law exactly up to 96 updates, measured at 288 as
+    ``measured_top``, with seed-and-sample replicates of ``spread``; ``none`` has zeros throughout."""
+    rng = np.random.default_rng(0)
+    rungs = [Rung(stats=None, key=f"g{n}", steps=n, tokens_per_domain=n * 1024) for n in (24, 96, 288)]
+    law = {n: 0.1 + 0.05 * math.log(n) for n in (24, 96)}
+    means = {"forgetting": {"ncl": [law[24], law[96], measured_top], "none": [0.0, 0.0, 0.0]}}
+    samples = {
+        "forgetting": [
+            {"ncl": value + spread * rng.standard_normal(1000), "none": np.zeros(1000)}
+            for value in means["forgetting"]["ncl"]
+        ]
+    }
+    return LadderReading(Ladder(rungs, "key"), [], [], means, samples)
+
+
+def test_a_top_rung_on_the_law_is_predicted_within_its_interval_and_one_off_it_is_not():
+    on_law = 0.1 + 0.05 * math.log(288)
+    (held,) = predict_top(_reading(on_law, 0.01))  # none (zero at every rung) has nothing to predict
+    assert held.label == "ncl" and held.error == pytest.approx(0.0, abs=1e-12) and held.holds()
+    (missed,) = predict_top(_reading(on_law + 0.2, 0.01))
+    assert missed.error == pytest.approx(-0.2) and not missed.holds()
+    assert missed.naive == pytest.approx(0.1 + 0.05 * math.log(96))
+    table = "\n".join(law_markdown(_reading(on_law + 0.2, 0.01)))
+    assert "| forgetting | 1 | 0.200 |" in table and "0 of 1 |" in table
+    assert "| `ncl` | forgetting |" in table
+
+
+def test_a_ladder_of_two_rungs_predicts_nothing():
+    reading = _reading(0.3, 0.01)
+    reading.ladder.rungs = reading.ladder.rungs[:2]
+    assert predict_top(reading) == [] and law_markdown(reading) == []
