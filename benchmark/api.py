@@ -100,7 +100,13 @@ def validate_config(config: RunConfig) -> None:
     from benchmark.protocols import protocols_of
     from benchmark.registry import default_registry
 
-    protocols_of(config.finetune)  # registered ones, named before any work
+    protocols = protocols_of(config.finetune)  # registered ones, named before any work
+    if config.finetune.seeds > 1 and not any(protocol.trains for protocol in protocols):
+        raise DapbenchError(
+            f"finetune.seeds={config.finetune.seeds} repeats fine-tunes, but no end-task protocol of this run trains"
+            f" ({', '.join(p.name for p in protocols)}: scored alike every time)",
+            "set finetune.protocol=finetune or finetune.beside=finetune, or leave finetune.seeds at 1",
+        )
     registry = default_registry()
     for name in config.methods:
         registry.get(name)  # unknown names fail here, before any work

@@ -206,6 +206,11 @@ class FinetuneConfig:
     by length) instead of uniformly shuffled ones. The paper shuffles uniformly; grouping cuts padding about 40%."""
     seed_offset: int = setting(0, low=0, high=1000)
     """Fine-tune seed = run seed + offset (the paper fine-tunes with seed 2021)."""
+    seeds: int = setting(1, low=1, high=16)
+    """Fine-tunes per cell under a protocol that trains (fine-tuning), the i-th from the fine-tune seed + 1000 i: the
+    cell's scores are the means of theirs, and the record keeps each one's test predictions (``seed_predictions``).
+    Fine-tuning noise is independent between checkpoints, so averaging k fine-tunes divides its variance by k
+    (issue #86); 1 (the default) is one fine-tune, as the paper."""
     compile: bool = False
     """Fine-tune with compiled transformer blocks (as ``dap.compile``): fewer kernel launches; not in the run id."""
 

@@ -67,16 +67,23 @@ def backbone_problem(labels: Sequence[int], predictions: Sequence[int], num_labe
 
 
 def backbone_flags(
-    predictions: Mapping[str, Sequence[int]], test_labels: Mapping[str, Mapping], end_tasks: Sequence[str]
+    predictions: Mapping[str, Sequence[int]],
+    test_labels: Mapping[str, Mapping],
+    end_tasks: Sequence[str],
+    seed_predictions: Mapping[str, Sequence[Sequence[int]]] | None = None,
 ) -> dict[str, str]:
     """Every cell (``"t/k"``) of one protocol's ``predictions`` that does not measure the backbone, with why
-    (:func:`backbone_problem`); ``test_labels`` per end task holds ``labels`` and ``classes`` as a record keeps them."""
+    (:func:`backbone_problem`); ``test_labels`` per end task holds ``labels`` and ``classes`` as a record keeps them. A
+    cell fine-tuned several times (``seed_predictions``: the later fine-tunes') is flagged where any of its
+    classifiers is, named by its fine-tune."""
     flags = {}
     for cell, predicted in predictions.items():
         task = test_labels[end_tasks[int(cell.split("/")[1])]]
-        problem = backbone_problem(task["labels"], predicted, task["classes"])
-        if problem is not None:
-            flags[cell] = problem
+        for i, guesses in enumerate([predicted, *(seed_predictions or {}).get(cell, [])]):
+            problem = backbone_problem(task["labels"], guesses, task["classes"])
+            if problem is not None:
+                flags[cell] = problem if i == 0 else f"fine-tune {i + 1}: {problem}"
+                break
     return flags
 
 
@@ -89,7 +96,9 @@ def record_backbone_flags(record: Mapping, beside: str | None = None) -> dict[st
         return dict(cells["backbone_flags"])
     if not cells.get("predictions") or not record.get("test_labels"):
         return {}
-    return backbone_flags(cells["predictions"], record["test_labels"], record["end_tasks"])
+    return backbone_flags(
+        cells["predictions"], record["test_labels"], record["end_tasks"], cells.get("seed_predictions")
+    )
 
 
 def _as_matrix(matrix: Sequence[Sequence[float]]) -> np.ndarray:

@@ -54,18 +54,23 @@ class EndTaskRunner:
         ctx = FinetuneContext(p.layout.verified_checkpoint(t), dap_model, task.num_labels, task_domain_index=domain_id)
         start = time.perf_counter()
         seed = p.seed + p.config.finetune.seed_offset
-        # Seeded before the classifier exists: its fresh head must not depend on what ran before
-        # (a resumed run skips work and would otherwise draw a different head).
-        set_seed(seed)
-        model = p.method.end_task_model(ctx, protocol.scores).to(p.accelerator.device)
+        repeats = p.config.finetune.seeds if protocol.trains else 1  # a seed-free protocol scores alike every time
         phase = f"end task {counter} {task.name} ({protocol.words})"
-        # A protocol that scores the language model sees it as the method serves the task's domain, as the
-        # held-out losses do (a task mask, a domain's prompt).
-        view = p.method.heldout_view(model, k) if protocol.scores == LANGUAGE_MODEL else contextlib.nullcontext()
+        results, report = [], None
         with error_context(f"{p.where}, checkpoint after domain {t}, end task {task.name}"), p.phase(t, phase):
-            with view:
-                result = protocol.evaluate(model, task, p.data.tokenizer, p.config.finetune, seed, p.accelerator)
-        report = p.method.finetune_report(model)
+            for i in range(repeats):
+                # Seeded before the classifier exists: its fresh head must not depend on what ran before
+                # (a resumed run skips work and would otherwise draw a different head).
+                set_seed(seed + FINETUNE_SEED_STRIDE * i)
+                model = p.method.end_task_model(ctx, protocol.scores).to(p.accelerator.device)
+                # A protocol that scores the language model sees it as the method serves the task's domain, as the
+                # held-out losses do (a task mask, a domain's prompt).
+                lm = protocol.scores == LANGUAGE_MODEL
+                with p.method.heldout_view(model, k) if lm else contextlib.nullcontext():
+                    args = (model, task, p.data.tokenizer, p.config.finetune, seed + FINETUNE_SEED_STRIDE * i)
+                    results.append(protocol.evaluate(*args, p.accelerator))
+                report = report or p.method.finetune_report(model)
+        result = seed_mean(results)
         cell = {"row": t, "task": task.name, **result, **({"method_report": report} if report else {})}
         cell["seconds"] = round(time.perf_counter() - start, 3)
         write_work_file(p.layout.finetune_cell(row_key, k, beside), cell)
@@ -109,6 +114,13 @@ class EndTaskRunner:
         path, main = self.parts.layout.finetune_cell(row_key, k, beside), self.parts.accelerator.is_main_process
         return finished(path, "fine-tune result", main)
 
+    def seed_predictions(self, beside: str | None = None) -> dict[str, list[list[int]]]:
+        """Per cell fine-tuned more than once (``finetune.seeds``), the test predictions of every fine-tune after the
+        first (whose predictions are the cell's ``predictions``); those of the protocol ``beside`` when named."""
+        return {
+            f"{t}/{k}": cell["seed_predictions"] for t, k, cell in self._cells(beside) if "seed_predictions" in cell
+        }
+
     def matrices(self, beside: str | None = None):
         """A[t][k] per score from the finished cells (None where the matrix mode skips a cell), each cell's test
         predictions keyed ``t/k`` (what the report bootstraps the test sample over) and the method's reports on the
@@ -126,5 +138,29 @@ class EndTaskRunner:
         return out, predictions, reports
 
     def beside(self) -> dict[str, tuple] | None:
-        """The matrices, predictions and reports of the protocol beside the run's own, by its name (None without)."""
-        return {name: self.matrices(name) for name, _ in self._tagged()[1:]} or None
+        """The matrices, predictions and reports of the protocol beside the run's own, and the predictions of its
+        further fine-tunes (:meth:`seed_predictions`), by its name (None without)."""
+        return {name: (*self.matrices(name), self.seed_predictions(name)) for name, _ in self._tagged()[1:]} or None
+
+
+FINETUNE_SEED_STRIDE = 1000
+"""The i-th fine-tune of a cell (``finetune.seeds``) is seeded with the fine-tune seed + this times i: apart from every
+other run's seeds (2021, 111, 222, ...)."""
+
+
+def seed_mean(results: list[dict]) -> dict:
+    """One cell's result from the results of its fine-tunes: the first's, with every score the mean of theirs, the
+    later fine-tunes' test predictions and scores kept (``seed_predictions``, ``seed_scores``) and their seconds
+    summed; a single result as it is."""
+    if len(results) == 1:
+        return results[0]
+    first = results[0]
+    mean = {score: float(sum(r[score] for r in results) / len(results)) for score in SCORES}
+    seconds = {key: round(sum(r[key] for r in results), 3) for key in ("train_seconds", "eval_seconds") if key in first}
+    return {
+        **first,
+        **mean,
+        **seconds,
+        "seed_predictions": [r["predictions"] for r in results[1:]],
+        "seed_scores": [{score: r[score] for score in SCORES} for r in results],
+    }

@@ -173,7 +173,7 @@ def _record(run: ContinualRun, clock: RunClock) -> RunRecord:
         config=p.config,
         data=p.data,
         stage_stats=stats,
-        cells=run.end_tasks.matrices(),
+        cells=(*run.end_tasks.matrices(), run.end_tasks.seed_predictions()),
         beside=run.end_tasks.beside(),
         base_losses=run.base.losses(),
         base_chunk_sums=run.base.chunk_sums(),

@@ -45,6 +45,7 @@ class FineTune(EndTaskProtocol):
         scale = ft.get("epoch_scale", 1.0)
         share = ft.get("validation_share") or 0.0
         chosen = f", the epoch chosen on a {100 * share:g}% validation split" if share else ""
+        chosen += f", the mean of {ft['seeds']} fine-tunes" if ft.get("seeds", 1) > 1 else ""
         return (
             f"fine-tuning {'/'.join(f'{e:g}' for e in epochs)} epochs x {scale:g}, lr {ft['lr']}{chosen},"
             f" {test_sizes(ft)}"

@@ -28,7 +28,7 @@ def build_record(
     config,
     data,
     stage_stats: list[dict[str, Any] | None],
-    cells: tuple[dict[str, list[list[float | None]]], dict[str, list[int]]],
+    cells: tuple[dict[str, list[list[float | None]]], dict[str, list[int]], dict, dict[str, list[list[int]]]],
     base_losses: dict[str, float],
     base_chunk_sums: dict[str, list[float]],
     base_anisotropy: dict[str, float],
@@ -37,8 +37,9 @@ def build_record(
     beside: dict[str, tuple] | None = None,
 ) -> RunRecord:
     """The record of a finished run. ``stage_stats[t]`` is domain t's progress file (None: no model at t); ``cells``
-    the matrices A[t][k] per score and each cell's test predictions (and ``beside``, those of a second protocol)."""
-    caps, (matrices, predictions, reports) = method.capabilities, cells
+    the matrices A[t][k] per score, each cell's test predictions, the method's reports on the fine-tuned models and the
+    predictions of each cell's further fine-tunes (``finetune.seeds``); ``beside``, the same of a second protocol."""
+    caps, (matrices, predictions, reports, seed_predictions) = method.capabilities, cells
     after_domain = [None if s is None else s["lm_loss"] for s in stage_stats]
     chunk_rows = [None if s is None else s["lm_loss_chunks"] for s in stage_stats]
     present = [{k: v for k, v in s.items() if k != "lm_loss_chunks"} for s in stage_stats if s is not None]
@@ -77,7 +78,8 @@ def build_record(
         "domains": present,
         "environment": environment,
         "data_checksums": data.checksums,
-        "backbone_flags": backbone_flags(predictions, labels, tasks),
+        "backbone_flags": backbone_flags(predictions, labels, tasks, seed_predictions),
+        **({"seed_predictions": seed_predictions} if seed_predictions else {}),
         **_optional_blocks(reports, beside, caps, labels, tasks),
     }
 
@@ -105,9 +107,10 @@ def _beside_block(
             "matrices": matrices,
             "summary": {metric: _summary(m, caps) for metric, m in matrices.items()},
             "predictions": predictions,
-            "backbone_flags": backbone_flags(predictions, labels, tasks),
+            "backbone_flags": backbone_flags(predictions, labels, tasks, seeds),
+            **({"seed_predictions": seeds} if seeds else {}),
         }
-        for name, (matrices, predictions, _) in beside.items()
+        for name, (matrices, predictions, _, seeds) in beside.items()
     }
 
 

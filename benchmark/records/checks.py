@@ -153,14 +153,18 @@ def _prediction_problems(record: dict[str, Any], where: str, cells: dict[str, An
     predictions, labels = cells.get("predictions"), record.get("test_labels")
     if not predictions or not labels:
         return []
-    out = []
+    out, more = [], cells.get("seed_predictions") or {}
+    if set(more) - set(predictions):
+        out.append(f"{where}seed_predictions name cells without predictions")
     for cell, predicted in predictions.items():
         t, k = map(int, cell.split("/"))
         task = labels[record["end_tasks"][k]]
-        if len(predicted) != len(task["labels"]):
+        every = [predicted, *more.get(cell, [])]
+        if any(len(guesses) != len(task["labels"]) for guesses in every):
             out.append(f"{where}predictions {cell} do not cover the test set of {record['end_tasks'][k]}")
             continue
-        scores = classification_scores(task["labels"], predicted, task["classes"])
+        each = [classification_scores(task["labels"], guesses, task["classes"]) for guesses in every]
+        scores = {score: sum(s[score] for s in each) / len(each) for score in each[0]}  # the mean of its fine-tunes
         for score, value in scores.items():
             recorded = cells["matrices"][score][t][k]
             if not _same(recorded, value):
@@ -169,9 +173,8 @@ def _prediction_problems(record: dict[str, Any], where: str, cells: dict[str, An
     computed = {f"{t}/{k}" for t, row in enumerate(matrix) for k, v in enumerate(row) if v is not None}
     if computed != set(predictions):
         out.append(f"{where}the scored cells and the cells with predictions differ")
-    if "backbone_flags" in cells and cells["backbone_flags"] != backbone_flags(
-        predictions, labels, record["end_tasks"]
-    ):
+    flags = cells.get("backbone_flags")
+    if flags is not None and flags != backbone_flags(predictions, labels, record["end_tasks"], more):
         out.append(f"{where}backbone_flags are not what its predictions give")
     return out
 

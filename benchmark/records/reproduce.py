@@ -171,6 +171,8 @@ NOT_RESULTS = MappingProxyType(
         "identity/*": "what the run id hashed (checked when the record is read)",
         "predictions/*": "single test predictions: the scores made of them are compared, within the score tolerance",
         "end_tasks_beside/*/predictions/*": "single test predictions of the protocol beside: its scores are compared",
+        "seed_predictions/*": "single test predictions of further fine-tunes: the mean scores are compared",
+        "end_tasks_beside/*/seed_predictions/*": "single test predictions of further fine-tunes beside: likewise",
         "test_labels/*": "data (its checksum is part of the run id)",
         "update_sizes_measured/*": "how update sizes measured later were added: the check of that re-run, not a result",
     }

@@ -33,6 +33,10 @@ from benchmark.records.schema import CHUNK_SUM_DECIMALS, in_schema_order
 SAMPLE_FIELDS = ("predictions", "test_labels")
 """Top-level record fields that move to the sidecars whole (``lm_loss.chunks`` and each protocol's predictions in
 ``end_tasks_beside`` move too)."""
+SEEDS = "seed_predictions"
+"""The field of a record (and of each protocol beside its own) that keeps the test predictions of a cell's later
+fine-tunes (``finetune.seeds``); in the sidecar, fine-tune i of protocol P is the protocol ``P#i``."""
+FINE_TUNE_MARK = "#"
 COLUMNS = ("part", "protocol", "stage", "key", "position", "value")
 """The sidecars' columns, in order."""
 OWN_SUFFIX = ".samples.parquet"
@@ -52,18 +56,21 @@ class Samples:
 def split_samples(record: dict[str, Any]) -> tuple[dict[str, Any], Samples]:
     """``record`` without its evaluation samples (plus a ``samples`` block saying which of them it has), and the
     samples themselves."""
-    lean = {key: value for key, value in record.items() if key not in (*SAMPLE_FIELDS, "samples")}
+    lean = {key: value for key, value in record.items() if key not in (*SAMPLE_FIELDS, SEEDS, "samples")}
     chunks = record["lm_loss"].get("chunks")
     lean["lm_loss"] = {key: value for key, value in record["lm_loss"].items() if key != "chunks"}
     beside = record.get("end_tasks_beside") or {}
     if "end_tasks_beside" in record:
         lean["end_tasks_beside"] = {
-            name: {key: value for key, value in cells.items() if key != "predictions"} for name, cells in beside.items()
+            name: {key: value for key, value in cells.items() if key not in ("predictions", SEEDS)}
+            for name, cells in beside.items()
         }
-    own = {
-        "after_domain": None if chunks is None else chunks["after_domain"],
-        "predictions": {"": record.get("predictions"), **{n: c.get("predictions") for n, c in beside.items()}},
-    }
+    predictions = {"": record.get("predictions"), **{n: c.get("predictions") for n, c in beside.items()}}
+    for name, cells in [("", record), *beside.items()]:
+        for cell, later in (cells.get(SEEDS) or {}).items():
+            for i, guesses in enumerate(later, 2):  # the first fine-tune's are the protocol's own predictions
+                predictions.setdefault(f"{name}{FINE_TUNE_MARK}{i}", {})[cell] = guesses
+    own = {"after_domain": None if chunks is None else chunks["after_domain"], "predictions": predictions}
     shared = {
         "counts": None if chunks is None else chunks["counts"],
         "base": None if chunks is None else chunks["base"],
@@ -93,7 +100,23 @@ def join_samples(lean: dict[str, Any], samples: Samples) -> dict[str, Any]:
         record["end_tasks_beside"] = {
             name: {**cells, "predictions": predictions.get(name)} for name, cells in lean["end_tasks_beside"].items()
         }
+    for name, later in _later_fine_tunes(predictions).items():
+        (record if name == "" else record["end_tasks_beside"][name])[SEEDS] = later
     return in_schema_order(record)
+
+
+def _later_fine_tunes(predictions: dict[str, Any]) -> dict[str, dict[str, list[list[int]]]]:
+    """Per protocol, the ``seed_predictions`` its sidecar keeps as protocols ``<name>#<fine-tune>`` (2, 3, ...)."""
+    found: dict[str, dict[int, dict[str, list[int]]]] = {}
+    for key, cells in predictions.items():
+        if FINE_TUNE_MARK in key:
+            name, number = key.rsplit(FINE_TUNE_MARK, 1)
+            found.setdefault(name, {})[int(number)] = cells or {}
+    out = {}
+    for name, by_number in found.items():
+        cells = by_number[min(by_number)]
+        out[name] = {cell: [by_number[i][cell] for i in sorted(by_number)] for cell in cells}
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

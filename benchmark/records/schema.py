@@ -141,6 +141,8 @@ class EndTasksBeside(TypedDict):
     predictions: dict[str, list[int]]
     backbone_flags: NotRequired[dict[str, str]]
     """As the record's own ``backbone_flags``, for this protocol's cells."""
+    seed_predictions: NotRequired[dict[str, list[list[int]]]]
+    """As the record's own ``seed_predictions``, for this protocol's cells."""
 
 
 class RunIdentityBlock(TypedDict, total=False):
@@ -226,12 +228,16 @@ class RunRecord(TypedDict):
     (:func:`benchmark.metrics.backbone_problem`: its classifier predicts fewer than half of the test set's classes, or
     scores at or below the majority class); the report states no verdict from such a cell. Absent in records made
     before it was kept: the report derives it from their predictions."""
+    seed_predictions: NotRequired[dict[str, list[list[int]]]]
+    """Per cell ``t/k`` fine-tuned more than once (``finetune.seeds``): the test predictions of each fine-tune after
+    the first (whose are ``predictions``); the cell's scores are the means over all of them. Present only in records
+    of runs that fine-tune several times."""
     update_sizes_measured: NotRequired[UpdateSizesMeasured]
     """Present only in a record made before per-stage ``update_sizes`` were measured, whose sizes were added later
     by a stages-only re-run that matched it."""
 
 
-OPTIONAL = ("finetune_reports", "end_tasks_beside", "backbone_flags", "update_sizes_measured")
+OPTIONAL = ("finetune_reports", "end_tasks_beside", "backbone_flags", "seed_predictions", "update_sizes_measured")
 """Fields only some records carry (declared ``NotRequired``; the annotations are strings here, so named again)."""
 
 REQUIRED = tuple(name for name in RunRecord.__annotations__ if name not in OPTIONAL)

@@ -25,7 +25,7 @@ import pandas as pd
 
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_bytes, atomic_write_text, path_inside
-from benchmark.metrics import backbone_problem, majority_macro_f1
+from benchmark.metrics import majority_macro_f1, record_backbone_flags
 
 TABLES = ("runs", "stages", "curves", "end_tasks")
 """The exported tables, each ``<name>.parquet``."""
@@ -107,22 +107,27 @@ def end_tasks_table(records: list[dict]) -> pd.DataFrame:
     rows = []
     for record in records:
         labels = record.get("test_labels") or {}
-        protocols = {record["config"]["finetune"]["protocol"]: (record["matrices"], record.get("predictions") or {})}
-        for name, cells in (record.get("end_tasks_beside") or {}).items():
-            protocols[name] = (cells["matrices"], cells.get("predictions") or {})
-        for protocol, (matrices, predictions) in protocols.items():
-            rows += _cells(record, protocol, matrices, predictions, labels)
+        blocks = {record["config"]["finetune"]["protocol"]: (record, None)}
+        blocks.update({name: (cells, name) for name, cells in (record.get("end_tasks_beside") or {}).items()})
+        for protocol, (cells, beside) in blocks.items():
+            rows += _cells(record, protocol, cells, record_backbone_flags(record, beside), labels)
     return pd.DataFrame(rows, columns=END_TASK_COLUMNS)
 
 
 END_TASK_COLUMNS = (
     "run_id protocol stage after task accuracy macro_f1 test_examples classes classes_in_test classes_predicted"
-    " predicted_classes majority_macro_f1 measures_backbone"
+    " predicted_classes fine_tunes majority_macro_f1 measures_backbone"
 ).split()
 """The columns of ``end_tasks.parquet``, in order."""
 
 
-def _cells(record: dict, protocol: str, matrices: dict, predictions: dict, labels: dict) -> list[dict]:
+def _cells(record: dict, protocol: str, block: dict, flags: dict[str, str], labels: dict) -> list[dict]:
+    """The rows of one protocol's cells (``block``: the record, or its block beside; ``flags``: its backbone flags)."""
+    matrices, predictions, later = (
+        block["matrices"],
+        block.get("predictions") or {},
+        block.get("seed_predictions") or {},
+    )
     rows = []
     for t, domain in enumerate(record["sequence"]):
         for k, task in enumerate(record["end_tasks"]):
@@ -145,21 +150,12 @@ def _cells(record: dict, protocol: str, matrices: dict, predictions: dict, label
                     "classes_in_test": len(set(test["labels"])) if "labels" in test else None,
                     "classes_predicted": len(set(predicted)) if predicted is not None else None,
                     "predicted_classes": sorted(set(predicted)) if predicted is not None else None,
-                    **_backbone(test, predicted),
+                    "fine_tunes": 1 + len(later.get(f"{t}/{k}", [])),
+                    "majority_macro_f1": majority_macro_f1(test["labels"], test["classes"]) if test else None,
+                    "measures_backbone": None if predicted is None else f"{t}/{k}" not in flags,
                 }
             )
     return rows
-
-
-def _backbone(test: dict, predicted: list[int] | None) -> dict[str, Any]:
-    """A cell's majority-class macro-F1 and whether it measures the backbone
-    (:func:`benchmark.metrics.backbone_problem`); None where the record kept no predictions."""
-    if predicted is None or "labels" not in test:
-        return {"majority_macro_f1": None, "measures_backbone": None}
-    return {
-        "majority_macro_f1": majority_macro_f1(test["labels"], test["classes"]),
-        "measures_backbone": backbone_problem(test["labels"], predicted, test["classes"]) is None,
-    }
 
 
 def lm_eval_results(record: dict) -> dict[str, dict]:
@@ -258,7 +254,8 @@ TABLE_DOCS = {
     "curves": "One row per record x stage x measured update x held-out set of runs with continual evaluation "
     "(`dap.eval_every`): the loss on the set's first `dap.eval_chunks` chunks after `update` updates of domain "
     "`stage` (update 0: before its first); empty where no run measured curves.",
-    "end_tasks": "One row per record x protocol x stage x end task: `measures_backbone` is false where the "
+    "end_tasks": "One row per record x protocol x stage x end task, its scores the mean of its `fine_tunes` "
+    "(`finetune.seeds`; classes from the first): `measures_backbone` is false where a "
     "classifier predicts fewer than half of `classes_in_test` (`classes_predicted`) or its macro-F1 is at or below "
     "`majority_macro_f1`, always predicting the most frequent test label; the leaderboard states no verdict from "
     "such a cell.",

@@ -107,13 +107,17 @@ def score_replicates(record: dict, weights: dict[str, np.ndarray], replicates: i
     example ``weights``: the scores of every computed cell recomputed from its test predictions, summarised."""
     size = len(record["sequence"])
     cells = {score: np.full((replicates, size, size), np.nan) for score in ("acc", "macro_f1")}
+    later = record.get("seed_predictions") or {}
     for cell, predicted in record["predictions"].items():
         t, k = map(int, cell.split("/"))
         task = record["test_labels"][record["end_tasks"][k]]
-        acc, f1 = weighted_scores(
-            np.asarray(task["labels"]), np.asarray(predicted), task["classes"], weights[record["end_tasks"][k]]
-        )
-        cells["acc"][:, t, k], cells["macro_f1"][:, t, k] = acc, f1
+        labels, sample = np.asarray(task["labels"]), weights[record["end_tasks"][k]]
+        # a cell fine-tuned several times scores the mean of its fine-tunes on every resample of its test examples
+        each = [
+            weighted_scores(labels, np.asarray(p), task["classes"], sample) for p in [predicted, *later.get(cell, [])]
+        ]
+        cells["acc"][:, t, k] = np.mean([acc for acc, _ in each], axis=0)
+        cells["macro_f1"][:, t, k] = np.mean([f1 for _, f1 in each], axis=0)
     out = {}
     for score, matrix in cells.items():
         out.update({f"{score}/{key}": value for key, value in _summaries(matrix, record["capabilities"]).items()})
