@@ -58,16 +58,16 @@ class EndTaskRunner:
         phase = f"end task {counter} {task.name} ({protocol.words})"
         results, report = [], None
         with error_context(f"{p.where}, checkpoint after domain {t}, end task {task.name}"), p.phase(t, phase):
-            for i in range(repeats):
+            for fine_tune_seed in (seed + FINETUNE_SEED_STRIDE * i for i in range(repeats)):
                 # Seeded before the classifier exists: its fresh head must not depend on what ran before
                 # (a resumed run skips work and would otherwise draw a different head).
-                set_seed(seed + FINETUNE_SEED_STRIDE * i)
+                set_seed(fine_tune_seed)
                 model = p.method.end_task_model(ctx, protocol.scores).to(p.accelerator.device)
                 # A protocol that scores the language model sees it as the method serves the task's domain, as the
                 # held-out losses do (a task mask, a domain's prompt).
                 lm = protocol.scores == LANGUAGE_MODEL
                 with p.method.heldout_view(model, k) if lm else contextlib.nullcontext():
-                    args = (model, task, p.data.tokenizer, p.config.finetune, seed + FINETUNE_SEED_STRIDE * i)
+                    args = (model, task, p.data.tokenizer, p.config.finetune, fine_tune_seed)
                     results.append(protocol.evaluate(*args, p.accelerator))
                 report = report or p.method.finetune_report(model)
         result = seed_mean(results)
@@ -150,8 +150,8 @@ other run's seeds (2021, 111, 222, ...)."""
 
 def seed_mean(results: list[dict]) -> dict:
     """One cell's result from the results of its fine-tunes: the first's, with every score the mean of theirs, the
-    later fine-tunes' test predictions and scores kept (``seed_predictions``, ``seed_scores``) and their seconds
-    summed; a single result as it is."""
+    later fine-tunes' test predictions kept (``seed_predictions``: each one's scores follow from them) and their
+    seconds summed; a single result as it is."""
     if len(results) == 1:
         return results[0]
     first = results[0]
@@ -162,5 +162,4 @@ def seed_mean(results: list[dict]) -> dict:
         **mean,
         **seconds,
         "seed_predictions": [r["predictions"] for r in results[1:]],
-        "seed_scores": [{score: r[score] for score in SCORES} for r in results],
     }

@@ -23,6 +23,7 @@ from benchmark.report.beside import NO_DAP, final_macro_f1
 from benchmark.report.comparison import resolvable_difference
 from benchmark.report.escape import text
 from benchmark.report.frame import backbone_flag
+from benchmark.report.speed import machine_of
 
 DAP_SEEDS = 3
 """The DAP seeds per row a verdict is drawn from at the top rung (issue #86's unit of power)."""
@@ -104,8 +105,9 @@ def protocol_points(records: list[dict]) -> list[ProtocolPoint]:
 
 
 def _machine(record: dict) -> str:
-    env = record["environment"]
-    return f"{env.get('device_name') or env.get('device')}, {env.get('torch_threads')} thread(s)"
+    """Where a record's end tasks were timed, as the speed comparisons name a machine (:func:`machine_of`: its model,
+    threads and load class), so that hours are set side by side only where speeds would be."""
+    return machine_of(record) or "a machine the record does not name"
 
 
 def frontier(points: list[ProtocolPoint]) -> list[ProtocolPoint]:
