@@ -634,16 +634,18 @@ def run_summary(records: Sequence[RunRecord], output_dir: str | Path) -> list[st
 
 
 def migrate_results(results_dir: str | Path) -> list[Path]:
-    """Rewrite every record under ``results_dir`` of an older schema as the current one, in place and atomically
+    """Rewrite every record under ``results_dir`` of an older schema as the current one, and complete every record
+    that lacks a field a run writes today (:func:`~benchmark.records.store.completed_record`), in place and atomically
     (numbers unchanged; samples into their sidecars); return the rewritten files. Readers migrate on load anyway."""
     from benchmark.records.schema import SCHEMA_VERSION
-    from benchmark.records.store import record_paths
+    from benchmark.records.store import completed_record, record_paths
 
     rewritten = []
     for path in record_paths(results_dir):
         raw = read_json(path, "run record")
-        record = load_record(path)  # every check a reader applies, before anything is rewritten
-        if not isinstance(raw, dict) or raw.get("schema") != SCHEMA_VERSION:
+        loaded = load_record(path)  # every check a reader applies, before anything is rewritten
+        record = completed_record(loaded)
+        if not isinstance(raw, dict) or raw.get("schema") != SCHEMA_VERSION or record != loaded:
             write_record(path, record)
             rewritten.append(path)
     return rewritten

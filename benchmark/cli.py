@@ -244,7 +244,11 @@ def _add_record_commands(command) -> None:
     curve.add_argument("records", nargs="+", help="run record JSON files (each drawn as one line)")
     curve.add_argument("--output", default="lr-curve.png", help="the PNG to write (default: lr-curve.png)")
 
-    migrate = command("migrate", "rewrite older-schema records as the current schema (numbers unchanged)", cmd_migrate)
+    migrate = command(
+        "migrate",
+        "rewrite older-schema records as the current schema, complete older ones (numbers unchanged)",
+        cmd_migrate,
+    )
     migrate.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"the folder (default: {DEFAULT_OUTPUT})")
 
     export = command("export", "write the results as a dataset: Parquet tables and a dataset card", cmd_export)
@@ -569,7 +573,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from benchmark.api import migrate_results
 
     rewritten = migrate_results(Path(args.output_dir) / "results")
-    print(f"migrate: {len(rewritten)} record(s) rewritten to the current schema")
+    print(f"migrate: {len(rewritten)} record(s) rewritten to the current schema or completed")
     return 0
 
 

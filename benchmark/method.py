@@ -261,7 +261,7 @@ class MethodDeclaration:
 
     def flop_bound(self, encoder_share: float) -> float | None:
         """Fewest model FLOPs of one update in the current state, in plain MLM updates, given the encoder's share of
-        one (None: undeclared). Default 1: nothing but element-wise additions (README, "FLOP bounds")."""
+        one (None: undeclared). Default 1: nothing but element-wise additions (docs/measurements.md, "FLOP bounds")."""
         return 1.0
 
 

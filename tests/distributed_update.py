@@ -28,7 +28,7 @@ def main(out: Path, model: str, data_root: Path, methods: list[str]) -> None:
     from benchmark.data.inputs import prepare_data
 
     quiet_libraries()
-    state = PartialState(cpu=True)  # gloo processes (what `benchmark.environment.process_state` makes on CPU)
+    state = PartialState(cpu=True)  # gloo processes (what `benchmark.engine.environment.process_state` makes on CPU)
     config = resolve_config(
         "synthetic",
         model=model,

@@ -1,7 +1,7 @@
 """CI key-number check: re-run the ``ci`` profile and compare every number with the committed records.
 
 Slow (a few minutes): ``.ci/run`` calls it explicitly (``python -m pytest -m slow tests/test_key_numbers.py``).
-The tolerance (``benchmark.reproduce.CI_TOLERANCE``) and how it was measured are documented there.
+The tolerance (``benchmark.records.reproduce.CI_TOLERANCE``) and how it was measured are documented there.
 """
 
 from pathlib import Path

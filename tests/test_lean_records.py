@@ -173,3 +173,37 @@ def test_the_committed_results_are_lean():
 def test_every_committed_record_reads(tmp_path):
     """Every committed record loads with its sidecars (none missing or damaged)."""
     assert load_records(ROOT / "results")
+
+
+def test_migrate_completes_records_made_before_their_flags_and_roles_and_moves_no_number(report_records, tmp_path):
+    """Records made before ``backbone_flags`` were kept, or before their method declared its comparison role, are
+    completed by ``dapbench migrate`` as a run now writes them; the report then reads the records alone."""
+    folder = tmp_path / "results" / "synthetic"
+    for record in report_records:
+        older = {key: value for key, value in record.items() if key != "backbone_flags"}
+        if record["method"] == "ncl":
+            older["comparison_role"] = None  # as a record made before NCL declared its role
+        write_record(folder / f"{record['run_id']}.json", older)
+    assert "backbone_flags" not in load_record(next(record_paths(tmp_path / "results").__iter__()))
+    rewritten = migrate_results(tmp_path / "results")
+    assert len(rewritten) == len(report_records) and migrate_results(tmp_path / "results") == []
+    for record in report_records:
+        whole = tmp_path / "whole" / f"{record['run_id']}.json"
+        write_record(whole, record)  # the record as its run wrote it, read back the same way
+        completed = load_record(folder / whole.name)
+        assert json.dumps(completed) == json.dumps(load_record(whole))  # flags and role as written; every number too
+
+
+def test_the_leaderboard_is_a_function_of_the_records_alone_with_the_methods_unimportable(lean):
+    """The report reads no plugin: with the ``methods`` package unimportable it writes the same leaderboard."""
+    out = lean.parents[1]
+    write_report(out)
+    board = (out / "leaderboard.md").read_bytes()
+    (out / "leaderboard.md").unlink()
+    script = (
+        "import sys; sys.modules['methods'] = None\n"  # `import methods` now raises ImportError
+        "from benchmark.report.writer import write_report; write_report(sys.argv[1])\n"
+        "assert 'methods' not in {m.split('.')[0] for m in sys.modules if sys.modules[m] is not None}\n"
+    )
+    subprocess.run(["python", "-c", script, str(out)], check=True, env={**__import__("os").environ})
+    assert (out / "leaderboard.md").read_bytes() == board

@@ -517,17 +517,22 @@ def test_a_group_names_the_reports_methods_it_has_no_record_of_and_never_what_is
 
 def test_the_references_are_the_two_baselines_and_the_papers_method_at_their_defaults(records):
     """ncl (naive continual), das (the paper's method, ``proposed``) and none (no DAP) are the references; a DAS
-    record at defaults made before DAS declared its role still counts (the installed plugin's role), a DAS variant
-    never does, and every method is tested against DAS in the verdicts."""
+    record at defaults made before DAS declared its role counts once ``dapbench migrate`` wrote the role into it (the
+    report reads the records alone), a DAS variant never does, and every method is tested against DAS in the
+    verdicts."""
+    from benchmark.records.store import completed_record
+
     assert reference_labels(records) == {"naive_continual": "ncl", "proposed": "das", "no_dap": "none"}
     assert {r["comparison_role"] for r in records if r["method"] == "das"} == {"proposed"}
     older = [{**r, "comparison_role": None} if r["method"] == "das" else r for r in records]
-    assert reference_labels(older)["proposed"] == "das"
+    assert "proposed" not in reference_labels(older)  # the record says none
+    assert reference_labels([completed_record(r) for r in older])["proposed"] == "das"
     variant = [
         {**r, "method_label": "das[ablation=no_contrast]", "comparison_role": None} if r["method"] == "das" else r
         for r in records
     ]
     assert "proposed" not in reference_labels(variant)
+    assert "proposed" not in reference_labels([completed_record(r) for r in variant])
     (group,), _ = group_records(records)
     stats = _statistics(group)
     assert list(stats.references.values()) == ["ncl", "das", "none"]
@@ -656,6 +661,22 @@ def test_the_report_fills_a_readmes_rows_blocks_with_the_answering_groups_number
     lines = filled.splitlines()
     assert lines.index(das) < next(i for i, line in enumerate(lines) if line.startswith("| `ncl` |"))  # as named
     assert write_report(out, check=True)["stale"] == []  # filled once, up to date
+
+
+def test_the_report_fills_the_findings_pages_rows_block_as_the_readmes(records, tmp_path):
+    """The rows block moved with the findings from the README to ``docs/findings.md``; the report fills it there."""
+    from benchmark.report.writer import GENERATED_BLOCK_PAGES, ROWS_MARKERS, write_report
+
+    out = tmp_path / "out"
+    _write(out, [{**r, "profile": "mini"} for r in records])
+    start, end = ROWS_MARKERS
+    block = f"# page\n\n{start} ncl -->\n| stale |\n{end}\n"
+    for page in GENERATED_BLOCK_PAGES:
+        (out / page).parent.mkdir(parents=True, exist_ok=True)
+        (out / page).write_text(block)
+    write_report(out)
+    readme, findings = ((out / page).read_text() for page in GENERATED_BLOCK_PAGES)
+    assert "| stale |" not in findings and "| `ncl` | 3 |" in findings and findings == readme
 
 
 def test_a_record_made_before_a_metric_existed_shows_it_computed_from_its_losses(records):

@@ -227,7 +227,7 @@ class RunRecord(TypedDict):
     """Per cell ``t/k`` of the run's own protocol that does not measure the backbone, why
     (:func:`benchmark.metrics.backbone_problem`: its classifier predicts fewer than half of the test set's classes, or
     scores at or below the majority class); the report states no verdict from such a cell. Absent in records made
-    before it was kept: the report derives it from their predictions."""
+    before it was kept: ``dapbench migrate`` writes it, and until then the report derives it from their predictions."""
     seed_predictions: NotRequired[dict[str, list[list[int]]]]
     """Per cell ``t/k`` fine-tuned more than once (``finetune.seeds``): the test predictions of each fine-tune after
     the first (whose are ``predictions``); the cell's scores are the means over all of them. Present only in records

@@ -137,6 +137,27 @@ def installed_method(name: str) -> type | None:
         return None
 
 
+def completed_record(record: RunRecord) -> RunRecord:
+    """``record`` with the fields a run writes today that records made before them lack, filled in as a run now writes
+    them: each protocol's ``backbone_flags`` (derived from its predictions) and, for a method at its defaults, the
+    ``comparison_role`` its installed plugin declares. ``dapbench migrate`` writes them, so that the report reads the
+    records alone; every number is unchanged."""
+    from benchmark.metrics import record_backbone_flags
+
+    out: dict[str, Any] = dict(record)
+    if out.get("predictions") and out.get("test_labels") and "backbone_flags" not in out:
+        out["backbone_flags"] = record_backbone_flags(out)
+    if out.get("end_tasks_beside") and out.get("test_labels"):
+        out["end_tasks_beside"] = {
+            name: cells if "backbone_flags" in cells else {**cells, "backbone_flags": record_backbone_flags(out, name)}
+            for name, cells in out["end_tasks_beside"].items()
+        }
+    cls = installed_method(out["method"]) if out["method_label"] == out["method"] else None
+    if out.get("comparison_role") is None and cls is not None and cls.comparison_role is not None:
+        out["comparison_role"] = cls.comparison_role  # what the run writes today for the method at its defaults
+    return in_schema_order(out)
+
+
 def load_record(path: str | Path) -> RunRecord:
     """Read, migrate and check one run record file: its schema, that its run id is its file name, method and seed
     (and, for schema 3, the hash of its own identity fields), and that every derived number is what its raw

@@ -457,7 +457,7 @@ def _end_tasks(stats: GroupStatistics, none: str | None) -> list[str]:
 
 
 ROWS_COLUMNS = ("plasticity", "forgetting", "general rise", "final gain")
-"""The loss metrics of a README rows table (:func:`rows_table`)."""
+"""The loss metrics of a rows table (:func:`rows_table`; the findings page quotes one)."""
 
 
 def rows_table(stats: GroupStatistics, labels: list[str], first_header: str) -> list[str]:

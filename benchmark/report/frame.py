@@ -289,21 +289,13 @@ REFERENCE_ROLES = ("naive_continual", "proposed", "no_dap")
 
 def reference_labels(records: list[dict]) -> dict[str, str]:
     """Role -> method label of the group's reference methods (:data:`REFERENCE_ROLES`), as the records declare them
-    (only records at the method's default options carry a role), or for a record at defaults made before its
-    method declared a role, as the installed plugin declares it (a role names a table's reference, no number)."""
+    (only records at the method's default options carry a role; ``dapbench migrate`` writes it into records made
+    before their method declared one): the records alone decide, never the plugins installed where the report runs."""
     out = {}
     for record in sorted(records, key=lambda r: r["method_label"]):
-        role = record.get("comparison_role") or _installed_role(record)
-        if role in REFERENCE_ROLES:
-            out.setdefault(role, record["method_label"])
+        if record.get("comparison_role") in REFERENCE_ROLES:
+            out.setdefault(record["comparison_role"], record["method_label"])
     return {role: out[role] for role in REFERENCE_ROLES if role in out}
-
-
-def _installed_role(record: dict) -> str | None:
-    from benchmark.records.store import installed_method
-
-    cls = installed_method(record["method"]) if record["method_label"] == record["method"] else None
-    return cls.comparison_role if cls else None
 
 
 def method_colours(labels: list[str]) -> dict[str, str]:

@@ -388,13 +388,14 @@ def _methods(views: list[GroupView]) -> dict[str, list[dict]]:
 
 def _method_facts(name: str) -> dict:
     """The method's description (its module's docstring, split into a summary and the rest) and its options with
-    their defaults, from the plugin installed where the site is generated (None where it is not installed)."""
+    their defaults, from the plugin installed where the site is generated (None where it is not installed); the only
+    thing of the report not read from the records (the leaderboard reads the records alone)."""
     from benchmark.errors import DapbenchError
     from benchmark.registry import default_registry
 
     try:
         cls = default_registry().get(name)
-    except DapbenchError:
+    except (DapbenchError, ImportError):  # not installed here, or no method package importable: the page says so
         return {"name": name, "summary": None, "details": "", "options": []}
     doc = inspect.getdoc(inspect.getmodule(cls)) or inspect.getdoc(cls) or ""
     summary, _, details = doc.partition("\n\n")
