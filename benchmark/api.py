@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -420,6 +421,86 @@ def _shown(field: dataclasses.Field):
 
 
 # ----------------------------------------------------------------------------------------------
+# Tuning
+# ----------------------------------------------------------------------------------------------
+TUNING_CRITERION = (
+    "lowest mean validation loss after the last domain, over every domain of the sequence and general text"
+)
+"""How ``dapbench tune`` chooses: one number per candidate, the mean of the final row of its validation-loss matrix
+(every domain's slice and general text weigh alike: learning the new domains and keeping general knowledge both
+count)."""
+
+
+def tune_option(
+    config: RunConfig, method: str, option: str, values: Sequence[float], seed: int, show_progress: bool = False
+) -> dict:
+    """``dapbench tune``: run ``method`` once per value of its ``option`` (``method.key``) on validation slices,
+    choose by :data:`TUNING_CRITERION`, write and return the result.
+
+    Each candidate value is one continual DAP run through the profile's sequence at the profile's budget, with
+    ``dap.evaluate_on=validation``: the loss matrix is measured on a validation slice of every domain, as many lines
+    as its held-out part and disjoint from it and from the training lines
+    (:func:`benchmark.data.corpora.validation_split`), and on as many lines from the end of the general training
+    corpus as the general held-out text has. End tasks are not run: the choice rests on the declared
+    :data:`TUNING_CRITERION` alone, and the held-out sets and end tasks that rank methods play no part in it.
+    Candidates are ordinary runs in the work folder (their own run ids: ``evaluate_on`` is part of the
+    configuration), so an interrupted tuning resumes where it stopped.
+
+    The result, every candidate's validation losses, the criterion and the choice, is written to
+    ``<output-dir>/tuning/<profile>/<method>-<option>-seed<seed>.json``.
+    """
+    from benchmark.io import atomic_write_json
+
+    if len(values) < 2 or len(set(values)) != len(values):
+        raise DapbenchError(f"--values {list(values)}: a choice needs two or more different values", "e.g. 1e-4,1e-3")
+    quiet_libraries()
+    candidates = [_tuning_candidate(config, method, option, value, seed) for value in values]
+    for candidate in candidates:  # every candidate's inputs checked before the first trains
+        candidate.update(config=materialise(candidate["config"], show_progress))
+        candidate.update(data=check_inputs([candidate["config"]])[0])
+    rows = []
+    for candidate in candidates:
+        run = continual_run(candidate["config"], candidate["data"], method, seed, show_progress=show_progress)
+        losses = run.pretrain_only()
+        label = run.method.label()  # the row it names, with every option the candidate ran with
+        rows.append({"value": candidate["value"], "label": label, "run_id": run.run_id, "losses": losses})
+        rows[-1]["mean"] = _mean_loss(losses)
+    result = {
+        "method": method,
+        "option": option,
+        "profile": config.profile,
+        "seed": seed,
+        "sequence": config.sequence,
+        "criterion": TUNING_CRITERION,
+        "candidates": rows,
+        "chosen": min(rows, key=lambda row: row["mean"])["value"],
+    }
+    name = f"{method}-{option.partition('.')[2]}-seed{seed}.json"
+    atomic_write_json(path_inside(config.output_dir, "tuning", config.profile, name), result)
+    return result
+
+
+def _tuning_candidate(config: RunConfig, method: str, option: str, value: float, seed: int) -> dict:
+    """The configuration of one candidate: ``option=value`` on validation slices, one method and seed."""
+    section, _, key = option.partition(".")
+    if section != method or not key:
+        raise DapbenchError(
+            f"--option {option!r} is not an option of method {method!r}",
+            f"name one of its options as {method}.KEY (`dapbench list` shows them)",
+        )
+    if not (isinstance(value, int | float) and math.isfinite(value)):
+        raise DapbenchError(f"--values: {value!r} is not a finite number", "e.g. --values 1e-4,3e-4,1e-3")
+    tuned = apply_overrides(config, [f"{option}={value!r}", "dap.evaluate_on=validation"])
+    tuned = dataclasses.replace(tuned, methods=(method,), seeds=(seed,))
+    validate_config(tuned)  # the option exists and the value is in its declared range, before any work
+    return {"value": value, "config": tuned}
+
+
+def _mean_loss(losses: dict[str, float]) -> float:
+    return sum(losses.values()) / len(losses)
+
+
+# ----------------------------------------------------------------------------------------------
 # Reproduce
 # ----------------------------------------------------------------------------------------------
 def reproduce(
@@ -635,16 +716,18 @@ def run_summary(records: Sequence[RunRecord], output_dir: str | Path) -> list[st
 
 def migrate_results(results_dir: str | Path) -> list[Path]:
     """Rewrite every record under ``results_dir`` of an older schema as the current one, and complete every record
-    that lacks a field a run writes today (:func:`~benchmark.records.store.completed_record`), in place and atomically
+    that lacks a field a run writes today (:func:`~benchmark.records.store.completed_record`, from the plugins
+    installed here), in place and atomically
     (numbers unchanged; samples into their sidecars); return the rewritten files. Readers migrate on load anyway."""
     from benchmark.records.schema import SCHEMA_VERSION
     from benchmark.records.store import completed_record, record_paths
+    from benchmark.registry import installed_method
 
     rewritten = []
     for path in record_paths(results_dir):
         raw = read_json(path, "run record")
         loaded = load_record(path)  # every check a reader applies, before anything is rewritten
-        record = completed_record(loaded)
+        record = completed_record(loaded, installed_method)
         if not isinstance(raw, dict) or raw.get("schema") != SCHEMA_VERSION or record != loaded:
             write_record(path, record)
             rewritten.append(path)

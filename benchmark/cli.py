@@ -479,7 +479,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """``dapbench tune``: one method, one seed, each value of one option; prints the choice and where it is written."""
-    from benchmark.tools.tune import CRITERION, tune
+    from benchmark.api import TUNING_CRITERION, tune_option
 
     config = _config(args)
     if len(config.methods) != 1 or len(config.seeds) != 1:
@@ -491,10 +491,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         values = [float(v) for v in args.values.split(",")]
     except ValueError as exc:
         raise DapbenchError(f"--values {args.values!r} is not a list of numbers", "e.g. --values 1e-4,1e-3") from exc
-    result = tune(config, config.methods[0], args.option, values, config.seeds[0], show_progress=not args.quiet)
+    result = tune_option(config, config.methods[0], args.option, values, config.seeds[0], show_progress=not args.quiet)
     for row in result["candidates"]:
         print(f"{args.option}={row['value']:g}: mean validation loss {row['mean']:.4f}")
-    print(f"chosen: {args.option}={result['chosen']:g} ({CRITERION})")
+    print(f"chosen: {args.option}={result['chosen']:g} ({TUNING_CRITERION})")
     return 0
 
 

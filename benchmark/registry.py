@@ -81,3 +81,11 @@ def default_registry() -> Registry:
     from methods import BUILTIN_METHODS
 
     return Registry(BUILTIN_METHODS)
+
+
+def installed_method(name: str) -> type | None:
+    """The plugin class registered here as ``name``, or None where no such plugin is installed or loads."""
+    try:
+        return default_registry().get(name)
+    except DapbenchError:
+        return None

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from benchmark.engine.sharding import is_sharded, local_part, summed_over_processes
+from benchmark.acceleration.sharding import is_sharded, local_part, summed_over_processes
 from benchmark.method import ContinualMethod, DomainContext, MethodConfig, StepContext, StepOutput
 from benchmark.modeling import mlm_loss
 from benchmark.settings import setting

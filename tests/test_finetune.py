@@ -278,7 +278,7 @@ def test_compiled_fine_tuning_compiles_every_block_and_predicts_as_the_plain_one
     from torch._dynamo.utils import counters
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from benchmark.engine.sharding import transformer_blocks
+    from benchmark.acceleration.sharding import transformer_blocks
     from benchmark.protocols.finetune import finetune_and_evaluate
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)

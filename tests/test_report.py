@@ -521,18 +521,19 @@ def test_the_references_are_the_two_baselines_and_the_papers_method_at_their_def
     report reads the records alone), a DAS variant never does, and every method is tested against DAS in the
     verdicts."""
     from benchmark.records.store import completed_record
+    from benchmark.registry import installed_method
 
     assert reference_labels(records) == {"naive_continual": "ncl", "proposed": "das", "no_dap": "none"}
     assert {r["comparison_role"] for r in records if r["method"] == "das"} == {"proposed"}
     older = [{**r, "comparison_role": None} if r["method"] == "das" else r for r in records]
     assert "proposed" not in reference_labels(older)  # the record says none
-    assert reference_labels([completed_record(r) for r in older])["proposed"] == "das"
+    assert reference_labels([completed_record(r, installed_method) for r in older])["proposed"] == "das"
     variant = [
         {**r, "method_label": "das[ablation=no_contrast]", "comparison_role": None} if r["method"] == "das" else r
         for r in records
     ]
     assert "proposed" not in reference_labels(variant)
-    assert "proposed" not in reference_labels([completed_record(r) for r in variant])
+    assert "proposed" not in reference_labels([completed_record(r, installed_method) for r in variant])
     (group,), _ = group_records(records)
     stats = _statistics(group)
     assert list(stats.references.values()) == ["ncl", "das", "none"]

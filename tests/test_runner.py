@@ -374,8 +374,9 @@ def test_fused_adamw_is_chosen_on_cuda_only_and_takes_the_same_steps(tiny_model)
     """The fused AdamW used on CUDA takes the for-each implementation's steps (checked with the CPU fused kernel)."""
     from transformers import AutoModelForMaskedLM
 
+    from benchmark.acceleration.fused import fused_adamw
     from benchmark.config import DapConfig
-    from benchmark.engine.optimizers import build_optimizer, fused_adamw
+    from benchmark.engine.optimizers import build_optimizer
 
     assert fused_adamw("cuda", "bf16") and fused_adamw(torch.device("cuda", 1)) and not fused_adamw("cpu")
     assert not fused_adamw("cuda", "fp16"), "under fp16 accelerate must still see an overflowed step skipped"

@@ -87,8 +87,8 @@ def test_compiling_keeps_parameter_names_and_shares_one_graph():
     from model_helpers import tiny_mlm
     from torch._dynamo.utils import counters
 
-    from benchmark.engine.compiling import compile_blocks
-    from benchmark.engine.sharding import transformer_blocks
+    from benchmark.acceleration.compiling import compile_blocks
+    from benchmark.acceleration.sharding import transformer_blocks
 
     model = tiny_mlm("roberta").eval()
     names = list(model.state_dict())
@@ -117,7 +117,7 @@ def _compiled_graphs_of_a_gated_step(layers: int) -> int:
     from torch._dynamo.utils import counters
     from transformers import BertConfig, BertForMaskedLM
 
-    from benchmark.engine.compiling import compile_blocks
+    from benchmark.acceleration.compiling import compile_blocks
     from methods._shared.units import gated, ones_gates
 
     torch.manual_seed(0)
@@ -187,7 +187,7 @@ def test_the_vocabulary_aligned_head_gives_the_same_logits_and_gradients(vocab):
 
     from transformers import BertConfig, BertForMaskedLM
 
-    from benchmark.engine.compiling import VocabularyAlignedLinear, align_vocabulary
+    from benchmark.acceleration.compiling import VocabularyAlignedLinear, align_vocabulary
 
     config = BertConfig(
         vocab_size=vocab, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64

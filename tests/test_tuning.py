@@ -74,7 +74,8 @@ def test_prompt_ones_adafactor_moves_the_prompt_further_than_the_dap_adamw_and_n
 
 
 def test_tune_runs_every_value_on_validation_slices_and_records_the_lowest_mean(tiny_config, tmp_path):
-    from benchmark.tools.tune import CRITERION, tune
+    from benchmark.api import TUNING_CRITERION as CRITERION
+    from benchmark.api import tune_option as tune
 
     result = tune(tiny_config, "adapter_ncl", "adapter_ncl.adapter_lr", [1e-4, 3e-3], seed=3)
     written = json.loads((tmp_path / "tuning" / "synthetic" / "adapter_ncl-adapter_lr-seed3.json").read_text())
@@ -99,7 +100,7 @@ def test_tune_runs_every_value_on_validation_slices_and_records_the_lowest_mean(
     ],
 )
 def test_tune_refuses_what_it_cannot_compare_before_any_work(option, values, named, tiny_config):
-    from benchmark.tools.tune import tune
+    from benchmark.api import tune_option as tune
 
     method = option.split(".")[0] if option.split(".")[0] in ("ncl",) else "adapter_ncl"
     with pytest.raises(DapbenchError, match=named):

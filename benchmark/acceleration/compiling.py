@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmark.acceleration.sharding import shard, transformer_blocks
 from benchmark.config import DapConfig
-from benchmark.engine.sharding import shard, transformer_blocks
 
 
 def prepare_blocks(model, dap: DapConfig, device) -> list | None:

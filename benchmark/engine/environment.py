@@ -149,7 +149,7 @@ UNSUPPORTED_ENGINES = {"ACCELERATE_USE_FSDP": "accelerate's FSDP", "ACCELERATE_U
 def require_supported_engine(environ=os.environ) -> None:
     """Refuse, before any work, accelerate's own sharding engines: accelerate enables FSDP only on GPU-class
     setups (on a CPU it would silently run DDP) and knows nothing of the methods' hooks; dapbench's sharding is
-    ``dap.sharding=fsdp`` (:mod:`benchmark.engine.sharding`), checked method by method."""
+    ``dap.sharding=fsdp`` (:mod:`benchmark.acceleration.sharding`), checked method by method."""
     asked = [name for key, name in UNSUPPORTED_ENGINES.items() if environ.get(key, "").lower() in ("1", "true", "yes")]
     if asked:
         raise DapbenchError(

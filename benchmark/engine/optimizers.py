@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 
+from benchmark.acceleration.fused import fused_adamw
+from benchmark.acceleration.sharding import average_replicated
 from benchmark.config import DapConfig
 from benchmark.engine.recipe import StagePlan, plan_span, stage_scheduler
-from benchmark.engine.sharding import average_replicated
 from benchmark.method import ContinualMethod, ParameterGroup, StepContext
 from benchmark.schedules import OPTIMIZERS
 
@@ -68,15 +69,6 @@ def build_optimizers(
         else:
             optimizers.append(torch.optim.SGD(tensors, lr=lr))
     return optimizers
-
-
-def fused_adamw(device: torch.device | str, mixed_precision: str = "no") -> bool:
-    """Whether AdamW runs fused: on CUDA, as transformers' ``Trainer`` defaults to (``adamw_torch_fused``), one
-    kernel per parameter group instead of a chain of elementwise launches per update; but not under fp16, whose
-    gradient scaler then always calls the fused step (it skips an overflowed update inside the kernel), so accelerate
-    could no longer report a skipped step and the schedule would not wait for it. On CPU the default (for-each)
-    implementation stays, so CPU numbers, and the records made there, keep their numerics."""
-    return torch.device(device).type == "cuda" and mixed_precision != "fp16"
 
 
 def param_groups(params: list[tuple[str, torch.nn.Parameter]], weight_decay: float) -> list[dict]:

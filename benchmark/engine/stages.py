@@ -46,7 +46,7 @@ class StageModels:
     def unsharded(self, sharded):
         """A model of the stage's architecture (the method's surgery applied) holding the full weights of a model
         trained sharded (every process gathers them)."""
-        from benchmark.engine.sharding import full_state_dict
+        from benchmark.acceleration.sharding import full_state_dict
 
         p, weights = self.parts, full_state_dict(sharded)
         devices = [p.accelerator.device] if p.accelerator.device.type == "cuda" else []

@@ -22,14 +22,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from benchmark.acceleration.compiling import prepare_blocks
+from benchmark.acceleration.sharding import accumulating
 from benchmark.config import DapConfig
 from benchmark.data.sampling import DROPOUT, derived_seed, seeded, stage_stream
-from benchmark.engine.compiling import prepare_blocks
 from benchmark.engine.hooks import checked_loss_terms, hook_call
 from benchmark.engine.optimizers import StageUpdate, stage_optimizers
 from benchmark.engine.recipe import StagePlan
 from benchmark.engine.recompute import activation_checkpointing
-from benchmark.engine.sharding import accumulating
 from benchmark.errors import NonFiniteError
 from benchmark.families import MASKED_LM, ModelFamily
 from benchmark.io import bar_disabled
@@ -287,7 +287,7 @@ def finite_means(sums: dict[str, torch.Tensor], n: int, what: str, step: int) ->
 
 
 class ShardedStep(DapStep):
-    """:class:`DapStep` of a model sharded by FSDP2 (:mod:`benchmark.engine.sharding`), under accelerate's
+    """:class:`DapStep` of a model sharded by FSDP2 (:mod:`benchmark.acceleration.sharding`), under accelerate's
     mixed-precision autocast (which ``prepare`` would otherwise have added)."""
 
     def __init__(self, model: torch.nn.Module, method: ContinualMethod, accelerator, replicated: list):

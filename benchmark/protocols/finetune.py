@@ -11,14 +11,14 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from benchmark.acceleration.compiling import compile_blocks
+from benchmark.acceleration.fused import fused_adamw
 from benchmark.config import FinetuneConfig
 from benchmark.data.endtasks import EncodedTask, validation_split
-from benchmark.engine.compiling import compile_blocks
-from benchmark.engine.optimizers import fused_adamw
 from benchmark.errors import DapbenchError, NonFiniteError
 from benchmark.metrics import classification_scores
-from benchmark.protocols import register_protocol
 from benchmark.protocols.base import EndTaskProtocol, test_sizes
+from benchmark.protocols.registry import register_protocol
 
 MIN_FINETUNE_EPOCHS = 1.0
 """Passes over its training examples every fine-tuned end task gets at least (``finetune.epochs`` x

@@ -13,9 +13,9 @@ from torch import nn
 from benchmark.data.endtasks import EncodedTask
 from benchmark.errors import NonFiniteError
 from benchmark.metrics import classification_scores
-from benchmark.protocols import register_protocol
 from benchmark.protocols.base import EndTaskProtocol, test_sizes
 from benchmark.protocols.finetune import length_sorted_batches
+from benchmark.protocols.registry import register_protocol
 
 
 @register_protocol

@@ -32,8 +32,8 @@ import yaml
 from benchmark.errors import DapbenchError, NonFiniteError
 from benchmark.method import LANGUAGE_MODEL
 from benchmark.metrics import classification_scores
-from benchmark.protocols import register_protocol
 from benchmark.protocols.base import EndTaskProtocol
+from benchmark.protocols.registry import register_protocol
 
 SYMBOL_WORDS = {"+": "positive", "-": "negative"}
 """Label names that are symbols, in words (the camera and phone aspect-sentiment tasks)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,8 +111,9 @@ def _from_schema_1(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _from_schema_2(record: dict[str, Any]) -> dict[str, Any]:
-    """Schema 2 -> 3: no per-chunk losses (the evaluation sample's error is unknown for it); the method's
-    comparison role and note from the installed plugin where the record's label is the method at its defaults."""
+    """Schema 2 -> 3: no per-chunk losses (the evaluation sample's error is unknown for it); no comparison role and
+    no note, which a schema-2 record did not keep (``dapbench migrate`` fills them from the installed plugin,
+    :func:`completed_record`)."""
     record = {
         **record,
         "schema": 3,
@@ -119,28 +121,18 @@ def _from_schema_2(record: dict[str, Any]) -> dict[str, Any]:
         "identity": record.get("identity") or {"migrated_from_schema": 1},  # None: a schema-1 record migrated to 2
         "predictions": None,
         "test_labels": None,
+        "comparison_role": None,
+        "leaderboard_note": "",
     }
     record["lm_loss"] = {**record["lm_loss"], "chunks": None}
-    cls = installed_method(record["method"])  # a plugin not installed here: the record keeps no role and no note
-    role = cls.comparison_role if cls and record["method_label"] == record["method"] else None
-    record["comparison_role"], record["leaderboard_note"] = role, cls.leaderboard_note if cls else ""
     return {key: record[key] for key in REQUIRED}
 
 
-def installed_method(name: str) -> type | None:
-    """The plugin class registered here as ``name``, or None where no such plugin is installed."""
-    from benchmark.registry import default_registry
-
-    try:
-        return default_registry().get(name)
-    except DapbenchError:
-        return None
-
-
-def completed_record(record: RunRecord) -> RunRecord:
+def completed_record(record: RunRecord, plugin_of: Callable[[str], type | None]) -> RunRecord:
     """``record`` with the fields a run writes today that records made before them lack, filled in as a run now writes
-    them: each protocol's ``backbone_flags`` (derived from its predictions) and, for a method at its defaults, the
-    ``comparison_role`` its installed plugin declares. ``dapbench migrate`` writes them, so that the report reads the
+    them: each protocol's ``backbone_flags`` (derived from its predictions) and, from the method's plugin
+    (``plugin_of(name)``: its class, None where it is not installed), the ``comparison_role`` of a method at its
+    defaults and the method's ``leaderboard_note``. ``dapbench migrate`` writes them, so that the report reads the
     records alone; every number is unchanged."""
     from benchmark.metrics import record_backbone_flags
 
@@ -152,9 +144,12 @@ def completed_record(record: RunRecord) -> RunRecord:
             name: cells if "backbone_flags" in cells else {**cells, "backbone_flags": record_backbone_flags(out, name)}
             for name, cells in out["end_tasks_beside"].items()
         }
-    cls = installed_method(out["method"]) if out["method_label"] == out["method"] else None
-    if out.get("comparison_role") is None and cls is not None and cls.comparison_role is not None:
+    cls = plugin_of(out["method"])
+    at_defaults = out["method_label"] == out["method"]
+    if cls is not None and at_defaults and out.get("comparison_role") is None and cls.comparison_role is not None:
         out["comparison_role"] = cls.comparison_role  # what the run writes today for the method at its defaults
+    if cls is not None and not out.get("leaderboard_note") and cls.leaderboard_note:
+        out["leaderboard_note"] = cls.leaderboard_note
     return in_schema_order(out)
 
 

@@ -27,10 +27,10 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from benchmark.acceleration.fused import fused_adamw
 from benchmark.config import RunConfig
 from benchmark.data.inputs import RunData, prepare_data
 from benchmark.engine.environment import cpu_model, make_accelerator
-from benchmark.engine.optimizers import fused_adamw
 from benchmark.engine.runner import ContinualRun
 from benchmark.families import MASKED_LM
 

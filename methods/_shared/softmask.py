@@ -176,7 +176,7 @@ def keep_factor(tensor: MaskedTensor, importance: dict[str, torch.Tensor]) -> to
 def local(value: torch.Tensor) -> torch.Tensor:
     """What this process holds of ``value``: its shard under FSDP (a view: in-place changes reach the parameter),
     else ``value`` itself."""
-    from benchmark.engine.sharding import is_sharded
+    from benchmark.acceleration.sharding import is_sharded
 
     return value.to_local() if is_sharded(value) else value
 
@@ -190,7 +190,7 @@ def local_keep(tensor: MaskedTensor, importance: dict[str, torch.Tensor], like: 
 def local_factor(factor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``factor`` (broadcastable to the whole of ``like``) as it applies to what this process holds of ``like``: the
     factor itself, or under FSDP the part of the expanded factor that lies on this process's shard."""
-    from benchmark.engine.sharding import is_sharded, local_part
+    from benchmark.acceleration.sharding import is_sharded, local_part
 
     if not is_sharded(like):
         return factor
@@ -266,7 +266,7 @@ def adam_update_magnitudes(
 
 def _whole(value: torch.Tensor) -> torch.Tensor:
     """The full tensor of a sharded optimizer state (gathered from every process: all call this in one order)."""
-    from benchmark.engine.sharding import is_sharded
+    from benchmark.acceleration.sharding import is_sharded
 
     return value.full_tensor() if is_sharded(value) else value
 
