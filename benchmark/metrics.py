@@ -13,6 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.metrics import accuracy_score, f1_score
 
+from benchmark.errors import DapbenchError
+from benchmark.plugins import Registry
+
 
 def accuracy(labels: Sequence[int], predictions: Sequence[int]) -> float:
     """Share of correct predictions."""
@@ -197,7 +200,23 @@ class LossView:
         return np.stack([np.mean(losses[:, t, :t] - diagonal[:, :t], axis=-1) for t in range(1, self.t_count)], -1)
 
 
-LOSS_METRIC_REGISTRY: dict[str, LossMetric] = {}
+def _loss_metric(name: str, loaded: object) -> LossMetric:
+    """An entry point's loss metric, checked."""
+    if not isinstance(loaded, LossMetric) or loaded.name != name:
+        raise DapbenchError(
+            f"loss metric {name!r} loads {loaded!r}, not a LossMetric named {name!r}",
+            "point the entry point at a benchmark.metrics.LossMetric whose `name` is the entry's name",
+        )
+    return loaded
+
+
+LOSS_METRIC_REGISTRY: Registry[LossMetric] = Registry(
+    "loss metric",
+    "dapbench.loss_metrics",
+    "a plugin registers its own with benchmark.metrics.register_loss_metric or the entry-point group"
+    " dapbench.loss_metrics",
+    load=_loss_metric,
+)
 """Every registered loss metric by name, in registration order (the continual table's column order)."""
 
 
@@ -206,9 +225,7 @@ def register_loss_metric(name: str, title: str, higher_is_better: bool):
     then on stores it, and the leaderboard shows it (for older records, computed from their stored losses)."""
 
     def add(compute: Callable[[LossView], np.ndarray | None]):
-        if name in LOSS_METRIC_REGISTRY:
-            raise ValueError(f"a loss metric named {name!r} is already registered")
-        LOSS_METRIC_REGISTRY[name] = LossMetric(name, title, higher_is_better, compute)
+        LOSS_METRIC_REGISTRY.add(name, LossMetric(name, title, higher_is_better, compute))
         return compute
 
     return add

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmark.plugins import Registry
+
 
 @dataclass(frozen=True)
 class Span:
@@ -46,7 +48,11 @@ class Span:
 
 Schedule = Callable[[torch.optim.Optimizer, object, Span], torch.optim.lr_scheduler.LRScheduler]
 OptimizerFactory = Callable[[list[dict], float, float, Span], torch.optim.Optimizer]
-SCHEDULES: dict[str, Schedule] = {}
+SCHEDULES: Registry[Schedule] = Registry(
+    "schedule",
+    "dapbench.schedules",
+    "a plugin registers its own with benchmark.schedules.register_schedule or the entry-point group dapbench.schedules",
+)
 """Every registered schedule by name (``schedule.name`` accepts exactly these)."""
 OPTIMIZERS: dict[str, OptimizerFactory] = {}
 """The schedules that bring their own DAP optimizer (schedule-free training): ``(param groups, lr, eps, span) ->
@@ -58,9 +64,7 @@ def register_schedule(name: str, optimizer: OptimizerFactory | None = None) -> C
     with the DAP optimizer it needs instead of AdamW, if any."""
 
     def add(schedule: Schedule) -> Schedule:
-        if name in SCHEDULES:
-            raise ValueError(f"a schedule named {name!r} is already registered ({SCHEDULES[name].__module__})")
-        SCHEDULES[name] = schedule
+        SCHEDULES.add(name, schedule)
         if optimizer is not None:
             OPTIMIZERS[name] = optimizer
         return schedule

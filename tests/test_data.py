@@ -8,6 +8,7 @@ from benchmark.data.corpora import load_corpus, read_corpus_lines
 from benchmark.data.endtasks import Example, load_end_task, repartition
 from benchmark.data.suite import load_suite
 from benchmark.errors import DapbenchError
+from benchmark.families import MASKED_LM
 from tests.conftest import SHARED_DATA, requires_shared_data
 
 PAPER_SIZES = {
@@ -103,12 +104,12 @@ def test_corpus_packing_holds_out_the_first_lines(world_root, tiny_model, tmp_pa
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    corpus = load_corpus("alpha", str(world_root / "alpha.txt"), tokenizer, 32, 0.05, None, tmp_path)
+    corpus = load_corpus("alpha", str(world_root / "alpha.txt"), tokenizer, 32, 0.05, None, tmp_path, MASKED_LM)
     assert corpus.train[0]["input_ids"].shape == (32,)
     heldout_text = read_corpus_lines(str(world_root / "alpha.txt"))[:5]
     first_ids = tokenizer(heldout_text[0])["input_ids"][:32]
     assert corpus.heldout[0]["input_ids"].tolist()[: len(first_ids)] == first_ids[:32]
-    again = load_corpus("alpha", str(world_root / "alpha.txt"), tokenizer, 32, 0.05, None, tmp_path)
+    again = load_corpus("alpha", str(world_root / "alpha.txt"), tokenizer, 32, 0.05, None, tmp_path, MASKED_LM)
     assert len(again.train) == len(corpus.train)  # served from the cache
 
 
@@ -207,7 +208,9 @@ def test_the_synthetic_base_model_is_built_with_pinned_arithmetic_whatever_threa
     from benchmark.data.bases import pretrain_pinned
     from benchmark.records.identity import FileHashCache, model_checksum
 
-    spec = dataclasses.replace(synthetic.synthetic_base_spec(), vocab_size=400, hidden_size=16, steps=4, batch_size=8)
+    spec = dataclasses.replace(
+        synthetic.synthetic_base_spec(MASKED_LM), vocab_size=400, hidden_size=16, steps=4, batch_size=8
+    )
     general, vocabulary = synthetic.synthetic_base_corpora(world_root)
     checksums = set()
     for threads in ("1", "2"):

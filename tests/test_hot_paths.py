@@ -17,6 +17,7 @@ from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
 from benchmark.data.sampling import SeededMasking
 from benchmark.engine.training import DapStep
+from benchmark.families import MASKED_LM
 from benchmark.method import StepContext
 from benchmark.modeling import layer_modules
 
@@ -29,7 +30,9 @@ def _stage_one(config, method: str):
     run.stages.run(0)
     model = run.models.for_stage(1)
     train = data.corpora[data.domains[1]].train
-    _, batch = SeededMasking(data.tokenizer, 0.15, seed=3, stage=1)([(0, train[i]) for i in range(8)])
+    _, batch = SeededMasking(data.tokenizer, 0.15, seed=3, stage=1, family=data.family)(
+        [(0, train[i]) for i in range(8)]
+    )
     ctx = StepContext(model, 1, 0, 2, 2, run.parts.accelerator)
     return run, model, batch, ctx
 
@@ -86,7 +89,7 @@ def test_collator(benchmark):
         unk_token="[UNK]",
     )
     chunk = {"input_ids": torch.randint(3, 503, (128,)), "special_tokens_mask": torch.zeros(128, dtype=torch.long)}
-    collate = SeededMasking(tokenizer, 0.15, seed=1, stage=0)
+    collate = SeededMasking(tokenizer, 0.15, seed=1, stage=0, family=MASKED_LM)
     index, batch = benchmark(collate, [(7, chunk)] * 32)
     assert index == 7 and batch["input_ids"].shape == (32, 128)
     assert batch["mlm_positions"].numel() == batch["mlm_targets"].numel() > 0

@@ -96,7 +96,7 @@ def test_a_masked_tokenizer_learns_the_same_vocabulary_every_time(world_root):
 
     files = [world_root / "general.txt", *(world_root / f"{d}.txt" for d in DOMAINS)]
     lines = [line for file in files for line in read_corpus_lines(str(file))]
-    size = synthetic_base_spec().vocab_size
+    size = synthetic_base_spec(MASKED_LM).vocab_size
     vocabularies = [MASKED_LM.train_tokenizer(lines, size, 32).get_vocab() for _ in range(4)]
     assert all(v == vocabularies[0] for v in vocabularies)
     assert vocabularies[0]["[PAD]"] == 0 and vocabularies[0]["[MASK]"] == 4

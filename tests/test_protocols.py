@@ -88,7 +88,7 @@ def test_a_protocol_is_added_by_one_registration_and_runs_through_a_run(tiny_con
         assert get_protocol("toy_majority").words == "majority vote"
         (record,) = run_benchmark(_config(tiny_config, "toy_majority"), write_leaderboard=False)
     finally:
-        del PROTOCOLS["toy_majority"]
+        PROTOCOLS.remove("toy_majority")
     assert record["config"]["finetune"]["protocol"] == "toy_majority"
     scores = [cell for row in record["matrices"]["acc"] for cell in row if cell is not None]
     assert scores and all(0 < s <= 1 for s in scores)

@@ -97,13 +97,17 @@ def test_the_general_heldout_text_never_enters_a_replay_batch(tiny_config):
     config = apply_overrides(tiny_config, ["replay.general=0.5"])
     data = prepare_data(config)
     cache = Path(config.work_dir) / "cache"
-    heldout, _ = load_heldout_text("general", config.general_heldout, data.tokenizer, config.dap.seq_len, cache)
+    heldout, _ = load_heldout_text(
+        "general", config.general_heldout, data.tokenizer, config.dap.seq_len, cache, family=data.family
+    )
     parts = type("Parts", (), {"config": config, "data": data})()
     probe = type("Probe", (), {"training_chunks": lambda self: _general_chunks(config, data, cache)})()
     pools = replay_pools(parts, 0, probe)
     (share, pool), plan = pools[0], ReplayPlan((0.5,), (len(pools[0][1]),), 4, 2)
     assert share == 0.5
-    stream = stage_stream(data.training_set([0]), data.tokenizer, 4, 0.15, 3, 0, 0, 1, replay=(plan, (pool,)))
+    stream = stage_stream(
+        data.training_set([0]), data.tokenizer, 4, 0.15, 3, 0, 0, 1, family=data.family, replay=(plan, (pool,))
+    )
     heldout_rows = {tuple(row["input_ids"].tolist()) for row in heldout}
     pool_rows = {tuple(row["input_ids"].tolist()) for row in pool}
     replayed = 0
@@ -119,7 +123,9 @@ def test_the_general_heldout_text_never_enters_a_replay_batch(tiny_config):
 def _general_chunks(config, data, cache):
     from benchmark.data.corpora import load_heldout_text
 
-    return load_heldout_text("general-train", config.general_corpus, data.tokenizer, config.dap.seq_len, cache)[0]
+    return load_heldout_text(
+        "general-train", config.general_corpus, data.tokenizer, config.dap.seq_len, cache, family=data.family
+    )[0]
 
 
 def _matches(masked: tuple[int, ...], row: tuple[int, ...]) -> bool:
@@ -312,10 +318,10 @@ def test_a_schedule_is_added_by_registering_one_function():
         curve = learning_rate_curve(DapConfig(lr=1.0), ScheduleConfig(name="halving"), [3, 3, 3])
         assert curve == [1.0] * 3 + [0.5] * 3 + [0.25] * 3
         with pytest.raises(ValueError, match="already registered"):
-            register_schedule("halving")(halving)
+            register_schedule("halving")(lambda optimizer, options, span: None)  # another function, the same name
         assert describe_schedules()["halving"] == "Half the rate in every domain after the first."
     finally:
-        SCHEDULES.pop("halving", None)  # the registration is this test's own
+        SCHEDULES.remove("halving")  # the registration is this test's own
 
 
 def test_an_infinite_schedule_runs_a_method_end_to_end(world_root, tiny_model, tmp_path):

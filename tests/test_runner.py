@@ -9,6 +9,7 @@ from benchmark.api import continual_run
 from benchmark.data.inputs import prepare_data
 from benchmark.engine.workfiles import read_work_file
 from benchmark.errors import DapbenchError
+from benchmark.families import MASKED_LM
 from methods.ncl import NCL
 
 
@@ -187,7 +188,7 @@ def test_mlm_loss_matches_the_full_vocabulary_loss(tiny_model):
     model = AutoModelForMaskedLM.from_pretrained(tiny_model).eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     ids = tokenizer(["the cat was very happy today and we left"] * 4, return_special_tokens_mask=True)
-    batch = MlmCollator(tokenizer, 0.3, generator=torch.Generator().manual_seed(0))(
+    batch = MlmCollator(tokenizer, 0.3, generator=torch.Generator().manual_seed(0), family=MASKED_LM)(
         [{k: torch.tensor(v[i]) for k, v in ids.items()} for i in range(4)]
     )
     labels = torch.full_like(batch["input_ids"], -100).view(-1)
@@ -208,7 +209,7 @@ def test_packed_chunks_carry_no_attention_mask_and_train_as_with_an_all_ones_mas
     model, _ = load_lm(str(tiny_model))
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     ids = tokenizer(["the cat was very happy today and we left"] * 4, return_special_tokens_mask=True)
-    batch = MlmCollator(tokenizer, 0.3, generator=torch.Generator().manual_seed(0))(
+    batch = MlmCollator(tokenizer, 0.3, generator=torch.Generator().manual_seed(0), family=MASKED_LM)(
         [{k: torch.tensor(v[i]) for k, v in ids.items()} for i in range(4)]
     )
     assert "attention_mask" not in batch

@@ -7,6 +7,7 @@ import itertools
 import torch
 
 from benchmark.data.sampling import SHUFFLE, SeededMasking, StageMicroBatches, derived_seed, seeded
+from benchmark.families import MASKED_LM
 
 
 def _take(sampler, n):
@@ -61,7 +62,7 @@ def _chunks(n):
 
 def test_masks_depend_on_the_micro_batch_index_alone():
     chunks = _chunks(4)
-    collate = SeededMasking(_Tokenizer(), 0.15, seed=3, stage=2)
+    collate = SeededMasking(_Tokenizer(), 0.15, seed=3, stage=2, family=MASKED_LM)
     _, first = collate([(5, c) for c in chunks])
     torch.rand(1000)  # the global RNG moves: masks do not
     _, other = collate([(6, c) for c in chunks])

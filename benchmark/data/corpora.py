@@ -13,7 +13,7 @@ from typing import Any
 
 from benchmark.data.suite import require_data_root
 from benchmark.errors import CorruptStateError, DapbenchError
-from benchmark.families import MASKED_LM, ModelFamily
+from benchmark.families import ModelFamily
 from benchmark.io import unwritable, verify_manifest, write_manifest
 
 
@@ -69,7 +69,7 @@ def load_corpus(
     heldout_fraction: float,
     max_lines: int | None,
     cache_dir: Path,
-    family: ModelFamily = MASKED_LM,
+    family: ModelFamily,
     validation: bool = False,
 ) -> Corpus:
     """Split lines (first ``heldout_fraction`` held out), tokenise and pack (the family's documents); cached on
@@ -119,7 +119,8 @@ def load_heldout_text(
     seq_len: int,
     cache_dir: Path,
     max_lines: int | None = None,
-    family: ModelFamily = MASKED_LM,
+    *,
+    family: ModelFamily,
     last: int | None = None,
 ):
     """A whole text file (or its ``last`` lines) as packed chunks (the general corpus), and its checksum."""
@@ -136,7 +137,7 @@ def _tokenizer_id(tokenizer) -> str:
     return hashlib.sha256(f"{type(tokenizer).__name__}|{vocab}".encode()).hexdigest()[:16]
 
 
-def _packed_dataset(lines: list[str], tokenizer, seq_len: int, cache_path: Path, family: ModelFamily = MASKED_LM):
+def _packed_dataset(lines: list[str], tokenizer, seq_len: int, cache_path: Path, family: ModelFamily):
     """Tokenise every line with special tokens, concatenate, cut into ``seq_len`` chunks (datasets, cached)."""
     from datasets import load_from_disk
     from filelock import FileLock
@@ -171,7 +172,7 @@ PACK_BATCH = 1000
 every cache entry and committed record was made with)."""
 
 
-def _build_packed(lines: list[str], tokenizer, seq_len: int, cache_path: Path, family: ModelFamily = MASKED_LM):
+def _build_packed(lines: list[str], tokenizer, seq_len: int, cache_path: Path, family: ModelFamily):
     """Write the packed chunks of ``lines`` to ``cache_path`` through a temporary folder (the caller holds the lock);
     an empty result is returned instead (datasets cannot save and reload a table without rows)."""
     from datasets import Dataset

@@ -16,7 +16,7 @@ from benchmark.data.endtasks import EncodedTask, encode_task, load_end_task
 from benchmark.data.masking import batches_checksum, chunk_token_counts, heldout_mlm_batches
 from benchmark.data.suite import TaskSuite, load_suite
 from benchmark.errors import DapbenchError
-from benchmark.families import MASKED_LM, ModelFamily, family_of
+from benchmark.families import ModelFamily, family_of
 from benchmark.records.identity import FileHashCache, file_checksum, model_checksum, shared_cache_path
 
 GENERAL = "general"
@@ -40,7 +40,7 @@ class RunData:
     """Mask draws per held-out chunk (``dap.heldout_mask_draws``)."""
     feature_chunks: int | None = None
     """Held-out chunks per set whose features measure representation drift (``dap.feature_chunks``; None: all)."""
-    family: ModelFamily = MASKED_LM
+    family: ModelFamily = field(kw_only=True)
     """The base model's family (:mod:`benchmark.families`): what its batches predict and how its documents read."""
 
     def training_set(self, domain_indices: list[int]) -> Dataset:
@@ -114,7 +114,9 @@ def prepare_data(config: RunConfig) -> RunData:
         heldout[GENERAL] = _heldout_batches(general, tokenizer, dap, family)
     checksums.update(_file_checksums(config))
     draws = family.heldout_draws(dap.heldout_mask_draws)
-    return RunData(suite, domains, tokenizer, corpora, heldout, tasks, checksums, draws, dap.feature_chunks, family)
+    return RunData(
+        suite, domains, tokenizer, corpora, heldout, tasks, checksums, draws, dap.feature_chunks, family=family
+    )
 
 
 def _general_evaluation_text(config: RunConfig) -> tuple[str, int | None]:
@@ -156,5 +158,5 @@ def _heldout_batches(dataset, tokenizer, dap: DapConfig, family: ModelFamily) ->
         dap.per_device_batch_size,
         dap.mlm_probability,
         dap.heldout_mask_draws,
-        family,
+        family=family,
     )

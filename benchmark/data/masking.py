@@ -8,7 +8,7 @@ import hashlib
 
 import torch
 
-from benchmark.families import MASKED_LM, ModelFamily
+from benchmark.families import ModelFamily
 
 
 class MlmCollator:
@@ -29,7 +29,8 @@ class MlmCollator:
         tokenizer,
         mlm_probability: float = 0.15,
         generator: torch.Generator | None = None,
-        family: ModelFamily = MASKED_LM,
+        *,
+        family: ModelFamily,
     ):
         family.check_tokenizer(tokenizer)
         self.family = family
@@ -64,7 +65,8 @@ def fixed_mlm_batches(
     batch_size: int,
     mlm_probability: float,
     seed: int = 0,
-    family: ModelFamily = MASKED_LM,
+    *,
+    family: ModelFamily,
 ):
     """The first ``n_chunks`` chunks masked once by a CPU generator seeded with ``seed`` alone: the same
     evaluation for every run, method and device, whatever the global RNG has been used for."""
@@ -89,7 +91,8 @@ def heldout_mlm_batches(
     batch_size: int,
     mlm_probability: float,
     draws: int = 1,
-    family: ModelFamily = MASKED_LM,
+    *,
+    family: ModelFamily,
 ) -> list[dict[str, torch.Tensor]]:
     """The fixed held-out evaluation of a corpus: its first ``n_chunks`` chunks masked ``draws`` times, draw d by a
     generator seeded with d alone (draw 0 is the evaluation of earlier versions, bit for bit), one draw after the

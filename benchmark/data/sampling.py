@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from benchmark.data.masking import MlmCollator
-from benchmark.families import MASKED_LM, ModelFamily
+from benchmark.families import ModelFamily
 
 SHUFFLE, MASKS, DROPOUT, REPLAY = 0, 1, 2, 3
 """What a derived seed is for (part of its derivation, so no two share a stream)."""
@@ -154,7 +154,7 @@ class SeededMasking:
     """Collate a micro-batch into ``(global index, masked batch)``, its masks drawn from
     ``(seed, stage, MASKS, global index)``."""
 
-    def __init__(self, tokenizer, mlm_probability: float, seed: int, stage: int, family: ModelFamily = MASKED_LM):
+    def __init__(self, tokenizer, mlm_probability: float, seed: int, stage: int, family: ModelFamily):
         self.collator = MlmCollator(tokenizer, mlm_probability, family=family)
         self.seed, self.stage = seed, stage
 
@@ -176,7 +176,8 @@ def stage_stream(
     world: int,
     workers: int = 0,
     pin_memory: bool = False,
-    family: ModelFamily = MASKED_LM,
+    *,
+    family: ModelFamily,
     replay: tuple[ReplayPlan, tuple[Dataset, ...]] | None = None,
 ) -> DataLoader:
     """This process's share of the stage's training stream: ``(global index, masked micro-batch)`` on the host,

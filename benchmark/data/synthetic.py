@@ -29,6 +29,7 @@ import yaml
 
 from benchmark.config import RunConfig
 from benchmark.data.suite import SUITE_FILE
+from benchmark.families import CAUSAL_LM, MASKED_LM, ModelFamily
 from benchmark.io import atomic_directory, built_once
 
 VERSION = 3
@@ -162,27 +163,32 @@ def write_world(world: dict, root: str | Path) -> Path:
     return atomic_directory(root, fill)
 
 
-def rebuild_shipped_model(causal: bool, work_dir: Path, show_progress: bool = False) -> Path:
+def rebuild_shipped_model(family: ModelFamily, work_dir: Path, show_progress: bool = False) -> Path:
     """Pre-train the synthetic world's base model (:func:`synthetic_base_spec`) with pinned arithmetic under
     ``work_dir`` and return its folder: how the shipped files (:data:`SHIPPED_MODELS`) were made. Replacing them
     changes every synthetic run's numbers (bump :data:`VERSION` and re-run the committed synthetic records)."""
     from benchmark.data.bases import pretrain_pinned
 
-    data_root, model_dir = work_dir / "data", work_dir / ("base-model-causal" if causal else "base-model")
+    data_root, model_dir = work_dir / "data", work_dir / _model_folder(family)
     built_once(data_root, lambda: write_world(build_world(seed=0), data_root))
     general, vocabulary = synthetic_base_corpora(data_root)
     built_once(
         model_dir,
         lambda: pretrain_pinned(
-            general, model_dir, synthetic_base_spec(causal), vocabulary, "synthetic", show_progress
+            general, model_dir, synthetic_base_spec(family), vocabulary, "synthetic", show_progress
         ),
     )
     return model_dir
 
 
-def synthetic_base_spec(causal: bool = False):
-    """The synthetic world's base model: a tiny BERT, or with ``causal`` a tiny Llama-style decoder (grouped-query
-    attention) of the same budget."""
+def _model_folder(family: ModelFamily) -> str:
+    """The work folder's name for the synthetic base model of ``family`` (``base-model`` for the masked one)."""
+    return "base-model" if family is MASKED_LM else f"base-model-{family.name}"
+
+
+def synthetic_base_spec(family: ModelFamily):
+    """The synthetic world's base model of ``family``: a tiny BERT, or for the causal family a tiny Llama-style
+    decoder (grouped-query attention) of the same budget."""
     from benchmark.data.pretrain import BaseModelSpec
 
     return BaseModelSpec(
@@ -195,8 +201,8 @@ def synthetic_base_spec(causal: bool = False):
         steps=600,
         batch_size=64,
         lr=2e-3,
-        causal=causal,
-        kv_heads=2 if causal else 0,
+        causal=family is CAUSAL_LM,
+        kv_heads=2 if family is CAUSAL_LM else 0,
     )
 
 
@@ -208,16 +214,13 @@ def synthetic_base_corpora(data_root: str | Path) -> tuple[Path, list[Path]]:
     return root / "general.txt", [root / "general.txt"] + [root / f"{d}.txt" for d in DOMAINS]
 
 
-def pretrain_synthetic_base(
-    data_root: str | Path, out_dir: str | Path, spec=None, show_progress: bool = True, causal: bool = False
-) -> Path:
-    """Pre-train a base model on the synthetic world's general corpus only, in this process (``spec``, default
-    :func:`synthetic_base_spec`); runs of the synthetic profile build theirs with pinned arithmetic instead
-    (:func:`materialise`)."""
+def pretrain_synthetic_base(data_root: str | Path, out_dir: str | Path, spec, show_progress: bool = True) -> Path:
+    """Pre-train a base model of ``spec`` (a :class:`~benchmark.data.pretrain.BaseModelSpec`, e.g.
+    :func:`synthetic_base_spec`) on the synthetic world's general corpus only, in this process; runs of the synthetic
+    profile build theirs with pinned arithmetic instead (:func:`materialise`)."""
     from benchmark.data.pretrain import pretrain_base
 
     general, vocabulary = synthetic_base_corpora(data_root)
-    spec = spec or synthetic_base_spec(causal)
     return pretrain_base(
         str(general), out_dir, spec, vocab_corpora=[str(c) for c in vocabulary], show_progress=show_progress
     )
@@ -232,7 +235,7 @@ def _silent(line: str) -> None:
     """Say nothing (the default progress line sink)."""
 
 
-SYNTHETIC_MODELS = {"synthetic": False, "synthetic-causal": True}
+SYNTHETIC_MODELS = {"synthetic": MASKED_LM, "synthetic-causal": CAUSAL_LM}
 """The synthetic world's base models (built on first use): masked, or causal (``--model synthetic-causal``)."""
 
 
@@ -246,11 +249,11 @@ def materialise(config: RunConfig, show_progress: bool = False, echo: Callable[[
         return dataclasses.replace(config, model=str(build_recipe(config.model, config.work_dir, show_progress, echo)))
     if config.model not in SYNTHETIC_MODELS or config.data_root not in ("synthetic", None):
         return config
-    causal = SYNTHETIC_MODELS[config.model]
+    family = SYNTHETIC_MODELS[config.model]
     root = Path(config.work_dir) / f"synthetic-v{VERSION}"
-    data_root, model_dir = root / "data", root / ("base-model-causal" if causal else "base-model")
+    data_root, model_dir = root / "data", root / _model_folder(family)
     built_once(data_root, lambda: write_world(build_world(seed=0), data_root))
-    shipped = SHIPPED_MODELS / ("causal" if causal else "masked")
+    shipped = SHIPPED_MODELS / family.name
     built_once(
         model_dir, lambda: atomic_directory(model_dir, lambda tmp: shutil.copytree(shipped, tmp, dirs_exist_ok=True))
     )

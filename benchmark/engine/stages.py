@@ -153,9 +153,9 @@ class StageRunner:
             p.accelerator,
             p.seed,
             p.tracker,
+            p.data.family,
             p.show_progress,
             self.instrument,
-            p.data.family,
             _curve_losses(p, model),
         )
         sizes = UpdateSizes(model, p.method)  # after before_domain: what the stage's updates start from

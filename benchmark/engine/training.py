@@ -31,7 +31,7 @@ from benchmark.engine.optimizers import StageUpdate, stage_optimizers
 from benchmark.engine.recipe import StagePlan
 from benchmark.engine.recompute import activation_checkpointing
 from benchmark.errors import NonFiniteError
-from benchmark.families import MASKED_LM, ModelFamily
+from benchmark.families import ModelFamily
 from benchmark.io import bar_disabled
 from benchmark.method import ContinualMethod, StepContext, StepOutput
 from benchmark.modeling import mlm_forward
@@ -90,12 +90,12 @@ class DapTrainer:
     """The run's seed: with the stage, it names every draw of the stage's stream (:mod:`benchmark.data.sampling`)."""
     tracker: Any
     """The run's :class:`~benchmark.engine.tracking.RunTracker` (inactive when no tracker is asked for)."""
+    family: ModelFamily
+    """The model's family: what its stream's batches predict (masked tokens, next tokens)."""
     show_progress: bool = True
     instrument: Callable[[], contextlib.AbstractContextManager] | None = None
     """Makes a context entered around the stage's updates only (not its setup or evaluation): ``dapbench bench``
     counts FLOPs (``torch.utils.flop_counter``) and records ``torch.profiler`` traces with it."""
-    family: ModelFamily = MASKED_LM
-    """The model's family: what its stream's batches predict (masked tokens, next tokens)."""
     curve: Callable[[Any], dict[str, float]] | None = None
     """Continual evaluation (``dap.eval_every``): the held-out losses of a model on the curve's subsets, measured
     before the stage's first update and every ``eval_every`` updates; None: off."""
@@ -186,7 +186,7 @@ def training_stream(
     seed: int,
     stage: int,
     acc,
-    family: ModelFamily = MASKED_LM,
+    family: ModelFamily,
     replay=None,
 ) -> DataLoader:
     """This process's share of the stage's training stream (with ``replay``'s plan and pools, if any). Not prepared

@@ -15,8 +15,26 @@ from benchmark.errors import DapbenchError
 from benchmark.families.base import ModelFamily
 from benchmark.families.causal import CausalLM
 from benchmark.families.masked import MaskedLM
+from benchmark.plugins import Registry
 
-FAMILIES: dict[str, ModelFamily] = {}
+
+def _family(name: str, loaded: object) -> ModelFamily:
+    """An entry point's family (an instance, or a class instantiated here), checked."""
+    family = loaded() if isinstance(loaded, type) else loaded
+    if not isinstance(family, ModelFamily) or family.name != name:
+        raise DapbenchError(
+            f"model family {name!r} loads {loaded!r}, not a ModelFamily named {name!r}",
+            "point the entry point at the family (or its class), whose `name` is the entry's name",
+        )
+    return family
+
+
+FAMILIES: Registry[ModelFamily] = Registry(
+    "model family",
+    "dapbench.families",
+    "a plugin registers its own with benchmark.families.register_family or the entry-point group dapbench.families",
+    load=_family,
+)
 """Every registered family by name, in registration order."""
 FALLBACK = "causal"
 """The family of a language model whose configuration no family claims (as transformers reads a decoder)."""
@@ -24,11 +42,7 @@ FALLBACK = "causal"
 
 def register_family(family: ModelFamily) -> ModelFamily:
     """Add ``family`` (an instance) under its name; a name already taken is a named error."""
-    if family.name in FAMILIES:
-        raise DapbenchError(
-            f"a model family named {family.name!r} is already registered", "give the new one its own name"
-        )
-    FAMILIES[family.name] = family
+    FAMILIES.add(family.name, family)
     return family
 
 
@@ -36,7 +50,7 @@ def unregister_family(name: str) -> None:
     """Remove a family registered by a plugin or a test (never one of the built-in two)."""
     if name in (MASKED_LM.name, CAUSAL_LM.name):
         raise DapbenchError(f"the built-in model family {name!r} cannot be removed", "remove only families you added")
-    FAMILIES.pop(name, None)
+    FAMILIES.remove(name)
 
 
 def get_family(name: str) -> ModelFamily:
@@ -44,7 +58,7 @@ def get_family(name: str) -> ModelFamily:
     if name not in FAMILIES:
         raise DapbenchError(
             f"unknown model family {name!r}",
-            f"register it (benchmark.families.register_family) or use one of: {', '.join(FAMILIES)}",
+            f"use one of: {', '.join(FAMILIES)} ({FAMILIES.how})",
         )
     return FAMILIES[name]
 

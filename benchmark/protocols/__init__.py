@@ -15,6 +15,7 @@ from benchmark.protocols.base import EndTaskProtocol
 from benchmark.protocols.registry import (
     PROTOCOLS,
     get_protocol,
+    protocol_caveat,
     protocol_phrase,
     protocol_short,
     protocol_words,
@@ -31,6 +32,7 @@ __all__ = [
     "get_protocol",
     "linear_probe",
     "lm_eval",
+    "protocol_caveat",
     "protocol_phrase",
     "protocol_short",
     "protocol_words",

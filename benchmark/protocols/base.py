@@ -31,6 +31,9 @@ class EndTaskProtocol:
     reads: ClassVar[tuple[str, ...] | None] = None
     """The ``finetune`` settings its numbers depend on (None: all of them). Groups whose configurations differ only
     in settings their protocol does not read are scored alike (the budget ladder reads them as rungs)."""
+    caveat: ClassVar[str] = ""
+    """What a reader of its end-task table should keep in mind (the leaderboard prints it under the table); empty:
+    nothing beyond the table's own words."""
 
     def describe(self, ft: dict) -> str:
         """One phrase for the report on how a group's end tasks were scored, from a record's ``config.finetune``."""

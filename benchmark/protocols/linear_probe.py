@@ -25,6 +25,11 @@ class LinearProbe(EndTaskProtocol):
     name = "linear_probe"
     words = "linear probe"
     short = "probe"
+    caveat = (
+        "End tasks are scored by a linear probe on the frozen model's mean-pooled features: a base model whose"
+        " pooled features suit the probe can lose probe accuracy to DAP's drift (CKA to base) even where the"
+        " held-out losses show domain knowledge gained. Read the end-task table with the continual table."
+    )
     reads = ("protocol", "probe_c", "max_length", "max_train_examples", "max_test_examples", "eval_batch_size")
 
     def describe(self, ft: dict) -> str:

@@ -5,18 +5,33 @@ imports the built-in protocols, which register themselves here."""
 from __future__ import annotations
 
 from benchmark.errors import DapbenchError
+from benchmark.plugins import Registry
 from benchmark.protocols.base import EndTaskProtocol, test_sizes
 
-PROTOCOLS: dict[str, EndTaskProtocol] = {}
+
+def _protocol(name: str, cls: type) -> EndTaskProtocol:
+    """An entry point's protocol class as its registered instance, checked."""
+    if not (isinstance(cls, type) and issubclass(cls, EndTaskProtocol)) or cls.name != name:
+        raise DapbenchError(
+            f"end-task protocol {name!r} loads {cls!r}, not an EndTaskProtocol subclass named {name!r}",
+            "point the entry point at the protocol's class, whose `name` is the entry's name",
+        )
+    return cls()
+
+
+PROTOCOLS: Registry[EndTaskProtocol] = Registry(
+    "end-task protocol",
+    "dapbench.protocols",
+    "a plugin registers its own with benchmark.protocols.register_protocol or the entry-point group dapbench.protocols",
+    load=_protocol,
+)
 """Every registered end-task protocol by name (``finetune.protocol`` accepts exactly these)."""
 
 
 def register_protocol(cls: type[EndTaskProtocol]) -> type[EndTaskProtocol]:
     """Register the decorated :class:`EndTaskProtocol` subclass under its ``name`` (a second class under one name is
-    an error)."""
-    if cls.name in PROTOCOLS:
-        raise ValueError(f"an end-task protocol named {cls.name!r} is already registered ({type(PROTOCOLS[cls.name])})")
-    PROTOCOLS[cls.name] = cls()
+    a :class:`~benchmark.plugins.RegistrationError`)."""
+    PROTOCOLS.add(cls.name, cls())
     return cls
 
 
@@ -25,7 +40,7 @@ def get_protocol(name: str) -> EndTaskProtocol:
     if name not in PROTOCOLS:
         raise DapbenchError(
             f"invalid finetune.protocol={name!r}: no end-task protocol of that name is registered",
-            f"use one of {sorted(PROTOCOLS)} (a plugin registers its own with benchmark.protocols.register_protocol)",
+            f"use one of {sorted(PROTOCOLS)} ({PROTOCOLS.how})",
         )
     return PROTOCOLS[name]
 
@@ -59,6 +74,13 @@ def protocol_short(ft: dict) -> str:
     """A few words for a group heading on how its end tasks were scored (``probe``, ``fine-tuned``)."""
     name = ft.get("protocol", "finetune")
     return PROTOCOLS[name].short if name in PROTOCOLS else name
+
+
+def protocol_caveat(ft: dict) -> str:
+    """What a reader of a protocol's end-task table should keep in mind (:attr:`EndTaskProtocol.caveat`); empty for a
+    protocol with none, or not installed here."""
+    name = ft.get("protocol", "finetune")
+    return PROTOCOLS[name].caveat if name in PROTOCOLS else ""
 
 
 def protocol_words(ft: dict) -> str:

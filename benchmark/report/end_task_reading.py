@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from benchmark.protocols import protocol_caveat
 from benchmark.report.escape import code, text
 from benchmark.report.frame import backbone_flag, by_label
 from benchmark.report.reading import column_of, paired_by, paired_runs, tie_bound
@@ -38,12 +39,9 @@ def end_task_reading(stats: GroupStatistics) -> list[str]:
             f"- Always predicting each task's most frequent test label would score {100 * majority['acc']:.2f} final"
             f" accuracy and {100 * majority['macro_f1']:.2f} macro-F1 (best method: {best:.2f} / {means.max():.2f})."
         )
-    if records[0]["config"]["finetune"].get("protocol") == "linear_probe":
-        lines.append(
-            "- End tasks are scored by a linear probe on the frozen model's mean-pooled features: a base model whose"
-            " pooled features suit the probe can lose probe accuracy to DAP's drift (CKA to base) even where the"
-            " held-out losses show domain knowledge gained. Read the end-task table with the continual table."
-        )
+    caveat = protocol_caveat(records[0]["config"]["finetune"])
+    if caveat:
+        lines.append(f"- {caveat}")
     return lines + mask_reading(records) + method_notes(records)
 
 

@@ -50,7 +50,7 @@ def column_header(column: Column) -> str:
 def record_family(record: dict) -> ModelFamily | None:
     """The family of the record's base model (:mod:`benchmark.families`; records made before the field existed are
     of masked models); None for a family this process has not registered (a plugin's, not imported)."""
-    return FAMILIES.get(record.get("model_kind", MASKED_LM.name))
+    return FAMILIES.find(record.get("model_kind", MASKED_LM.name))
 
 
 def is_decoder(record: dict) -> bool:

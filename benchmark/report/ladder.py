@@ -123,7 +123,7 @@ def find_ladders(sections: list[tuple]) -> list[Ladder]:
 def _keep_what_the_protocol_reads(config: dict, finetune: dict) -> None:
     """Drop from a group payload's ``finetune`` section what its end-task protocol does not read (every setting is
     kept for a protocol that does not say what it reads, or one not installed here)."""
-    protocol = PROTOCOLS.get(finetune.get("protocol", "finetune"))
+    protocol = PROTOCOLS.find(finetune.get("protocol", "finetune"))
     reads = protocol.reads if protocol is not None else None
     if reads is not None and "finetune" in config:
         config["finetune"] = {k: v for k, v in config["finetune"].items() if k in reads}

@@ -44,6 +44,7 @@ def importance_similarity(config: RunConfig, seed: int = 0) -> dict:
             dap.probe_batch_size,
             dap.mlm_probability,
             seed=1000,
+            family=data.family,
         )
         raw = gate_importance(model, DeviceBatches(batches, "cpu"), kl_proxy_loss, UNIT_TYPES)
         vectors[name] = {
@@ -100,6 +101,7 @@ def importance_stability(config: RunConfig, sizes: tuple[int, ...] = (64, 256), 
             dap.probe_batch_size,
             dap.mlm_probability,
             seed=start,
+            family=data.family,
         )
         set_seed(seed)
         return gate_importance(model, batches, mlm_importance_loss(), UNIT_TYPES, per_example=per_example)

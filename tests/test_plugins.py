@@ -1,0 +1,57 @@
+"""One registry pattern (issue #87): every variation point is a :class:`benchmark.plugins.Registry` with lazy targets,
+entry points, named errors for clashes and unknown names, and a broken entry that leaves the others working."""
+
+from importlib.metadata import EntryPoint
+
+import pytest
+
+from benchmark.errors import DapbenchError
+from benchmark.families import FAMILIES
+from benchmark.metrics import LOSS_METRIC_REGISTRY
+from benchmark.plugins import RegistrationError, Registry
+from benchmark.protocols import PROTOCOLS
+from benchmark.protocols.registry import _protocol
+from benchmark.registry import default_registry
+from benchmark.schedules import SCHEDULES
+
+
+def test_every_variation_point_is_one_kind_of_registry():
+    for registry in (default_registry(), FAMILIES, PROTOCOLS, SCHEDULES, LOSS_METRIC_REGISTRY):
+        assert isinstance(registry, Registry) and registry.group.startswith("dapbench.")
+    assert {"masked", "causal"} <= set(FAMILIES) and {"finetune", "linear_probe", "lm_eval"} <= set(PROTOCOLS)
+    assert "per_domain_linear" in SCHEDULES and "forgetting" in LOSS_METRIC_REGISTRY
+
+
+def test_a_lazy_target_loads_on_first_use_and_a_broken_one_is_named_without_harming_the_rest():
+    registry = Registry("widget", None, "register one in a test", targets={"ok": "math:pi", "broken": "math:nope"})
+    assert registry["ok"] == pytest.approx(3.14159, abs=1e-5) and registry.find("absent") is None
+    with pytest.raises(DapbenchError, match="widget 'broken' is registered as math:nope, which cannot be loaded"):
+        registry.get("broken")
+    with pytest.raises(DapbenchError, match="unknown widget 'ko'. did you mean 'ok'"):
+        registry.get("ko")
+    assert registry.get("ok") > 3
+
+
+def test_a_name_registered_twice_is_a_named_error_that_is_also_a_value_error():
+    registry = Registry("widget", None, "register one in a test")
+    registry.add("a", "math:pi")
+    registry.add("a", "math:pi")  # the same entry again: nothing to refuse
+    with pytest.raises(RegistrationError, match="registered twice: already registered as math:pi") as raised:
+        registry.add("a", "math:e")
+    assert isinstance(raised.value, ValueError) and isinstance(raised.value, DapbenchError)
+    registry.remove("a")
+    registry.add("a", "math:e")
+    assert registry.names() == ["a"]
+
+
+def test_an_installed_packages_entry_point_registers_a_protocol_checked_by_its_kind(monkeypatch):
+    points = [
+        EntryPoint("linear_probe", "benchmark.protocols.linear_probe:LinearProbe", "dapbench.protocols"),
+        EntryPoint("misnamed", "benchmark.protocols.linear_probe:LinearProbe", "dapbench.protocols"),
+    ]
+    monkeypatch.setattr("benchmark.plugins.entry_points", lambda group: [p for p in points if p.group == group])
+    registry = Registry("end-task protocol", "dapbench.protocols", "a test", load=_protocol)
+    assert registry.names() == ["linear_probe", "misnamed"]
+    assert registry.get("linear_probe").words == "linear probe"
+    with pytest.raises(DapbenchError, match="not an EndTaskProtocol subclass named 'misnamed'"):
+        registry.get("misnamed")
