@@ -77,3 +77,28 @@ def test_the_leaderboard_reads_the_stability_gap_with_calibrated_verdicts(report
     verdict = next(line for line in lines if "depth on earlier domains" in line)
     assert "`das` -0.200 (shallower)" in verdict and "`none` not resolved" in verdict
     assert stability_gap_markdown(report_records, "ncl") == []  # no curves, no section
+
+
+def test_the_site_draws_each_rows_curves_as_seed_means_with_a_gap_between_domains(report_records, tmp_path):
+    from benchmark.report.stability_gap import curve_chart
+    from benchmark.report.writer import write_report
+
+    dips = {"ncl": 0.30, "das": 0.10, "none": 0.30}
+    records = [_with_curves(r, dips[r["method_label"]]) for r in report_records]
+    chart = curve_chart(records)
+    ncl = chart["rows"]["ncl"]
+    assert ncl["seeds"] == 3 and ncl["x"] == [0, 2, 4, None, 4, 6, 8]  # stage 2 starts where stage 1 ended
+    assert ncl["earlier"][:4] == [None] * 4  # no earlier domain while the first trains
+    seed_mean = 0.001 * sum(r["seed"] for r in records if r["method_label"] == "ncl") / 3
+    assert math.isclose(ncl["earlier"][5], 3.0 + 0.30 + seed_mean, abs_tol=1e-5)  # the dip, mean over seeds
+    assert math.isclose(ncl["general"][1], 3.0 + seed_mean, abs_tol=1e-5)
+    assert curve_chart(report_records) is None
+    out = tmp_path / "out"
+    from benchmark.io import atomic_write_json
+
+    for record in records:
+        atomic_write_json(out / "results" / record["profile"] / f"{record['run_id']}.json", record)
+    write_report(out)
+    (page,) = (out / "results" / "report" / "site").glob("group-*.html")
+    text = page.read_text()
+    assert 'id="chart-continual"' in text and '"continual": {"panels"' in text

@@ -42,6 +42,7 @@ from benchmark.report.groups import Group
 from benchmark.report.markdown import generated_world_note, group_reading, run_matrices
 from benchmark.report.reading import verdict_cells, verdict_text
 from benchmark.report.speed import mixed_machines_flag
+from benchmark.report.stability_gap import curve_chart
 from benchmark.report.statistics import GroupStatistics
 
 SITE_FOLDER = "site"
@@ -191,6 +192,7 @@ def _group_view(group: Group, stats: GroupStatistics, colours: dict[str, str]) -
         "references": stats.references,
         "unit": unit,
         "points": _points(rows),
+        "continual": curve_chart(group.records),
         **_matrices(group.records),
     }
     return GroupView(group, stats, facts, rows, charts, group_reading(stats))

@@ -80,3 +80,61 @@ def _verdicts(depths: dict, reference: str | None) -> list[str]:
             f"- Against {code(reference)}, depth on {name} (paired t, BH over {len(tests)} rows): {'; '.join(parts)}."
         )
     return out
+
+
+PANELS = {"earlier": "earlier domains (mean)", "general": "general text"}
+"""The continual-evaluation chart's panels: the held-out sets whose loss a later domain's training can raise."""
+
+
+def curve_chart(records: list[dict]) -> dict | None:
+    """The group page's continual-evaluation chart (None where no record measured curves): per row, the mean over its
+    seeds of each panel's held-out loss at every measured update, on one axis of updates since the first domain
+    (a gap between domains, where the earlier domains' set grows by one)."""
+    by_label: dict[str, list[dict]] = {}
+    for record in records:
+        if any(domain.get("curve") for domain in record["domains"]):
+            by_label.setdefault(record["method_label"], []).append(record)
+    if not by_label:
+        return None
+    rows = {label: _mean_curves(runs) for label, runs in sorted(by_label.items())}
+    return {"panels": PANELS, "rows": {label: row for label, row in rows.items() if row is not None}}
+
+
+def _mean_curves(runs: list[dict]) -> dict | None:
+    """One row's curves: x (updates since the first domain, None between domains) and each panel's seed mean."""
+    per_run = [_run_curves(record) for record in runs]
+    grids = {tuple(x) for x, _ in per_run}
+    if len(grids) != 1:  # runs of one row measured at other updates: no mean is drawn
+        return None
+    x = list(per_run[0][0])
+    out: dict = {"x": x, "seeds": len(runs)}
+    for part in PANELS:
+        columns = [values[part] for _, values in per_run]
+        out[part] = [
+            None if any(c[i] is None for c in columns) else round(float(np.mean([c[i] for c in columns])), 5)
+            for i in range(len(x))
+        ]
+    return out
+
+
+def _run_curves(record: dict) -> tuple[list, dict[str, list]]:
+    """A run's curve points on one axis: each stage's measured updates offset by the updates before it."""
+    x: list = []
+    values: dict[str, list] = {part: [] for part in PANELS}
+    offset = 0
+    for t, domain in enumerate(record["domains"]):
+        curve = domain.get("curve")
+        if not curve:
+            continue
+        earlier = [name for name in record["sequence"][:t] if name in curve["losses"]]
+        if x:
+            x.append(None)  # a gap between domains
+            for part in PANELS:
+                values[part].append(None)
+        for i, step in enumerate(curve["steps"]):
+            x.append(offset + step)
+            mean = float(np.mean([curve["losses"][n][i] for n in earlier])) if earlier else None
+            values["earlier"].append(mean)
+            values["general"].append(curve["losses"]["general"][i] if "general" in curve["losses"] else None)
+        offset += curve["steps"][-1]
+    return x, values

@@ -107,6 +107,29 @@ function drawCurves(d, methods) {
   Plotly.react("chart-curves", traces, layout, config);
 }
 
+function drawContinual(d, methods) {
+  // two panels (earlier domains, general text) over updates since the first domain; rows without curves are absent
+  if (!d.continual) return;
+  const parts = Object.keys(d.continual.panels), traces = [];
+  const layout = {...layoutBase, showlegend: true, height: 380, annotations: [],
+                  grid: {rows: 1, columns: parts.length, pattern: "independent"}};
+  parts.forEach((part, j) => {
+    const axis = j === 0 ? "" : String(j + 1);
+    layout[`xaxis${axis}`] = {title: {text: "updates since the first domain"}};
+    layout[`yaxis${axis}`] = {automargin: true};
+    layout.annotations.push({text: esc(d.continual.panels[part]), showarrow: false, xref: `x${axis} domain`,
+                             yref: `y${axis} domain`, x: 0.5, y: 1.1, font: {size: 12}});
+    for (const [method, row] of Object.entries(d.continual.rows)) {
+      if (!methods.includes(method)) continue;
+      traces.push({x: row.x, y: row[part], xaxis: `x${axis}`, yaxis: `y${axis}`, type: "scatter", mode: "lines",
+                   name: esc(method), legendgroup: method, showlegend: j === 0, connectgaps: false,
+                   line: {color: d.colours[method], width: isReference(d, method) ? 3 : 1.5},
+                   hovertemplate: `${esc(method)} (${row.seeds} seeds)<br>update %{x}: %{y:.3f}<extra></extra>`});
+    }
+  });
+  Plotly.react("chart-continual", traces, layout, config);
+}
+
 function drawMatrices(d) {
   const method = document.getElementById("matrix-method").value;
   const heat = (matrix, x, y, title, id, digits, scale) => Plotly.react(id, [{
@@ -164,6 +187,7 @@ function drawAll(d) {
   const methods = picked();
   drawStabilityPlasticity(d, methods);
   drawCurves(d, methods);
+  drawContinual(d, methods);
   drawLadders(d, methods);
 }
 
