@@ -143,6 +143,12 @@ def test_a_record_without_its_identity_is_refused(tmp_path):
         load_record(record)
 
 
+def test_a_record_whose_configuration_was_edited_is_refused_not_a_new_group(tmp_path):
+    record = _edited(tmp_path, lambda r: r["config"]["dap"].update(lr=0.5))  # its numbers under another setting
+    with pytest.raises(DapbenchError, match="is not what its run wrote: its configuration, inputs or options hash to"):
+        load_record(record)
+
+
 def test_a_method_label_of_another_method_is_refused(tmp_path):
     record = _edited(tmp_path, lambda r: r.update(method_label="das" if r["method"] != "das" else "ncl"))
     with pytest.raises(DapbenchError, match="is not a row of its method"):

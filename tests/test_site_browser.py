@@ -98,6 +98,9 @@ def test_picking_methods_changes_what_the_charts_draw(page):
     assert page.evaluate(drawn) == [m for m in everything if m in {*references, first}]
     curves = set(page.evaluate("document.getElementById('chart-curves').data.map(t => t.name)"))
     assert curves and curves <= {*references, first}
+    # the committed mini group measured continual evaluation for ncl, das, derpp and a replay row
+    continual = set(page.evaluate("document.getElementById('chart-continual').data.map(t => t.name)"))
+    assert continual and continual <= {*references, first}
     assert page.problems == []
 
 
@@ -135,6 +138,33 @@ def test_a_label_written_as_html_is_drawn_as_text_and_contacts_no_host(page, tmp
     names = page.evaluate("document.getElementById('chart-sp').data.map(t => t.name)")
     assert names and all("&lt;span" in name for name in names)
     assert page.problems == []
+
+
+def test_an_end_task_name_written_as_html_is_drawn_as_text_on_the_heatmap(page, tmp_path):
+    """The heatmap's axis labels come from the records' end-task names: drawn as text, no request elsewhere."""
+    import json
+
+    from cli_helpers import copy_record
+
+    from benchmark.cli import main
+    from benchmark.report.site import _json_for_script
+
+    for source in sorted((ROOT / "results" / "ci").glob("*.json"))[:2]:
+        copy_record(source, tmp_path / "results" / "hostile")
+    assert main(["report", "--output-dir", str(tmp_path), "--quiet"]) == 0
+    (group,) = (tmp_path / "results" / "report" / "site").glob("group-*.html")
+    html = group.read_text(encoding="utf-8")
+    start = html.index('id="chart-data">') + len('id="chart-data">')
+    end = html.index("</script>", start)
+    data = json.loads(html[start:end])
+    data["tasks"][0] = HOSTILE  # as a record's end-task name would bring it
+    group.write_text(html[:start] + str(_json_for_script(data)) + html[end:], encoding="utf-8")
+    page.goto(group.as_uri())
+    page.wait_for_load_state("load")
+    page.wait_for_function("document.getElementById('chart-score-matrix').data !== undefined")
+    page.wait_for_timeout(500)
+    labels = page.evaluate("document.getElementById('chart-score-matrix').data[0].x")
+    assert labels[0].startswith("&lt;span") and page.problems == []
 
 
 def test_the_key_columns_and_verdicts_fit_a_1366_pixel_screen(browser):
