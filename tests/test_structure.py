@@ -159,3 +159,15 @@ def test_no_import_runs_up_the_declared_layers():
     upward = {(a, b) for a, b in edges if layer[b] > layer[a]}
     assert upward <= set(UPWARD), f"imports up the layers: {sorted(upward - set(UPWARD))}"
     assert set(UPWARD) <= upward, f"listed in UPWARD but gone (remove them): {sorted(set(UPWARD) - upward)}"
+
+
+RENDERERS = ("benchmark.report.markdown", "benchmark.report.site", "benchmark.report.plots")
+"""The report's renderers: each turns the same findings into one medium; the words they share live below them
+(``benchmark.report.group_text``), so none imports another."""
+
+
+def test_no_report_renderer_imports_another():
+    modules = {_module(p): p for p in TREE}
+    imports = {name: _imported_modules(modules[name], set(modules)) for name in RENDERERS}
+    crossing = sorted((a, b) for a, found in imports.items() for b in found if b in RENDERERS and b != a)
+    assert not crossing, f"a renderer imports another: {crossing}"

@@ -14,12 +14,10 @@ import pandas as pd
 from benchmark.metrics import GATES_UNLEARNED_BELOW, UNTRAINED_BELOW
 from benchmark.protocols import protocol_phrase
 from benchmark.report.beside import beside_markdown
-from benchmark.report.end_task_reading import end_task_reading
 from benchmark.report.escape import code, text
 from benchmark.report.frame import (
     COST_COLUMNS,
     END_TASK_COLUMNS,
-    GENERATED_WORLD,
     Column,
     all_columns,
     backbone_flag,
@@ -29,13 +27,13 @@ from benchmark.report.frame import (
     loss_unit,
     untrained_flag,
 )
+from benchmark.report.group_text import generated_world_note, group_reading, run_matrices
 from benchmark.report.groups import Group, LeftOut, order_of
 from benchmark.report.matched import matched_markdown
-from benchmark.report.reading import loss_reading, sibling_reading, variant_reading, verdicts
-from benchmark.report.speed import machine_counts, mixed_machines_flag, speed_reading
+from benchmark.report.reading import verdicts
+from benchmark.report.speed import machine_counts, mixed_machines_flag
 from benchmark.report.stability_gap import stability_gap_markdown
 from benchmark.report.statistics import GroupStatistics
-from benchmark.report.training_reading import training_reading
 
 HEADER = [
     "# dapbench leaderboard",
@@ -116,13 +114,6 @@ def leaderboard_markdown(
     return "\n".join(lines) + "\n"
 
 
-def group_reading(stats: GroupStatistics) -> list[str]:
-    """A group's reading: the sentences generated from its numbers (loss metrics, training, variants, siblings, end
-    tasks), as Markdown list lines."""
-    readings = (loss_reading, training_reading, speed_reading, variant_reading, sibling_reading, end_task_reading)
-    return [line for reading in readings for line in reading(stats)]
-
-
 def group_header(group: Group, known: Iterable[str] = ()) -> list[str]:
     """What the group's records share, read from the records (and the full canonical configuration, folded); with
     ``known``, the methods of every record the report reads, which of them this group has no record of."""
@@ -165,21 +156,6 @@ def _beside_phrase(ft: dict) -> str:
     """How the cells were scored beside the group's own protocol, if they were (``finetune.beside``)."""
     beside = ft.get("beside")
     return "" if not beside else f"; beside it, {protocol_phrase({**ft, 'protocol': beside})}"
-
-
-def generated_world_note(record: dict) -> str | None:
-    """What a group of the generated world is (None for real text): said in the group itself, because a reader who
-    lands on it must not read its verdicts as ones about real text (the short answer never reads it either)."""
-    if record["profile"] != GENERATED_WORLD:
-        return None
-    return (
-        "generated world, not real text: six invented domains whose facts the generator plants (entities whose"
-        " labels only the domain corpus tells, adjectives whose polarity differs between domains), with a tiny base"
-        " model pre-trained on its general text only (benchmark.data.synthetic). It is built so that DAP helps its"
-        " end tasks and sequential training interferes, so end-task verdicts can resolve here at CPU cost; its"
-        " numbers say how methods behave on that design, are never compared with the real-data groups, and never"
-        " enter the short answer"
-    )
 
 
 def _generated_world_line(record: dict) -> list[str]:
@@ -305,25 +281,3 @@ def run_tables(record: dict) -> str:
     """A record's page as Markdown: its label, seed and run id, then :func:`run_matrices`."""
     header = [f"# {code(record['method_label'])} seed {record['seed']}", "", f"run {code(record['run_id'])}", ""]
     return "\n".join(header + run_matrices(record))
-
-
-def run_matrices(record: dict) -> list[str]:
-    """A record's numbers as Markdown sections: its loss metrics, A[t][k] (accuracy and macro-F1, percent) and the
-    held-out loss matrix (with perplexity for a decoder), every number rounded for reading."""
-    domains, tasks = record["sequence"], record["end_tasks"]
-    unit = loss_unit(record)
-    metrics = pd.DataFrame({unit[1]: record["lm_loss"]["metrics"]})
-    lines = ["## loss metrics", "", metrics.to_markdown(floatfmt=".4f", missingval="n/a"), ""]
-    for score in ("acc", "macro_f1"):
-        rows = [[None if v is None else round(100 * v, 2) for v in row] for row in record["matrices"][score]]
-        frame = pd.DataFrame(rows, index=[f"after {text(d)}" for d in domains], columns=[text(t) for t in tasks])
-        lines += [f"## {score} (%)", "", frame.to_markdown(floatfmt=".2f"), ""]
-    losses = record["lm_loss"]
-    rows = [losses["base"], *(row or {} for row in losses["after_domain"])]
-    index = ["base", *[f"after {text(d)}" for d in domains]]
-    frame = pd.DataFrame(rows, index=index)[losses["columns"]]
-    frame.columns = [text(c) for c in frame.columns]
-    lines += ["## {} ({})".format(*unit), "", frame.to_markdown(floatfmt=".4f"), ""]
-    if is_decoder(record):
-        lines += ["## perplexity (exp of the loss)", "", np.exp(frame.astype(float)).to_markdown(floatfmt=".1f"), ""]
-    return lines

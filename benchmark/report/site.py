@@ -38,8 +38,8 @@ from benchmark.report.frame import (
     tokens_per_domain,
     untrained_flag,
 )
+from benchmark.report.group_text import generated_world_note, group_reading, run_matrices
 from benchmark.report.groups import Group
-from benchmark.report.markdown import generated_world_note, group_reading, run_matrices
 from benchmark.report.reading import verdict_cells, verdict_text
 from benchmark.report.speed import mixed_machines_flag
 from benchmark.report.stability_gap import curve_chart
