@@ -69,38 +69,20 @@ def out_axis(module: nn.Module) -> int:
     return 1 if type(module).__name__ == "Conv1D" else 0
 
 
-# Attribute paths, per architecture: where the layers are (below the base model) and the units' modules in one layer.
-_BERT_LIKE = {
-    "layers": "encoder.layer",
-    "query": "attention.self.query",
-    "key": "attention.self.key",
-    "value": "attention.self.value",
-    "attn_out": "attention.output.dense",
-    "intermediate": "intermediate.dense",
-    "output": "output.dense",
-}
-_GPT2 = {
-    "layers": "h",
-    "qkv": "attn.c_attn",
-    "attn_out": "attn.c_proj",
-    "intermediate": "mlp.c_fc",
-    "output": "mlp.c_proj",
-}
-_LLAMA_LIKE = {
-    "layers": "layers",
-    "query": "self_attn.q_proj",
-    "key": "self_attn.k_proj",
-    "value": "self_attn.v_proj",
-    "attn_out": "self_attn.o_proj",
-    "gate": "mlp.gate_proj",
-    "intermediate": "mlp.up_proj",
-    "output": "mlp.down_proj",
-}
-LAYER_PATHS = {
-    **{name: _BERT_LIKE for name in ("bert", "roberta", "xlm-roberta", "electra", "camembert")},
-    "gpt2": _GPT2,
-    **{name: _LLAMA_LIKE for name in ("llama", "mistral", "qwen2", "qwen3")},
-}
+def layer_paths(model_type: str) -> Mapping[str, str]:
+    """Where a model type's layers are (below its base model) and the unit-bearing modules of one layer, as its
+    family declares them (:attr:`benchmark.families.ModelFamily.unit_maps`); a type no family maps is a named
+    error."""
+    from benchmark.families import FAMILIES
+
+    for family in FAMILIES.values():
+        if model_type in family.unit_maps:
+            return family.unit_maps[model_type]
+    known = sorted(t for family in FAMILIES.values() for t in family.unit_maps)
+    raise DapbenchError(
+        f"no module map for architecture {model_type!r}",
+        f"add its layer paths to its model family's unit_maps (known: {', '.join(known)})",
+    )
 
 
 def encoder_of(model: nn.Module) -> nn.Module:
@@ -120,13 +102,7 @@ def mlm_head_of(model: nn.Module) -> nn.Module:
 
 def layer_modules(model: nn.Module) -> list[LayerModules]:
     """The unit-bearing modules of every layer, through the per-architecture map."""
-    model_type = model.config.model_type
-    if model_type not in LAYER_PATHS:
-        raise DapbenchError(
-            f"no module map for architecture {model_type!r}",
-            f"add its layer paths to benchmark.modeling.LAYER_PATHS (known: {', '.join(LAYER_PATHS)})",
-        )
-    paths = LAYER_PATHS[model_type]
+    paths = layer_paths(model.config.model_type)
     kv_heads = getattr(model.config, "num_key_value_heads", None)
     layers = encoder_of(model).get_submodule(paths["layers"])
     names = ("query", "key", "value", "attn_out", "intermediate", "output", "qkv", "gate")

@@ -17,7 +17,7 @@ from torch import nn
 
 from benchmark.errors import DapbenchError
 from benchmark.method import ContinualMethod, MethodConfig
-from benchmark.modeling import LAYER_PATHS, encoder_of
+from benchmark.modeling import encoder_of, layer_paths
 from benchmark.settings import setting
 
 
@@ -51,13 +51,11 @@ class FreezeBottom(ContinualMethod):
 def frozen_parameters(model: nn.Module, layers: int) -> list[nn.Parameter]:
     """The input embeddings' parameters and those of transformer layers ``0..layers-1`` of ``model`` (a named error
     where ``layers`` would freeze every layer, or the architecture has no layer map)."""
-    model_type = model.config.model_type
-    if model_type not in LAYER_PATHS:
-        raise DapbenchError(
-            f"freeze_bottom: no layer map for architecture {model_type!r}",
-            f"add its layer paths to benchmark.modeling.LAYER_PATHS (known: {', '.join(LAYER_PATHS)})",
-        )
-    stack = encoder_of(model).get_submodule(LAYER_PATHS[model_type]["layers"])
+    try:
+        paths = layer_paths(model.config.model_type)
+    except DapbenchError as exc:
+        raise DapbenchError(f"freeze_bottom: {exc.problem}", exc.fix) from None
+    stack = encoder_of(model).get_submodule(paths["layers"])
     _check_layers(layers, len(stack))
     modules = [model.get_input_embeddings(), *list(stack)[:layers]]
     return [p for module in modules for p in module.parameters()]

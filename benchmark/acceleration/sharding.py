@@ -29,10 +29,10 @@ SHARDINGS = ("none", "fsdp")
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     """The model's transformer blocks (the parents of its unit modules), each a unit of sharding."""
-    from benchmark.modeling import LAYER_PATHS
+    from benchmark.modeling import layer_paths
 
     layer_modules(model)  # an architecture without a module map is a named error here
-    return list(encoder_of(model).get_submodule(LAYER_PATHS[model.config.model_type]["layers"]))
+    return list(encoder_of(model).get_submodule(layer_paths(model.config.model_type)["layers"]))
 
 
 def shard(model: nn.Module, device: torch.device) -> list[nn.Parameter]:

@@ -33,6 +33,10 @@ class ModelFamily:
     scores_continuations: ClassVar[bool] = False
     """Whether the model scores text continuations left to right (what lm-evaluation-harness's log-likelihood
     multiple choice asks of a model)."""
+    unit_maps: ClassVar[dict[str, dict[str, str]]] = {}
+    """Per model type of the family: attribute paths of where its layers are (``layers``, below the base model) and
+    of the unit-bearing modules of one layer (``query``, ``key``, ``value`` or ``qkv``, ``attn_out``, ``gate``,
+    ``intermediate``, ``output``), which DAS, HAT, freezing and sharding act on."""
     cache_tag: ClassVar[str] = ""
     """Appended to the keys of packed-text cache entries, which differ per kind (empty for the masked kind, whose
     entries keep the keys they had before other kinds existed)."""

@@ -14,6 +14,27 @@ EOS = "<|endoftext|>"
 """The one special token of a tokenizer trained by :meth:`CausalLM.train_tokenizer`: it ends documents and pads."""
 
 
+_GPT2 = {
+    "layers": "h",
+    "qkv": "attn.c_attn",
+    "attn_out": "attn.c_proj",
+    "intermediate": "mlp.c_fc",
+    "output": "mlp.c_proj",
+}
+"""Where GPT-2 keeps its layers and each layer's units (one fused query-key-value projection)."""
+_LLAMA_LIKE = {
+    "layers": "layers",
+    "query": "self_attn.q_proj",
+    "key": "self_attn.k_proj",
+    "value": "self_attn.v_proj",
+    "attn_out": "self_attn.o_proj",
+    "gate": "mlp.gate_proj",
+    "intermediate": "mlp.up_proj",
+    "output": "mlp.down_proj",
+}
+"""Where Llama-style decoders keep their layers and each layer's units (a gated MLP)."""
+
+
 class CausalLM(ModelFamily):
     """A causal LM (decoder): next-token prediction at every position, scored left to right."""
 
@@ -24,6 +45,7 @@ class CausalLM(ModelFamily):
     heldout_reading = ("held-out next-token loss", "nats per token")
     scores_continuations = True
     cache_tag = "|causal"
+    unit_maps = {"gpt2": _GPT2, **{name: _LLAMA_LIKE for name in ("llama", "mistral", "qwen2", "qwen3")}}
 
     def check_tokenizer(self, tokenizer) -> None:
         """Documents are separated by the end-of-sequence token: the tokenizer must define one."""

@@ -13,6 +13,18 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 """The special tokens of a WordPiece tokenizer trained by :meth:`MaskedLM.train_tokenizer`, in id order."""
 
 
+_BERT_LIKE = {
+    "layers": "encoder.layer",
+    "query": "attention.self.query",
+    "key": "attention.self.key",
+    "value": "attention.self.value",
+    "attn_out": "attention.output.dense",
+    "intermediate": "intermediate.dense",
+    "output": "output.dense",
+}
+"""Where BERT-like encoders keep their layers and each layer's units."""
+
+
 class MaskedLM(ModelFamily):
     """A masked LM: the loss reads the masked positions, the targets are the original tokens."""
 
@@ -22,6 +34,7 @@ class MaskedLM(ModelFamily):
     model_types = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "deberta", "deberta-v2", "camembert")
     loss_name = "mlm"
     heldout_reading = ("held-out loss", "nats")
+    unit_maps = {name: _BERT_LIKE for name in ("bert", "roberta", "xlm-roberta", "electra", "camembert")}
 
     def check_tokenizer(self, tokenizer) -> None:
         """A masked LM's batches replace tokens by the mask token: its tokenizer must have one."""
