@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.metrics import accuracy_score, f1_score
 
-from benchmark.errors import DapbenchError
-from benchmark.plugins import Registry
+from benchmark.plugins import Registry, named_entry
 
 
 def accuracy(labels: Sequence[int], predictions: Sequence[int]) -> float:
@@ -200,22 +199,12 @@ class LossView:
         return np.stack([np.mean(losses[:, t, :t] - diagonal[:, :t], axis=-1) for t in range(1, self.t_count)], -1)
 
 
-def _loss_metric(name: str, loaded: object) -> LossMetric:
-    """An entry point's loss metric, checked."""
-    if not isinstance(loaded, LossMetric) or loaded.name != name:
-        raise DapbenchError(
-            f"loss metric {name!r} loads {loaded!r}, not a LossMetric named {name!r}",
-            "point the entry point at a benchmark.metrics.LossMetric whose `name` is the entry's name",
-        )
-    return loaded
-
-
 LOSS_METRIC_REGISTRY: Registry[LossMetric] = Registry(
     "loss metric",
     "dapbench.loss_metrics",
     "a plugin registers its own with benchmark.metrics.register_loss_metric or the entry-point group"
     " dapbench.loss_metrics",
-    load=_loss_metric,
+    load=named_entry("loss metric", LossMetric),
 )
 """Every registered loss metric by name, in registration order (the continual table's column order)."""
 

@@ -28,11 +28,28 @@ def _as_is(name: str, loaded: Any) -> Any:
     return loaded
 
 
+def named_entry(kind: str, expected: type, instantiate: bool = False) -> Callable[[str, Any], Any]:
+    """A registry's ``load`` for entries that are ``expected`` objects with a ``name``: what a target or entry point
+    names (a class instantiated where ``instantiate``), refused unless it is one whose name is the entry's."""
+
+    def load(name: str, loaded: Any) -> Any:
+        entry = loaded() if instantiate and isinstance(loaded, type) and issubclass(loaded, expected) else loaded
+        if not isinstance(entry, expected) or getattr(entry, "name", None) != name:
+            raise DapbenchError(
+                f"{kind} {name!r} loads {loaded!r}, which is no {expected.__name__} named {name!r}",
+                "point the entry point at it (or its class), whose `name` is the entry's name",
+            )
+        return entry
+
+    return load
+
+
 class Registry(Generic[T]):
     """Named entries of one kind. ``kind`` names it in messages (``end-task protocol``), ``group`` is its entry-point
-    group (None: code registrations only), ``how`` says how to register one (a fix in messages), and ``load`` turns
-    what a lazy target or entry point names into the entry (a protocol class into its instance; it may also check it,
-    raising :class:`DapbenchError`)."""
+    group (None: code registrations only), ``how`` says how to register one (a fix in messages), ``setting`` is the
+    option that names an entry (its unknown names read ``invalid finetune.protocol='x'``), and ``load`` turns what a
+    lazy target or entry point names into the entry (a protocol class into its instance; it may also check it,
+    raising :class:`DapbenchError`: :func:`named_entry`)."""
 
     def __init__(
         self,
@@ -41,8 +58,9 @@ class Registry(Generic[T]):
         how: str,
         load: Callable[[str, Any], T] = _as_is,
         targets: dict[str, str] | None = None,
+        setting: str | None = None,
     ):
-        self.kind, self.group, self.how, self._load = kind, group, how, load
+        self.kind, self.group, self.how, self._load, self.setting = kind, group, how, load, setting
         self._entries: dict[str, T | str] = dict(targets or {})  # a str is a lazy "module:attr" target
         self._entry_points_read = group is None
 
@@ -102,10 +120,13 @@ class Registry(Generic[T]):
         if name not in self:
             lowered = {known.lower(): known for known in self._entries}
             close = [lowered[m] for m in difflib.get_close_matches(name.lower(), lowered, n=3)]
-            hint = f"did you mean {' or '.join(map(repr, close))}?" if close else ""
+            hint = f" did you mean {' or '.join(map(repr, close))}?" if close else ""
+            unknown = f"unknown {self.kind} {name!r}."
+            if self.setting:
+                unknown = f"invalid {self.setting}={name!r}: no {self.kind} of that name is registered."
             raise DapbenchError(
-                f"unknown {self.kind} {name!r}. {hint}".strip(),
-                f"registered: {', '.join(sorted(self._entries))} ({self.how})",
+                (unknown + hint).rstrip("."),
+                f"use one of {', '.join(sorted(self._entries))} ({self.how})",
             )
         return self[name]
 

@@ -8,9 +8,8 @@ import pytest
 from benchmark.errors import DapbenchError
 from benchmark.families import FAMILIES
 from benchmark.metrics import LOSS_METRIC_REGISTRY
-from benchmark.plugins import RegistrationError, Registry
-from benchmark.protocols import PROTOCOLS
-from benchmark.protocols.registry import _protocol
+from benchmark.plugins import RegistrationError, Registry, named_entry
+from benchmark.protocols import PROTOCOLS, EndTaskProtocol
 from benchmark.registry import default_registry
 from benchmark.schedules import SCHEDULES
 
@@ -50,8 +49,13 @@ def test_an_installed_packages_entry_point_registers_a_protocol_checked_by_its_k
         EntryPoint("misnamed", "benchmark.protocols.linear_probe:LinearProbe", "dapbench.protocols"),
     ]
     monkeypatch.setattr("benchmark.plugins.entry_points", lambda group: [p for p in points if p.group == group])
-    registry = Registry("end-task protocol", "dapbench.protocols", "a test", load=_protocol)
+    registry = Registry(
+        "end-task protocol",
+        "dapbench.protocols",
+        "a test",
+        load=named_entry("end-task protocol", EndTaskProtocol, True),
+    )
     assert registry.names() == ["linear_probe", "misnamed"]
     assert registry.get("linear_probe").words == "linear probe"
-    with pytest.raises(DapbenchError, match="not an EndTaskProtocol subclass named 'misnamed'"):
+    with pytest.raises(DapbenchError, match="which is no EndTaskProtocol named 'misnamed'"):
         registry.get("misnamed")

@@ -15,25 +15,13 @@ from benchmark.errors import DapbenchError
 from benchmark.families.base import ModelFamily
 from benchmark.families.causal import CausalLM
 from benchmark.families.masked import MaskedLM
-from benchmark.plugins import Registry
-
-
-def _family(name: str, loaded: object) -> ModelFamily:
-    """An entry point's family (an instance, or a class instantiated here), checked."""
-    family = loaded() if isinstance(loaded, type) else loaded
-    if not isinstance(family, ModelFamily) or family.name != name:
-        raise DapbenchError(
-            f"model family {name!r} loads {loaded!r}, not a ModelFamily named {name!r}",
-            "point the entry point at the family (or its class), whose `name` is the entry's name",
-        )
-    return family
-
+from benchmark.plugins import Registry, named_entry
 
 FAMILIES: Registry[ModelFamily] = Registry(
     "model family",
     "dapbench.families",
     "a plugin registers its own with benchmark.families.register_family or the entry-point group dapbench.families",
-    load=_family,
+    load=named_entry("model family", ModelFamily, instantiate=True),
 )
 """Every registered family by name, in registration order."""
 FALLBACK = "causal"
@@ -55,12 +43,7 @@ def unregister_family(name: str) -> None:
 
 def get_family(name: str) -> ModelFamily:
     """The family registered as ``name`` (a record's ``model_kind``); an unknown one is a named error."""
-    if name not in FAMILIES:
-        raise DapbenchError(
-            f"unknown model family {name!r}",
-            f"use one of: {', '.join(FAMILIES)} ({FAMILIES.how})",
-        )
-    return FAMILIES[name]
+    return FAMILIES.get(name)
 
 
 def family_of(model_config) -> ModelFamily:

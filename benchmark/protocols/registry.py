@@ -5,25 +5,15 @@ imports the built-in protocols, which register themselves here."""
 from __future__ import annotations
 
 from benchmark.errors import DapbenchError
-from benchmark.plugins import Registry
+from benchmark.plugins import Registry, named_entry
 from benchmark.protocols.base import EndTaskProtocol, test_sizes
-
-
-def _protocol(name: str, cls: type) -> EndTaskProtocol:
-    """An entry point's protocol class as its registered instance, checked."""
-    if not (isinstance(cls, type) and issubclass(cls, EndTaskProtocol)) or cls.name != name:
-        raise DapbenchError(
-            f"end-task protocol {name!r} loads {cls!r}, not an EndTaskProtocol subclass named {name!r}",
-            "point the entry point at the protocol's class, whose `name` is the entry's name",
-        )
-    return cls()
-
 
 PROTOCOLS: Registry[EndTaskProtocol] = Registry(
     "end-task protocol",
     "dapbench.protocols",
     "a plugin registers its own with benchmark.protocols.register_protocol or the entry-point group dapbench.protocols",
-    load=_protocol,
+    load=named_entry("end-task protocol", EndTaskProtocol, instantiate=True),
+    setting="finetune.protocol",
 )
 """Every registered end-task protocol by name (``finetune.protocol`` accepts exactly these)."""
 
@@ -37,12 +27,7 @@ def register_protocol(cls: type[EndTaskProtocol]) -> type[EndTaskProtocol]:
 
 def get_protocol(name: str) -> EndTaskProtocol:
     """The registered protocol ``name``; a named error listing the registered ones otherwise."""
-    if name not in PROTOCOLS:
-        raise DapbenchError(
-            f"invalid finetune.protocol={name!r}: no end-task protocol of that name is registered",
-            f"use one of {sorted(PROTOCOLS)} ({PROTOCOLS.how})",
-        )
-    return PROTOCOLS[name]
+    return PROTOCOLS.get(name)
 
 
 def protocols_of(settings) -> list[EndTaskProtocol]:
