@@ -68,3 +68,7 @@ def test_the_plugin_gets_verdicts_against_the_committed_synthetic_rows_on_this_m
     assert rows, "l2sp is not a row of 3 seeds"
     assert board.count("\n## ") == 1 or "`l2sp`" in board.split("| `ncl` |", 1)[1]  # one group with ncl's row
     assert any(verdict in rows[0] for verdict in ("`ncl`", "`das`", "`none`")), rows[0]  # verdicts, not blanks
+    repository = Path(__file__).resolve().parents[1]
+    check = [sys.executable, "-m", "benchmark.cli", "report", "--check", "--quiet", "--output-dir", str(repository)]
+    checked = subprocess.run(check, capture_output=True, text=True, env=env)
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]  # installed, it moves no line
