@@ -61,7 +61,8 @@ class Registry(Generic[T]):
         setting: str | None = None,
     ):
         self.kind, self.group, self.how, self._load, self.setting = kind, group, how, load, setting
-        self._entries: dict[str, T | str] = dict(targets or {})  # a str is a lazy "module:attr" target
+        self._entries: dict[str, T | str] = dict(targets or {})  # as registered: a str is a lazy "module:attr" target
+        self._loaded: dict[str, T] = {}  # lazy targets once imported (a registration compares what was registered)
         self._entry_points_read = group is None
 
     def add(self, name: str, entry: T | str) -> None:
@@ -75,10 +76,12 @@ class Registry(Generic[T]):
                 "give the new one its own name",
             )
         self._entries[name] = entry
+        self._loaded.pop(name, None)
 
     def remove(self, name: str) -> None:
         """Forget ``name`` (a test's or a plugin's own registration); absent names are ignored."""
         self._entries.pop(name, None)
+        self._loaded.pop(name, None)
 
     def names(self) -> list[str]:
         """Every registered name, in registration order (built-ins first, then entry points)."""
@@ -99,9 +102,11 @@ class Registry(Generic[T]):
         """The entry ``name``, loaded (a ``KeyError`` where none is registered; :meth:`get` names it instead)."""
         self._read_entry_points()
         entry = self._entries[name]
-        if isinstance(entry, str):
-            entry = self._entries[name] = self._resolve(name, entry)
-        return entry
+        if not isinstance(entry, str):
+            return entry
+        if name not in self._loaded:
+            self._loaded[name] = self._resolve(name, entry)
+        return self._loaded[name]
 
     def items(self) -> list[tuple[str, T]]:
         """``(name, entry)`` pairs, every entry loaded."""

@@ -38,9 +38,11 @@ def test_a_name_registered_twice_is_a_named_error_that_is_also_a_value_error():
     with pytest.raises(RegistrationError, match="registered twice: already registered as math:pi") as raised:
         registry.add("a", "math:e")
     assert isinstance(raised.value, ValueError) and isinstance(raised.value, DapbenchError)
+    assert registry["a"] > 3
+    registry.add("a", "math:pi")  # the same target again after it was loaded: still no clash
     registry.remove("a")
     registry.add("a", "math:e")
-    assert registry.names() == ["a"]
+    assert registry.names() == ["a"] and registry["a"] < 3
 
 
 def test_an_installed_packages_entry_point_registers_a_protocol_checked_by_its_kind(monkeypatch):
