@@ -752,6 +752,18 @@ def finetune_frontier(results_dir: str | Path) -> list[str]:
     return frontier_markdown(protocol_points(leaderboard_records(results_dir)))
 
 
+def versus(results_dir: str | Path, label: str) -> list[str]:
+    """``dapbench versus``: the row ``label`` against every other row of each group under ``results_dir`` that holds
+    it, through the leaderboard's calibrated comparison (:mod:`benchmark.report.versus`), as Markdown lines."""
+    from benchmark.records.store import leaderboard_records
+    from benchmark.report.groups import group_records
+    from benchmark.report.versus import versus_markdown
+    from benchmark.report.writer import group_statistics
+
+    groups, _ = group_records(leaderboard_records(results_dir))
+    return versus_markdown([(group, group_statistics(group)) for group in groups], label)
+
+
 def leaderboard_table(results_dir: str | Path):
     """One pandas row per record under ``results_dir``: its leaderboard group, method label, seed, every column."""
     from benchmark.report import leaderboard_frame

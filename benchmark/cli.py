@@ -58,6 +58,10 @@ examples:
 examples:
   dapbench frontier --output-dir .               # every fine-tuning setting the committed no-DAP records ran
   dapbench frontier --output-dir study           # your own: records of `none` at several finetune.* settings""",
+    "versus": """\
+examples:
+  dapbench versus l2sp --output-dir ../try-l2sp  # your plugin against das, derpp, none and every row beside it
+  dapbench versus das --output-dir .             # the committed DAS rows against every other committed row""",
     "rescore": """\
 examples:
   dapbench rescore results/mini-pass/ncl-seq0-seed2021-<hash>.json --work-dir grid/.dapbench \\
@@ -261,6 +265,12 @@ def _add_record_commands(command) -> None:
         cmd_frontier,
     )
     front.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"the folder of results/ ({DEFAULT_OUTPUT})")
+
+    against = command(
+        "versus", "one row against every other row of its group: the leaderboard's calibrated verdicts", cmd_versus
+    )
+    against.add_argument("label", help="the row as the leaderboard writes it (e.g. l2sp, das[fidelity=reference])")
+    against.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"the folder of results/ ({DEFAULT_OUTPUT})")
 
     listing = command("list", "registered methods and their options, domains, end tasks, sequences, profiles", cmd_list)
     listing.add_argument("--data-root", help="list a custom suite instead of the built-in one")
@@ -591,6 +601,14 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     from benchmark.api import finetune_frontier
 
     print("\n".join(finetune_frontier(Path(args.output_dir) / "results")))
+    return 0
+
+
+def cmd_versus(args: argparse.Namespace) -> int:
+    """``dapbench versus``: one row's verdicts against every other row of its group (issue #89), as Markdown."""
+    from benchmark.api import versus
+
+    print("\n".join(versus(Path(args.output_dir) / "results", args.label)))
     return 0
 
 

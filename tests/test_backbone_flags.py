@@ -80,11 +80,11 @@ def test_no_end_task_verdict_is_stated_from_cells_that_do_not_measure_the_backbo
     from benchmark.report.end_task_reading import end_task_reading, measuring_comparisons
     from benchmark.report.frame import backbone_flag, by_label
     from benchmark.report.groups import group_records
-    from benchmark.report.writer import _statistics
+    from benchmark.report.writer import group_statistics
 
     records = [_collapsed(r) if r["method"] == "ncl" else copy.deepcopy(r) for r in report_records]
     (group,), _ = group_records(records)
-    stats = _statistics(group)
+    stats = group_statistics(group)
     comparisons, left_out = measuring_comparisons(stats, "none")
     rows = by_label(records)
     expected = sorted(label for label in rows if label != "none" and backbone_flag(rows[label]))
@@ -96,7 +96,7 @@ def test_no_end_task_verdict_is_stated_from_cells_that_do_not_measure_the_backbo
     assert "Not compared with `none`: " + ", ".join(f"`{label}`" for label in expected) in reading
     records = [_collapsed(r) if r["method"] == "none" else copy.deepcopy(r) for r in report_records]
     (group,), _ = group_records(records)
-    stats = _statistics(group)
+    stats = group_statistics(group)
     assert measuring_comparisons(stats, "none")[0] == []
     assert _end_tasks(stats, "none") == [
         "on the end tasks no verdict against no DAP (`none`): the cells compared do not measure the backbone"

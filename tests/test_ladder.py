@@ -81,10 +81,10 @@ def test_the_ladder_reading_gives_taus_within_their_intervals_and_verdicts_betwe
     from benchmark.records.store import leaderboard_records
     from benchmark.report.groups import group_records
     from benchmark.report.ladder import find_ladders, ladder_markdown, read_ladder
-    from benchmark.report.writer import _statistics
+    from benchmark.report.writer import group_statistics
 
     groups, _ = group_records(leaderboard_records(rungs / "results"))
-    ladders = find_ladders([(g, _statistics(g), {}) for g in groups])
+    ladders = find_ladders([(g, group_statistics(g), {}) for g in groups])
     assert len(ladders) == 1 and [r.steps for r in ladders[0].rungs] == [2, 6]
     reading = read_ladder(ladders[0])
     assert ladders[0].labels() == ["ncl", "none", "one"]
@@ -105,10 +105,10 @@ def test_the_short_answer_says_whether_it_holds_at_the_top_of_its_ladder(rungs):
     from benchmark.report.answer import _beyond_budget, _screen_sentence
     from benchmark.report.groups import group_records
     from benchmark.report.ladder import find_ladders, read_ladder
-    from benchmark.report.writer import _statistics
+    from benchmark.report.writer import group_statistics
 
     groups, _ = group_records(leaderboard_records(rungs / "results"))
-    sections = [(g, _statistics(g), {}) for g in groups]
+    sections = [(g, group_statistics(g), {}) for g in groups]
     ladder = find_ladders(sections)[0]
     bottom, top = ladder.rungs[0], ladder.rungs[-1]
     reading = read_ladder(ladder)
@@ -142,10 +142,10 @@ def test_a_top_rung_with_fewer_rows_so_far_does_not_shrink_the_comparison_below_
     from benchmark.report.answer import _beyond_budget
     from benchmark.report.groups import group_records
     from benchmark.report.ladder import find_ladders, read_ladder
-    from benchmark.report.writer import _statistics
+    from benchmark.report.writer import group_statistics
 
     groups, _ = group_records(leaderboard_records(rungs / "results"))
-    (two_rungs,) = find_ladders([(g, _statistics(g), {}) for g in groups])
+    (two_rungs,) = find_ladders([(g, group_statistics(g), {}) for g in groups])
     below = read_ladder(two_rungs)
     shutil.copytree(rungs / "results", tmp_path / "results")
     config = world_config(world_root, tiny_model, tmp_path, TINY_DAP, TINY_FINETUNE)
@@ -154,7 +154,7 @@ def test_a_top_rung_with_fewer_rows_so_far_does_not_shrink_the_comparison_below_
         record = continual_run(top, prepare_data(top), "none", seed, show_progress=False).execute()
         atomic_write_json(tmp_path / "results" / "rung-c" / f"{record['run_id']}.json", record)
     groups, _ = group_records(leaderboard_records(tmp_path / "results"))
-    sections = [(g, _statistics(g), {}) for g in groups]
+    sections = [(g, group_statistics(g), {}) for g in groups]
     (ladder,) = [lad for lad in find_ladders(sections) if len(lad.rungs) == 3]
     assert ladder.labels() == ["none"] and ladder.measured() == ["ncl", "none", "one"]
     reading = read_ladder(ladder)
@@ -175,7 +175,7 @@ def test_a_top_rung_with_fewer_rows_so_far_does_not_shrink_the_comparison_below_
         record = continual_run(top, prepare_data(top), method, 1, show_progress=False).execute()
         atomic_write_json(tmp_path / "results" / "rung-c" / f"{record['run_id']}.json", record)
     groups, _ = group_records(leaderboard_records(tmp_path / "results"))
-    (ladder,) = [lad for lad in find_ladders([(g, _statistics(g), {}) for g in groups]) if len(lad.rungs) == 3]
+    (ladder,) = [lad for lad in find_ladders([(g, group_statistics(g), {}) for g in groups]) if len(lad.rungs) == 3]
     middle, highest, verdicts = _beyond_budget([read_ladder(ladder)], ladder.rungs[0].key, ["ncl"])
     assert middle.startswith("beyond this budget, at 6 updates per domain")
     assert highest.startswith("at 10 updates per domain")
@@ -220,7 +220,7 @@ def test_a_row_flagged_untrained_at_either_budget_is_left_out_of_the_comparison_
         read_ladder,
     )
     from benchmark.report.site import _ladder_charts
-    from benchmark.report.writer import _statistics
+    from benchmark.report.writer import group_statistics
 
     groups, _ = group_records(leaderboard_records(rungs / "results"))
     bottom = next(g for g in groups if g.records[0]["profile"] == "rung-a")
@@ -228,7 +228,7 @@ def test_a_row_flagged_untrained_at_either_budget_is_left_out_of_the_comparison_
         if record["method_label"] == "ncl":  # as if ncl's weights had barely moved in any domain at 2 updates
             for stage in record["domains"]:
                 stage["update_sizes"] = {"weights": {"parameters": 10, "relative": 1e-5}}
-    sections = [(g, _statistics(g), {}) for g in groups]
+    sections = [(g, group_statistics(g), {}) for g in groups]
     (ladder,) = find_ladders(sections)
     assert ladder.rungs[0].untrained == {"ncl": "untrained: weights ≤ 1.0e-05"} and ladder.rungs[1].untrained == {}
     assert ladder.shared(0, 1) == ["none", "one"]

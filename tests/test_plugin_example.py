@@ -68,6 +68,12 @@ def test_the_plugin_gets_verdicts_against_the_committed_synthetic_rows_on_this_m
     assert rows, "l2sp is not a row of 3 seeds"
     assert board.count("\n## ") == 1 or "`l2sp`" in board.split("| `ncl` |", 1)[1]  # one group with ncl's row
     assert any(verdict in rows[0] for verdict in ("`ncl`", "`das`", "`none`")), rows[0]  # verdicts, not blanks
+    versus = [sys.executable, "-m", "benchmark.cli", "versus", "l2sp", "--output-dir", str(out)]
+    against = subprocess.run(versus, capture_output=True, text=True, env=env)
+    assert against.returncode == 0, against.stderr[-3000:]
+    rows = {line.split(" | ")[0]: line for line in against.stdout.splitlines() if line.startswith("| `")}
+    assert {"| `das`", "| `derpp`", "| `none`"} <= set(rows)  # every committed row, each with its verdict or tie
+    assert all(("q = " in rows[r]) or ("80% power" in rows[r]) for r in ("| `das`", "| `derpp`", "| `none`"))
     repository = Path(__file__).resolve().parents[1]
     check = [sys.executable, "-m", "benchmark.cli", "report", "--check", "--quiet", "--output-dir", str(repository)]
     checked = subprocess.run(check, capture_output=True, text=True, env=env)

@@ -35,7 +35,7 @@ def records(report_records):
     return report_records
 
 
-def _statistics(group):
+def group_statistics(group):
     part = leaderboard_frame(group.records, group_of=lambda r: group.key)
     return GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))
 
@@ -108,7 +108,7 @@ def test_loss_replicates_are_centred_on_the_recorded_metrics(records):
 
 def test_a_verdict_is_one_test_whose_error_holds_the_seeds_and_the_evaluation_sample(records):
     (group,), _ = group_records(records)
-    stats = _statistics(group)
+    stats = group_statistics(group)
     forgetting = next(c for c in loss_columns() if c.title == "forgetting")
     (c,) = [c for c in stats.comparisons("ncl", forgetting) if c.label == "das"]
     assert c.se_eval is not None and c.resolved() == (c.q < 0.05 and c.mean != 0)
@@ -125,7 +125,7 @@ def test_a_verdict_is_one_test_whose_error_holds_the_seeds_and_the_evaluation_sa
 
 def test_intervals_combine_seed_spread_and_evaluation_sample(records):
     (group,), _ = group_records(records)
-    stats = _statistics(group)
+    stats = group_statistics(group)
     plasticity = loss_columns()[0]
     mean, se, n = stats.interval("ncl", plasticity)
     values = stats.part[stats.part["method"] == "ncl"]["plasticity"]
@@ -142,7 +142,7 @@ def test_record_strings_are_escaped_in_markdown_and_on_the_terminal(records):
     (group,), _ = group_records([*records[:3], *hostile])
     from benchmark.report.markdown import table
 
-    stats = _statistics(group)
+    stats = group_statistics(group)
     rows = table(stats, loss_columns(), "final gain", verdicts(stats))
     assert len({row.replace("\\|", "").count("|") for row in rows}) == 1  # every row has the header's cells
     board = leaderboard_markdown([(group, stats, {})])
@@ -160,7 +160,7 @@ def test_the_best_dap_method_against_no_dap_is_one_the_tests_cover(records):
     records = _measuring(records)
     one_seed_das = records[6]
     (group,), _ = group_records([*records[:6], one_seed_das])
-    stats = _statistics(group)
+    stats = group_statistics(group)
     # the one-seed row scores best of all: it must not be named best beside verdicts it never had
     stats.part.loc[stats.part["method"] == "das", "final macro-F1"] = 1.0
     (line,) = [x for x in end_task_reading(stats) if x.startswith("- DAP vs no DAP")]
@@ -175,7 +175,7 @@ def test_the_best_dap_method_against_no_dap_is_one_the_tests_cover(records):
 
 def test_a_part_without_no_dap_still_tests_end_tasks_against_the_methods_that_train(records):
     (group,), _ = group_records(_measuring(records[3:]))  # ncl and das only, as in the five-order part
-    stats = _statistics(group)
+    stats = group_statistics(group)
     lines = end_task_reading(stats)
     assert not [x for x in lines if x.startswith("- DAP vs no DAP")]
     (line,) = [x for x in lines if x.startswith("- Final macro-F1 against `ncl`")]
@@ -431,9 +431,9 @@ def test_methods_run_over_different_orders_are_shown_in_one_part_per_order_set(r
     assert first.key == first.sample_key == both.sample_key == alone.key != both.key
     assert {(r["method"], r["seed"]) for r in both.records} == {(m, s) for m in ("ncl", "das") for s in (1, 2)}
     assert len(both.records) == 8 and "2 domain orders" in both.title and "→" in first.title
-    unchanged, split = _statistics(alone).part, leaderboard_frame(first.records, lambda r: first.key)
+    unchanged, split = group_statistics(alone).part, leaderboard_frame(first.records, lambda r: first.key)
     pd.testing.assert_frame_equal(unchanged.drop(columns="group"), split.drop(columns="group"))
-    board = leaderboard_markdown([(g, _statistics(g), {}) for g in (first, both)], left_out)
+    board = leaderboard_markdown([(g, group_statistics(g), {}) for g in (first, both)], left_out)
     board, left_text = board.split("## Left out")
     assert "1 incomplete record(s)" in left_text and f"- `{incomplete.run_id}`: ncl, seed 3" in left_text
     first_text, both_text = board.split(f"## {both.title}")
@@ -470,7 +470,7 @@ def test_a_decoder_group_names_its_next_token_loss_and_the_base_perplexity(recor
     for record in decoders:
         record["model_kind"] = "causal"
     (group,), _ = group_records(decoders)
-    board = leaderboard_markdown([(group, _statistics(group), {})])
+    board = leaderboard_markdown([(group, group_statistics(group), {})])
     assert "### Continual (held-out next-token loss, nats per token)" in board
     base = decoders[0]["lm_loss"]["base"]
     for column in decoders[0]["lm_loss"]["columns"]:
@@ -478,7 +478,7 @@ def test_a_decoder_group_names_its_next_token_loss_and_the_base_perplexity(recor
     page = run_tables(decoders[3])
     assert "## held-out next-token loss (nats per token)" in page and "## perplexity (exp of the loss)" in page
     (masked,), _ = group_records(records[:6])
-    plain = leaderboard_markdown([(masked, _statistics(masked), {})])
+    plain = leaderboard_markdown([(masked, group_statistics(masked), {})])
     assert "### Continual (held-out loss, nats)" in plain and "perplexity" not in plain
     assert "perplexity" not in run_tables(records[3])
 
@@ -491,7 +491,7 @@ def test_a_generated_world_group_says_it_is_not_real_text_and_never_answers(reco
     for record in generated:
         record["profile"] = "synthetic"
     (group,), _ = group_records(generated)
-    sections = [(group, _statistics(group), {})]
+    sections = [(group, group_statistics(group), {})]
     board = leaderboard_markdown(sections)
     assert "- **generated world, not real text**: six invented domains" in board
     assert short_answer(sections) == []  # the only group is the generated world's: no answer
@@ -501,7 +501,7 @@ def test_a_generated_world_group_says_it_is_not_real_text_and_never_answers(reco
     for record in real:
         record["profile"] = "mini"
     (group,), _ = group_records(real)
-    assert "generated world" not in leaderboard_markdown([(group, _statistics(group), {})])
+    assert "generated world" not in leaderboard_markdown([(group, group_statistics(group), {})])
 
 
 def test_a_group_names_the_reports_methods_it_has_no_record_of_and_never_what_is_installed(records):
@@ -511,7 +511,7 @@ def test_a_group_names_the_reports_methods_it_has_no_record_of_and_never_what_is
     assert not [li for li in group_header(group, {"none", "ncl", "das"}) if "none in this group" in li]
     line = next(li for li in group_header(group, {"ncl", "ewc", "one"}) if "none in this group" in li)
     assert set(re.findall(r"`([a-z_]+)`", line)) == {"ewc", "one"}
-    board = leaderboard_markdown([(group, _statistics(group), {})])
+    board = leaderboard_markdown([(group, group_statistics(group), {})])
     assert "none in this group" not in board  # an installed method with no record anywhere is no line of it
 
 
@@ -535,7 +535,7 @@ def test_the_references_are_the_two_baselines_and_the_papers_method_at_their_def
     assert "proposed" not in reference_labels(variant)
     assert "proposed" not in reference_labels([completed_record(r, installed_method) for r in variant])
     (group,), _ = group_records(records)
-    stats = _statistics(group)
+    stats = group_statistics(group)
     assert list(stats.references.values()) == ["ncl", "das", "none"]
     against_das = {c.label for c in stats.comparisons("das", loss_columns()[0])}
     assert against_das == {"ncl", "none"}
@@ -544,11 +544,11 @@ def test_the_references_are_the_two_baselines_and_the_papers_method_at_their_def
 def test_the_short_answer_states_its_budget_and_claims_only_resolved_verdicts(records):
     from benchmark.report.answer import answer_summary, short_answer
     from benchmark.report.reading import column_of
-    from benchmark.report.writer import _statistics
+    from benchmark.report.writer import group_statistics
 
     def sections(profile):
         groups, _ = group_records([{**r, "profile": profile} for r in records])
-        return [(g, _statistics(g), {}) for g in groups]
+        return [(g, group_statistics(g), {}) for g in groups]
 
     assert short_answer(sections("synthetic")) == []  # a generated world never answers
     answered = sections("mini")
@@ -590,12 +590,12 @@ def test_a_bound_that_needs_every_domain_at_once_is_never_the_short_answer(recor
     """The oracle (re-trains on all data seen so far) and joint training on the union keep general knowledge better
     than any continual method can: they are what the rows are measured against, never the method to use."""
     from benchmark.report.answer import short_answer
-    from benchmark.report.writer import _statistics
+    from benchmark.report.writer import group_statistics
 
     def answer(capabilities):
         lower = [_lower_losses(r, "lower", capabilities) for r in records if r["method_label"] == "ncl"]
         groups, _ = group_records([{**r, "profile": "mini"} for r in [*records, *lower]])
-        return "\n".join(short_answer([(g, _statistics(g), {}) for g in groups]))
+        return "\n".join(short_answer([(g, group_statistics(g), {}) for g in groups]))
 
     assert "`lower` keeps general knowledge best" in answer({})  # as a continual method, it is the answer
     assert "`lower`" not in answer({"retrains_on_seen": True})
@@ -607,12 +607,12 @@ def test_the_answers_summary_names_the_method_to_use_its_cost_and_the_end_tasks_
     with its speed against ``ncl`` on a shared machine, and the end tasks' verdict, in three sentences at most where
     the group is no ladder's bottom rung; a bound is never named there either."""
     from benchmark.report.answer import answer_summary
-    from benchmark.report.writer import _statistics
+    from benchmark.report.writer import group_statistics
 
     def summary(capabilities):
         lower = [_lower_losses(r, "lower", capabilities) for r in records if r["method_label"] == "ncl"]
         groups, _ = group_records([{**r, "profile": "mini"} for r in [*records, *lower]])
-        return answer_summary([(g, _statistics(g), {}) for g in groups])
+        return answer_summary([(g, group_statistics(g), {}) for g in groups])
 
     text = summary({})
     dap = records[0]["config"]["dap"]
@@ -642,7 +642,7 @@ def test_the_report_fills_a_readmes_marked_answer_block_and_touches_no_other_rea
 def test_the_report_fills_a_readmes_rows_blocks_with_the_answering_groups_numbers(records, tmp_path):
     from benchmark.report.answer import ROWS_COLUMNS
     from benchmark.report.reading import column_of
-    from benchmark.report.writer import ROWS_MARKERS, _statistics, write_report
+    from benchmark.report.writer import ROWS_MARKERS, group_statistics, write_report
 
     out = tmp_path / "out"
     mini = [{**r, "profile": "mini"} for r in records]  # the synthetic world never answers: read these as real data
@@ -655,7 +655,7 @@ def test_the_report_fills_a_readmes_rows_blocks_with_the_answering_groups_number
     assert "| stale |" not in filled and filled.startswith("# mine\n") and filled.endswith("\nend\n")
     assert "\nbetween\n" in filled and filled.count(start) == 2 and filled.count(end) == 2
     (group,), _ = group_records(mini)
-    stats = _statistics(group)
+    stats = group_statistics(group)
     das = next(line for line in filled.splitlines() if line.startswith("| `das` |"))
     assert das == "| `das` | 3 | " + " | ".join(stats.cell("das", column_of(t)) for t in ROWS_COLUMNS) + " |"
     assert "| `absent` (no record in this group) | 0 |" in filled
@@ -703,7 +703,7 @@ def test_a_loss_metric_is_added_by_registering_one_function_and_older_records_sh
 
         assert all("best_domain_gain" not in r["lm_loss"]["metrics"] for r in records)  # made before it existed
         (group,), _ = group_records(records)
-        board = leaderboard_markdown([(group, _statistics(group), {})])
+        board = leaderboard_markdown([(group, group_statistics(group), {})])
         header = next(line for line in board.splitlines() if line.startswith("| method | n | plasticity"))
         assert "| best domain gain ↑ | CKA to base |" in header
         ncl = [r for r in records if r["method"] == "ncl"]
@@ -720,11 +720,11 @@ def test_a_group_of_one_row_says_it_has_no_paired_difference_not_that_its_record
     from benchmark.report.reading import _evaluation_error
 
     (group,), _ = group_records([r for r in records if r["method"] == "none"])
-    assert _evaluation_error(_statistics(group)) == [
+    assert _evaluation_error(group_statistics(group)) == [
         "- The group holds one row: there is no paired difference to put an evaluation-sample error on."
     ]
     (both,), _ = group_records([r for r in records if r["method"] in ("none", "ncl")])
-    assert "Evaluation sample: the standard error" in _evaluation_error(_statistics(both))[0]
+    assert "Evaluation sample: the standard error" in _evaluation_error(group_statistics(both))[0]
 
 
 def test_the_short_answer_counts_seeds_per_row_not_over_the_group():

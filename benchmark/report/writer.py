@@ -115,7 +115,7 @@ def _write_report(out: Path, report: Path, show_progress: bool, sink: _Sink) -> 
     for group in _progress(groups, show_progress, "report: groups"):
         _write_runs(group, report, manifest, sink)
         _write_group_plots(group, report, previous, manifest, (plots_code, colours), sink)
-    sections = [(g, _statistics(g), _links(manifest["groups"][g.key]["files"])) for g in groups]
+    sections = [(g, group_statistics(g), _links(manifest["groups"][g.key]["files"])) for g in groups]
     readings, ladders = _write_ladders(sections, report, manifest, sink, colours)
     summary = answer_summary(sections, readings)  # once: the README shows it, the short answer opens with it
     answer = short_answer(sections, readings, summary)  # once: the leaderboard, the README and the site quote it
@@ -150,7 +150,8 @@ def _write_site(report: Path, files: dict[str, str], manifest: dict, sink: _Sink
     manifest["site"] = sorted(f"{SITE_FOLDER}/{relative}" for relative in [*files, PLOTLY_ASSET])
 
 
-def _statistics(group: Group) -> GroupStatistics:
+def group_statistics(group: Group) -> GroupStatistics:
+    """A group's statistics as the leaderboard computes them: its frame, evaluation sample and references."""
     part = leaderboard_frame(group.records, group_of=lambda record: group.key)
     return GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))
 

@@ -1,0 +1,69 @@
+"""One row against every other row of its group (``dapbench versus LABEL``, issue #89): the calibrated comparison the
+leaderboard draws against its three references, with the named row as the reference, so a method author reads their
+method's verdicts against ``das``, ``derpp``, ``none`` and every committed row of the group without re-running any.
+
+Per group holding the row and per loss metric the leaderboard tests (forgetting, general rise, plasticity): the row
+minus each other row, paired by seed and order, a t-test whose standard error adds the held-out sample's bootstrap
+error to the seeds' spread, Benjamini-Hochberg over the rows of that metric (the leaderboard's own family size for
+one reference). A difference not resolved states what its seeds could have resolved with 80% power."""
+
+from __future__ import annotations
+
+import difflib
+
+from benchmark.errors import DapbenchError
+from benchmark.report.escape import code
+from benchmark.report.frame import VERDICT_METRICS
+from benchmark.report.groups import Group
+from benchmark.report.reading import column_of, paired_by
+from benchmark.report.statistics import ALPHA, Comparison, GroupStatistics
+
+
+def versus_markdown(sections: list[tuple[Group, GroupStatistics]], label: str) -> list[str]:
+    """Markdown lines: ``label`` against every other row, one table per group that holds it; a named error where no
+    group does."""
+    holding = [(g, s) for g, s in sections if any(r["method_label"] == label for r in g.records)]
+    if not holding:
+        labels = sorted({r["method_label"] for g, _ in sections for r in g.records})
+        close = difflib.get_close_matches(label, labels, n=3)
+        hint = f" did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise DapbenchError(
+            f"no record of the row {label!r} in these results.{hint}",
+            "name a row as the leaderboard writes it (e.g. ncl, das[fidelity=reference]); `dapbench report` lists them",
+        )
+    lines = []
+    for group, stats in holding:
+        lines += _group_table(group, stats, label)
+    return lines
+
+
+def _group_table(group: Group, stats: GroupStatistics, label: str) -> list[str]:
+    first = group.records[0]
+    seeds = len({r["seed"] for r in group.records if r["method_label"] == label})
+    found = {title: {c.label: c for c in stats.comparisons(label, column_of(title))} for title, _ in VERDICT_METRICS}
+    others = sorted({row for by_row in found.values() for row in by_row})
+    lines = [
+        f"## {code(label)} against every row of group `{group.key}` ({first['profile']}, {seeds} seed(s) of it)",
+        "",
+        f"{code(label)} minus the row, nats (forgetting and general rise: lower is better; plasticity: higher);"
+        f" paired by {paired_by(stats)}; q < {ALPHA} after Benjamini-Hochberg over the {len(others)} rows per metric.",
+        "",
+        "| row | pairs | " + " | ".join(title for title, _ in VERDICT_METRICS) + " |",
+        "|---|---|" + "---|" * len(VERDICT_METRICS),
+    ]
+    for row in others:
+        cells = [found[title].get(row) for title, _ in VERDICT_METRICS]
+        pairs = max((c.n for c in cells if c is not None), default=0)
+        lines.append(f"| {code(row)} | {pairs} | " + " | ".join(_cell(c) for c in cells) + " |")
+    if not others:
+        lines.append("| (no other row shares two seeds with it) | | " + " | " * (len(VERDICT_METRICS) - 1) + " |")
+    return [*lines, ""]
+
+
+def _cell(comparison: Comparison | None) -> str:
+    """The named row minus the other one (a comparison holds the other row minus the reference: the sign turns)."""
+    if comparison is None:
+        return "–"
+    if comparison.resolved():
+        return f"**{-comparison.mean:+.3f}** (q = {comparison.q:.3f})"
+    return f"{-comparison.mean:+.3f}, not resolved (80% power at ±{comparison.resolvable():.3f})"
