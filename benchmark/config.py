@@ -14,15 +14,24 @@ from benchmark.errors import DapbenchError
 from benchmark.schedules import SCHEDULES
 from benchmark.settings import check_settings, setting
 
-#: The paper's fine-tuning epochs per end task (reference ``utils/model.py:345-352``).
-PAPER_FINETUNE_EPOCHS = {
-    "restaurant_sup": 5,
-    "aclarc_sup": 10,
-    "scierc_sup": 5,
-    "phone_sup": 15,
-    "chemprot_sup": 10,
-    "camera_sup": 15,
-}
+
+def _paper_finetune_epochs() -> dict[str, float]:
+    """The paper's fine-tuning epochs per end task (reference ``utils/model.py:345-352``) as the built-in task files
+    declare them (``paper_epochs``: each task's facts in its own file), in the built-in suite's domain order."""
+    import yaml
+
+    tasks = Path(__file__).resolve().parents[1] / "tasks"
+    suite = yaml.safe_load((tasks / "suite.yaml").read_text(encoding="utf-8"))
+    folder = tasks / str(suite.get("end_tasks", "endtasks"))
+    out = {}
+    for domain in suite["domains"].values():
+        name = domain["end_task"]
+        out[name] = yaml.safe_load((folder / f"{name}.yaml").read_text(encoding="utf-8"))["paper_epochs"]
+    return out
+
+
+PAPER_FINETUNE_EPOCHS = _paper_finetune_epochs()
+"""The paper's fine-tuning epochs per built-in end task: ``finetune.epochs``'s default."""
 
 
 DEFAULT_OUTPUT = "dapbench-out"

@@ -287,3 +287,21 @@ def test_a_table_is_read_in_slices_with_the_rows_a_row_by_row_read_gives():
     for got, want in zip(rows, (table[i] for i in range(2, 7)), strict=True):
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
     assert table_rows([{"a": 1}, {"a": 2}, {"a": 3}], 1, 3) == [{"a": 2}, {"a": 3}]
+
+
+def test_each_built_in_task_file_declares_the_epochs_the_fine_tune_defaults_to():
+    """Issue #87: a task's facts live in its file; ``finetune.epochs``'s default is read from them, unchanged."""
+    from benchmark.config import FinetuneConfig
+    from benchmark.data.suite import load_suite
+
+    suite = load_suite(None)
+    assert FinetuneConfig().epochs == {name: spec.paper_epochs for name, spec in suite.end_tasks.items()}
+    assert FinetuneConfig().epochs == {
+        "restaurant_sup": 5,
+        "aclarc_sup": 10,
+        "scierc_sup": 5,
+        "phone_sup": 15,
+        "chemprot_sup": 10,
+        "camera_sup": 15,
+    }  # the paper's (reference utils/model.py:345-352), in the suite's order: committed run ids keep their hashes
+    assert list(FinetuneConfig().epochs) == [suite.domains[d].end_task for d in suite.domains]

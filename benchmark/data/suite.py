@@ -34,6 +34,8 @@ class EndTaskSpec:
     """If set, the first k train examples of every label move to test (reference ``dataloader/data.py``)."""
     expected_sizes: dict[str, int] | None = None
     description: str = ""
+    paper_epochs: float | None = None
+    """The paper's fine-tuning epochs for it (the built-in tasks'; ``finetune.epochs``'s default reads them)."""
 
 
 @dataclass(frozen=True)
