@@ -761,7 +761,7 @@ def versus(results_dir: str | Path, label: str) -> list[str]:
     from benchmark.report.writer import group_statistics
 
     groups, _ = group_records(leaderboard_records(results_dir))
-    return versus_markdown([(group, group_statistics(group)) for group in groups], label)
+    return versus_markdown(groups, label, group_statistics)
 
 
 def leaderboard_table(results_dir: str | Path):

@@ -15,7 +15,7 @@ from benchmark.report.writer import group_statistics
 def test_a_row_reads_against_every_other_row_with_the_signs_turned(report_records):
     (group,), _ = group_records(report_records)
     stats = group_statistics(group)
-    lines = versus_markdown([(group, stats)], "ncl")
+    lines = versus_markdown([group], "ncl", lambda _: stats)
     table = [line for line in lines if line.startswith("| `")]
     assert [line.split(" | ")[0] for line in table] == ["| `das`", "| `none`"]
     for title, position in (("forgetting", 2), ("general rise", 3), ("plasticity", 4)):
@@ -37,4 +37,4 @@ def test_the_command_prints_the_tables_and_names_an_unknown_row(report_records, 
     assert "no record of the row 'dsa'" in capsys.readouterr().err
     (group,), _ = group_records(report_records)
     with pytest.raises(DapbenchError, match="did you mean 'das'"):
-        versus_markdown([(group, group_statistics(group))], "dsa")
+        versus_markdown([group], "dsa", group_statistics)

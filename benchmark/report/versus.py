@@ -10,6 +10,7 @@ one reference). A difference not resolved states what its seeds could have resol
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 
 from benchmark.errors import DapbenchError
 from benchmark.report.escape import code
@@ -19,12 +20,12 @@ from benchmark.report.reading import column_of, paired_by
 from benchmark.report.statistics import ALPHA, Comparison, GroupStatistics
 
 
-def versus_markdown(sections: list[tuple[Group, GroupStatistics]], label: str) -> list[str]:
-    """Markdown lines: ``label`` against every other row, one table per group that holds it; a named error where no
-    group does."""
-    holding = [(g, s) for g, s in sections if any(r["method_label"] == label for r in g.records)]
+def versus_markdown(groups: list[Group], label: str, statistics: Callable[[Group], GroupStatistics]) -> list[str]:
+    """Markdown lines: ``label`` against every other row, one table per group that holds it (``statistics`` computed
+    for those groups only: it bootstraps every record of a group); a named error where no group does."""
+    holding = [g for g in groups if any(r["method_label"] == label for r in g.records)]
     if not holding:
-        labels = sorted({r["method_label"] for g, _ in sections for r in g.records})
+        labels = sorted({r["method_label"] for g in groups for r in g.records})
         close = difflib.get_close_matches(label, labels, n=3)
         hint = f" did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise DapbenchError(
@@ -32,8 +33,8 @@ def versus_markdown(sections: list[tuple[Group, GroupStatistics]], label: str) -
             "name a row as the leaderboard writes it (e.g. ncl, das[fidelity=reference]); `dapbench report` lists them",
         )
     lines = []
-    for group, stats in holding:
-        lines += _group_table(group, stats, label)
+    for group in holding:
+        lines += _group_table(group, statistics(group), label)
     return lines
 
 
