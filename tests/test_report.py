@@ -26,18 +26,13 @@ from benchmark.report.markdown import leaderboard_markdown
 from benchmark.report.reading import column_of, option_parents, sibling_reading, variant_reading, verdicts
 from benchmark.report.statistics import EvaluationSample, GroupStatistics, adjust_for_multiplicity, weighted_scores
 from benchmark.report.summary import terminal_summary
-from benchmark.report.writer import write_report
+from benchmark.report.writer import group_statistics, write_report
 
 
 @pytest.fixture(scope="module")
 def records(report_records):
     """none, ncl and das over two domains, seeds 1-3 (conftest's ``report_records``)."""
     return report_records
-
-
-def group_statistics(group):
-    part = leaderboard_frame(group.records, group_of=lambda r: group.key)
-    return GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))
 
 
 def test_records_of_other_settings_inputs_or_numerics_never_share_a_group(records):
@@ -544,7 +539,6 @@ def test_the_references_are_the_two_baselines_and_the_papers_method_at_their_def
 def test_the_short_answer_states_its_budget_and_claims_only_resolved_verdicts(records):
     from benchmark.report.answer import answer_summary, short_answer
     from benchmark.report.reading import column_of
-    from benchmark.report.writer import group_statistics
 
     def sections(profile):
         groups, _ = group_records([{**r, "profile": profile} for r in records])
@@ -590,7 +584,6 @@ def test_a_bound_that_needs_every_domain_at_once_is_never_the_short_answer(recor
     """The oracle (re-trains on all data seen so far) and joint training on the union keep general knowledge better
     than any continual method can: they are what the rows are measured against, never the method to use."""
     from benchmark.report.answer import short_answer
-    from benchmark.report.writer import group_statistics
 
     def answer(capabilities):
         lower = [_lower_losses(r, "lower", capabilities) for r in records if r["method_label"] == "ncl"]
@@ -607,7 +600,6 @@ def test_the_answers_summary_names_the_method_to_use_its_cost_and_the_end_tasks_
     with its speed against ``ncl`` on a shared machine, and the end tasks' verdict, in three sentences at most where
     the group is no ladder's bottom rung; a bound is never named there either."""
     from benchmark.report.answer import answer_summary
-    from benchmark.report.writer import group_statistics
 
     def summary(capabilities):
         lower = [_lower_losses(r, "lower", capabilities) for r in records if r["method_label"] == "ncl"]
@@ -642,7 +634,7 @@ def test_the_report_fills_a_readmes_marked_answer_block_and_touches_no_other_rea
 def test_the_report_fills_a_readmes_rows_blocks_with_the_answering_groups_numbers(records, tmp_path):
     from benchmark.report.answer import ROWS_COLUMNS
     from benchmark.report.reading import column_of
-    from benchmark.report.writer import ROWS_MARKERS, group_statistics, write_report
+    from benchmark.report.writer import ROWS_MARKERS
 
     out = tmp_path / "out"
     mini = [{**r, "profile": "mini"} for r in records]  # the synthetic world never answers: read these as real data
