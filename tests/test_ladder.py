@@ -80,7 +80,8 @@ def _the_site_draws_the_ladder_on_each_rungs_page(out):
 def test_the_ladder_reading_gives_taus_within_their_intervals_and_verdicts_between_consecutive_rungs(rungs):
     from benchmark.records.store import leaderboard_records
     from benchmark.report.groups import group_records
-    from benchmark.report.ladder import find_ladders, ladder_markdown, read_ladder
+    from benchmark.report.ladder import find_ladders, read_ladder
+    from benchmark.report.markdown import ladder_markdown
     from benchmark.report.writer import group_statistics
 
     groups, _ = group_records(leaderboard_records(rungs / "results"))
@@ -216,9 +217,9 @@ def test_a_row_flagged_untrained_at_either_budget_is_left_out_of_the_comparison_
         budget_series,
         find_ladders,
         ladder_columns,
-        ladder_markdown,
         read_ladder,
     )
+    from benchmark.report.markdown import ladder_markdown
     from benchmark.report.site import _ladder_charts
     from benchmark.report.writer import group_statistics
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from benchmark.report.ladder import Ladder, LadderReading, Rung
-from benchmark.report.law import law_at, law_markdown, predict_top
+from benchmark.report.law import law_at, predict_top
+from benchmark.report.markdown import law_markdown
 
 
 def test_the_law_is_linear_in_the_log_of_the_updates():

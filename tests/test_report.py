@@ -721,9 +721,13 @@ def test_a_group_of_one_row_says_it_has_no_paired_difference_not_that_its_record
 
 def test_the_short_answer_counts_seeds_per_row_not_over_the_group():
     """Five seeds of ``none`` beside three of every other row are not "5 seeds" (the comparisons pair by seed)."""
-    from benchmark.report.answer import _seeds
+    from benchmark.report.answer import _seed_counts
+    from benchmark.report.words import say
+
+    def seeds(records):
+        return say("common.md.j2", "seeds", _seed_counts(records))
 
     rows = [{"method_label": label, "seed": seed} for label in ("ncl", "derpp") for seed in (1, 2, 3)]
-    assert _seeds(rows) == "3 seeds"
-    assert _seeds(rows + [{"method_label": "none", "seed": s} for s in (1, 2, 3, 4, 5)]) == "3-5 seeds per row"
-    assert _seeds(rows[:1]) == "1 seed"
+    assert seeds(rows) == "3 seeds"
+    assert seeds(rows + [{"method_label": "none", "seed": s} for s in (1, 2, 3, 4, 5)]) == "3-5 seeds per row"
+    assert seeds(rows[:1]) == "1 seed"

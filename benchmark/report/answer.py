@@ -8,28 +8,37 @@ no DAP (``none``'s role), as in the group's own reading. Only continual methods 
 rows flagged as untrained are left out, and so are the bounds a continual method is measured against, which need
 every domain's data at once (joint training on the union, ``pool``; the oracle that re-trains on all data seen so far,
 ``oracle``).
+
+This module finds what the answer says, as typed findings (:class:`Budget`, :class:`Winners`, :class:`EndTaskFinding`,
+:class:`RungFinding`, :class:`BesideFinding`); its words are the macros of ``templates/answer.md.j2``
+(:func:`benchmark.report.words.say`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 from benchmark.families import MASKED_LM
 from benchmark.protocols import protocol_short, protocol_words
 from benchmark.report.beside import (
     MIN_SEEDS,
     NO_DAP,
+    BesideRow,
     beating_no_dap,
     beside_protocols,
     beside_rows,
     unmeasured_note,
 )
 from benchmark.report.end_task_reading import measuring_comparisons
-from benchmark.report.escape import code, text
 from benchmark.report.frame import GENERATED_WORLD, column_header, tokens_per_domain, untrained_flag
 from benchmark.report.reading import column_of
-from benchmark.report.speed import same_machine_speed
-from benchmark.report.statistics import GroupStatistics
+from benchmark.report.speed import SpeedRatio, same_machine_speed
+from benchmark.report.statistics import Comparison, GroupStatistics
+from benchmark.report.words import say
+
+TEMPLATE = "answer.md.j2"
+"""The template that holds the answer's words."""
 
 NOT_AN_ANSWER = (GENERATED_WORLD, "ci")
 """Profiles whose groups never answer: a generated world, and the CI key numbers."""
@@ -44,6 +53,93 @@ def answering_group(sections: list[tuple]) -> tuple | None:
     return max(candidates, key=lambda gs: (len(set(gs[1].part["method"])), len(gs[1].records)))
 
 
+@dataclass(frozen=True)
+class Budget:
+    """A group's budget: DAP updates of ``batch_size`` x ``seq_len`` tokens per domain, its profile, and the distinct
+    seed counts of its rows (sorted: one count where every row has as many seeds)."""
+
+    steps: int
+    batch_size: int
+    seq_len: int
+    tokens: int
+    profile: str
+    seed_counts: tuple[int, ...]
+
+
+def budget_of(records: list[dict]) -> Budget:
+    """The :class:`Budget` a group's ``records`` share."""
+    first = records[0]
+    dap = first["config"]["dap"]
+    tokens = tokens_per_domain(first)
+    return Budget(dap["steps"], dap["batch_size"], dap["seq_len"], tokens, first["profile"], _seed_counts(records))
+
+
+@dataclass(frozen=True)
+class Winners:
+    """The summary's first finding: the trained rows that forget least and keep general knowledge best among those
+    that learn each domain as well as ``naive`` (None where no row is resolved), their DAP speed against ``naive``'s
+    on one machine, and, where a rung below was read, which of the claims it does not resolve too."""
+
+    budget: Budget
+    naive: str
+    forgets: Comparison | None
+    keeps: Comparison | None
+    ratios: dict[str, float] = field(default_factory=dict)
+    below_steps: int | None = None
+    failed: tuple[tuple[str, str], ...] = ()
+    """``(label, metric)`` of each claim the rung below does not resolve."""
+
+
+@dataclass(frozen=True)
+class BesideFinding:
+    """What a protocol scored beside the group's own says against no DAP: rows above it, rows below it, and (where
+    none beats it) the closest row or why none is measured. For the summary (``steps``, ``scored``, names) and the
+    detailed line (the rows themselves, their seeds and the gap between the two protocols)."""
+
+    scored: str
+    steps: int
+    no_dap: str
+    beats: list[str]
+    below_rows: list[BesideRow]
+    unmeasured: str
+    seed_counts: tuple[int, ...] = ()
+    own: str = ""
+    closest: BesideRow | None = None
+    highest: BesideRow | None = None
+    lowest: BesideRow | None = None
+    min_seeds: int = MIN_SEEDS
+
+    @property
+    def below(self) -> list[str]:
+        """The labels of the rows resolved below no DAP."""
+        return [row.label for row in self.below_rows]
+
+
+@dataclass(frozen=True)
+class EndTaskFinding:
+    """The summary's end-task finding: rows above no DAP under the group's own ``protocol`` (its words), then what
+    each protocol scored beside it at the top rung says."""
+
+    no_dap: str
+    protocol: str
+    above: list[str]
+    besides: list[BesideFinding]
+
+
+@dataclass(frozen=True)
+class RungFinding:
+    """A compared rung of the ladder against its bottom rung: its budget, the rows both measure, those left out as
+    untrained at either budget, and Kendall's tau of the shared rows on each of :data:`LADDER_METRICS`."""
+
+    steps: int
+    tokens: int
+    key: str
+    seed_counts: tuple[int, ...]
+    shared: list[str]
+    left: list[str]
+    taus: list
+
+
 def short_answer(sections: list[tuple], readings: list = (), summary: str | None = None) -> list[str]:
     """The answer's lines (empty where no group can give one), from the ``(group, statistics, plots)`` sections and
     the report's budget-ladder ``readings`` (:func:`benchmark.report.ladder.read_ladder`: whether it holds beyond its
@@ -55,23 +151,15 @@ def short_answer(sections: list[tuple], readings: list = (), summary: str | None
     naive, none = stats.references.get("naive_continual"), stats.references.get("no_dap")
     if naive is None:
         return []
-    first = group.records[0]
-    dap = first["config"]["dap"]
-    tokens = tokens_per_domain(first)
-    lead = (
-        f"At {dap['steps']} DAP updates of {dap['batch_size']} x {dap['seq_len']} tokens per domain ({tokens:,} tokens;"
-        f" group {code(group.key)}, {first['profile']} profile, {_seeds(group.records)}), against naive continual DAP"
-        f" ({code(naive)}), resolved with seeds and held-out sample in one test:"
-    )
+    lead = say(TEMPLATE, "lead", budget_of(group.records), group.key, naive)
     named: list[str] = []
-    claims = _best(stats, naive, "forgetting", "forgets least", "less", named)
-    claims += _best(stats, naive, "general rise", "keeps general knowledge best", "less general-loss rise", named)
+    claims = _best(stats, naive, "forgetting", named) + _best(stats, naive, "general rise", named)
     rest = _end_tasks(stats, none) + _beyond_budget(readings, group.key, named)
     summary = answer_summary(sections, readings) if summary is None else summary
     # the claims against ncl nest under the line that states their budget and reference; four spaces, so that
     # Python-Markdown (the site) nests them as GitHub does
     items = [f"- {lead}", *[f"    - {line}" for line in claims], *[f"- {line}" for line in rest]]
-    return ["## The short answer", "", summary, "", "In detail:", "", *items, ""]
+    return [say(TEMPLATE, "heading"), "", summary, "", say(TEMPLATE, "in_detail"), "", *items, ""]
 
 
 def answer_summary(sections: list[tuple], readings: list = ()) -> str:
@@ -102,134 +190,84 @@ def answer_summary(sections: list[tuple], readings: list = ()) -> str:
     return " ".join(sentence for sentence in sentences if sentence)
 
 
-def _budget(records: list[dict]) -> str:
-    dap, first = records[0]["config"]["dap"], records[0]
-    return (
-        f"{dap['steps']} updates of {dap['batch_size']} x {dap['seq_len']} tokens per domain ({first['profile']}"
-        f" profile, {_seeds(records)})"
-    )
+def winners(stats: GroupStatistics, naive: str, below=None) -> Winners:
+    """Which trained row forgets least and which keeps general knowledge best among those that learn each domain as
+    well as ``naive`` (resolved, as in :func:`_best`), with their speed; where the rung ``below`` is given, the claims
+    it does not resolve too."""
+    forgets, _, _ = _leaders(stats, naive, "forgetting")
+    keeps, _, _ = _leaders(stats, naive, "general rise")
+    labels = list(dict.fromkeys(c.label for c in (forgets, keeps) if c is not None))
+    speeds = {label: same_machine_speed(stats.records, label, naive) for label in labels}
+    ratios = {label: speed.ratio for label, speed in speeds.items() if speed is not None}
+    failed = _failed_below(below, naive, forgets, keeps) if below is not None else ()
+    steps = below.steps if below is not None else None
+    return Winners(budget_of(stats.records), naive, forgets, keeps, ratios, steps, failed)
 
 
 def _winners_sentence(stats: GroupStatistics, naive: str, named: list[str], below=None) -> str:
-    """Which trained row forgets least and which keeps general knowledge best among those that learn each domain as
-    well as ``naive`` (resolved, as in :func:`_best`), with its speed; their labels are added to ``named``. Where the
-    rung ``below`` is given, a claim it does not resolve too is said to hold at this budget only."""
-    budget = _budget(stats.records)
-    forgets, _, _ = _leaders(stats, naive, "forgetting")
-    keeps, _, _ = _leaders(stats, naive, "general rise")
-    among = f"of the methods that learn each domain as well as naive continual DAP ({code(naive)})"
-    if forgets is None and keeps is None:
-        return f"At {budget}, no method {among} is resolved to forget less or to keep general knowledge better."
-    if forgets is not None and keeps is not None and forgets.label == keeps.label:
-        claims = (
-            f"{code(forgets.label)} forgets least and keeps general knowledge best ({abs(forgets.mean):.2f} nats less"
-            f" forgetting and {abs(keeps.mean):.2f} less general-loss rise than {code(naive)})"
-        )
-    else:
-        parts = []
-        if forgets is not None:
-            parts.append(f"{code(forgets.label)} forgets least ({abs(forgets.mean):.2f} nats less than {code(naive)})")
-        if keeps is not None:
-            parts.append(
-                f"{code(keeps.label)} keeps general knowledge best ({abs(keeps.mean):.2f} nats less general-loss rise)"
-            )
-        claims = " and ".join(parts)
-    winners = list(dict.fromkeys(c.label for c in (forgets, keeps) if c is not None))
-    named += winners
-    speeds = {label: same_machine_speed(stats.records, label, naive) for label in winners}
-    ratios = {label: speed.ratio for label, speed in speeds.items() if speed is not None}
-    if len(ratios) == 1:
-        cost = f", training at {next(iter(ratios.values())):.2f}x {code(naive)}'s DAP tokens per second"
-    elif ratios:
-        pace = ", ".join(f"{code(label)} at {ratio:.2f}x" for label, ratio in ratios.items())
-        cost = f" ({pace} {code(naive)}'s DAP tokens per second)"
-    else:
-        cost = ""
-    return f"At {budget}, {among}, {claims}{cost}{_held_below(below, naive, forgets, keeps)}."
+    """The :func:`winners` sentence; the winners' labels are added to ``named``."""
+    found = winners(stats, naive, below)
+    named += list(dict.fromkeys(c.label for c in (found.forgets, found.keeps) if c is not None))
+    return say(TEMPLATE, "winners", found)
 
 
-def _held_below(below, naive: str, forgets, keeps) -> str:
-    """Whether the rung ``below`` resolves the same claims against ``naive`` (the ordering holds at the two highest
-    rungs), or which it does not."""
-    if below is None:
-        return ""
+def _failed_below(below, naive: str, forgets, keeps) -> tuple[tuple[str, str], ...]:
+    """The claims the rung ``below`` does not resolve against ``naive`` too: ``(label, metric)`` each."""
     failed = []
     for claim, title in ((forgets, "forgetting"), (keeps, "general rise")):
         if claim is None:
             continue
         there = {c.label: c for c in below.stats.comparisons(naive, column_of(title))}.get(claim.label)
         if there is None or not (there.resolved() and there.mean < 0):
-            failed.append(f"{code(claim.label)} on {title}")
-    if not failed:
-        return f"; the same holds at {below.steps} updates"
-    return f"; at {below.steps} updates this is not resolved for {', '.join(failed)}, so it holds at this budget only"
+            failed.append((claim.label, title))
+    return tuple(failed)
 
 
 def _screen_sentence(reading, j: int, group) -> str:
     """The answering group's own budget named as the quick screen, with its measured agreement with rung ``j``."""
-    steps = group.records[0]["config"]["dap"]["steps"]
-    stated = [f"{t.column} {t.tau:+.2f}{t.zero_note()}" for t in _taus_at(reading, j)]
-    if not stated:
+    taus = _taus_at(reading, j)
+    if not taus:
         return ""
+    first = group.records[0]
     rows = len(reading.ladder.shared(0, j))
-    return (
-        f"The {steps}-update {group.records[0]['profile']} rung is the quick screen for a new method: Kendall's tau"
-        f" between its ranking and this one's over the {rows} rows both measure (1 = the same order, 0 = unrelated)"
-        f" is {_names(stated, quote=False)}."
-    )
+    return say(TEMPLATE, "screen", first["config"]["dap"]["steps"], first["profile"], rows, taus)
+
+
+def end_task_finding(stats: GroupStatistics, none: str, top) -> EndTaskFinding:
+    """Whether any row beats no DAP on the end tasks under the group's protocol, and under each protocol the ``top``
+    rung scores beside its own (its fine-tuning), with the rows resolved below no DAP there."""
+    comparisons, _ = measuring_comparisons(stats, none)
+    above = [c.label for c in comparisons if c.resolved() and c.mean > 0]
+    besides = []
+    for beside in [] if top is None else beside_protocols(top.stats.records):
+        rows = beside_rows(top.stats.records, beside)
+        besides.append(
+            BesideFinding(
+                protocol_short({"protocol": beside}),
+                top.steps,
+                NO_DAP,
+                beating_no_dap(rows),
+                [row for row in rows if row.below()],
+                unmeasured_note(rows),
+            )
+        )
+    return EndTaskFinding(none, protocol_words(stats.records[0]["config"]["finetune"]), above, besides)
 
 
 def _end_task_sentence(stats: GroupStatistics, none: str | None, top) -> str:
-    """Whether any row beats no DAP on the end tasks under the answering group's protocol, and under a protocol the
-    ``top`` rung scores beside its own (its fine-tuning), with the rows resolved below no DAP there."""
+    """The :func:`end_task_finding` sentence (nothing without a no-DAP row)."""
     if none is None:
         return ""
-    comparisons, _ = measuring_comparisons(stats, none)
-    above = [c.label for c in comparisons if c.resolved() and c.mean > 0]
-    protocol = protocol_words(stats.records[0]["config"]["finetune"])
-    clauses = [
-        f"{_names(above)} {_verb(above, 'scores', 'score')} above no DAP ({code(none)}) ({protocol}) at that budget"
-        if above
-        else f"no method's score ({protocol}) is separated from no DAP ({code(none)}) at that budget"
-    ]
-    for beside in [] if top is None else beside_protocols(top.stats.records):
-        rows = beside_rows(top.stats.records, beside)
-        beats = beating_no_dap(rows)
-        below = [row.label for row in rows if row.below()]
-        scored = protocol_short({"protocol": beside})
-        where = f"{scored} at {top.steps} updates per domain"
-        said = (
-            f"{where}, {_names(beats)} {_verb(beats, 'beats', 'beat')} it beyond seed noise"
-            if beats
-            else f"{where}, no method beats it beyond seed noise"
-        )
-        if not beats and (unmeasured := unmeasured_note(rows)):
-            said = f"{where}, {unmeasured}"
-        clauses.append(said + (f" and {_names(below)} {_verb(below, 'scores', 'score')} below it" if below else ""))
-    return "On the end tasks, " + "; ".join(clauses) + "."
+    return say(TEMPLATE, "end_task_sentence", end_task_finding(stats, none, top))
 
 
-def _verb(items: list, one: str, many: str) -> str:
-    """The verb that agrees with a list of ``items`` as its subject."""
-    return one if len(items) == 1 else many
-
-
-def _names(items: list[str], quote: bool = True) -> str:
-    """``a``, ``a and b``, ``a, b and c`` (each in code spans where ``quote``)."""
-    shown = [code(item) if quote else item for item in items]
-    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
-
-
-def _seeds(records: list[dict]) -> str:
-    """How many seeds the group's rows have: ``3 seeds``, or ``3-5 seeds per row`` where rows differ (the comparisons
-    pair each row with the reference by seed, so a row's extra seeds do not enter them)."""
+def _seed_counts(records: list[dict]) -> tuple[int, ...]:
+    """The distinct seed counts of the group's rows, sorted (the comparisons pair each row with the reference by seed,
+    so a row's extra seeds do not enter them)."""
     per_row: dict[str, set] = {}
     for record in records:
         per_row.setdefault(record["method_label"], set()).add(record["seed"])
-    counts = sorted({len(seeds) for seeds in per_row.values()})
-    if len(counts) > 1:
-        return f"{counts[0]}-{counts[-1]} seeds per row"
-    return f"{counts[0]} seed{'' if counts[0] == 1 else 's'}"
+    return tuple(sorted({len(seeds) for seeds in per_row.values()}))
 
 
 def _answers(group) -> bool:
@@ -273,27 +311,20 @@ def _leaders(stats: GroupStatistics, naive: str, title: str) -> tuple:
     return best, overall, plasticity
 
 
-def _best(stats: GroupStatistics, naive: str, title: str, says: str, unit: str, named: list[str]) -> list[str]:
-    """The row that lowers ``title`` most against ``naive`` of those that learn each domain as well, with its
-    plasticity and speed, and the one that lowers it most at any plasticity, where another (:func:`_leaders`). Each
-    row it names is added to ``named``."""
+def _best(stats: GroupStatistics, naive: str, title: str, named: list[str]) -> list[str]:
+    """The row that lowers ``title`` (forgetting or general rise) most against ``naive`` of those that learn each
+    domain as well, with its plasticity and speed, and the one that lowers it most at any plasticity, where another
+    (:func:`_leaders`). Each row it names is added to ``named``."""
     best, overall, plasticity = _leaders(stats, naive, title)
-    lines = []
-    if best is not None:
-        named.append(best.label)
-        cost = _learning(plasticity.get(best.label), naive) + _speed(stats, best.label, naive)
-        lines.append(
-            f"{code(best.label)} {says} of the rows that learn each domain as well as {code(naive)}:"
-            f" {abs(best.mean):.3f} nats {unit} than {code(naive)}{cost}"
-        )
+    if best is None:
+        lines = [say(TEMPLATE, "no_best_line", title, naive)]
     else:
-        lines.append(f"no row that learns as well as {code(naive)} is resolved better on {title}")
+        named.append(best.label)
+        speed = same_machine_speed(stats.records, best.label, naive)
+        lines = [say(TEMPLATE, "best_line", title, naive, best, plasticity.get(best.label), speed)]
     if overall is not None and overall is not best:
         named.append(overall.label)
-        lines.append(
-            f"at any plasticity, {code(overall.label)}: {abs(overall.mean):.3f} nats {unit}"
-            f"{_learning(plasticity.get(overall.label), naive)}"
-        )
+        lines.append(say(TEMPLATE, "overall_line", title, naive, overall, plasticity.get(overall.label)))
     return lines
 
 
@@ -317,14 +348,23 @@ def _beyond_budget(readings: list, key: str, named: list[str]) -> list[str]:
     top = ladder.rungs[compared[-1]]
     steps = [v for v in reading.verdicts if v.rungs[1] <= compared[-1]]
     counts = {kind: sum(v.change == kind for v in steps) for kind in ("kept", "flipped", "appeared")}
-    missing = _lacking(top, named)
-    lacking = f"; not measured at {top.steps} updates yet: {', '.join(code(m) for m in missing)}" if missing else ""
-    lines = [("beyond this budget, " if n == 0 else "") + _rung_clause(reading, j) for n, j in enumerate(compared)]
-    lines.append(
-        f"pairwise verdicts resolved at consecutive budgets (every metric, up to {top.steps} updates):"
-        f" {', '.join(f'{n} {kind}' for kind, n in counts.items())}{lacking}"
-    )
+    lines = [say(TEMPLATE, "rung_clause", n == 0, rung_finding(reading, j)) for n, j in enumerate(compared)]
+    lines.append(say(TEMPLATE, "verdict_counts", top.steps, counts, _lacking(top, named)))
     return lines + [line for j in compared for line in _beside_lines(ladder.rungs[j])]
+
+
+def rung_finding(reading, j: int) -> RungFinding:
+    """What the ladder says of rung ``j`` against its bottom rung (:class:`RungFinding`)."""
+    ladder, rung = reading.ladder, reading.ladder.rungs[j]
+    return RungFinding(
+        rung.steps,
+        rung.tokens_per_domain,
+        rung.key,
+        _seed_counts(rung.stats.records),
+        list(ladder.shared(0, j)),
+        list(ladder.left_out(0, j)),
+        _taus_at(reading, j),
+    )
 
 
 def _taus_at(reading, j: int) -> list:
@@ -352,63 +392,32 @@ def _beside_lines(rung) -> list[str]:
     return [_beside_line(rung, beside) for beside in beside_protocols(rung.stats.records)]
 
 
-def _beside_line(rung, beside: str) -> str:
+def beside_finding(rung, beside: str) -> BesideFinding:
     """Whether any row's end-task score under the protocol ``beside`` beats no DAP beyond seed noise, the rows
-    resolved below it, and the range of the gap between that score and the group's own protocol's."""
+    resolved below it, the closest row where none does, and the rows with the highest and lowest mean gap between
+    that score and the group's own protocol's."""
     rows = beside_rows(rung.stats.records, beside)
-    scored, own = protocol_short({"protocol": beside}), rung.stats.records[0]["config"]["finetune"]["protocol"]
-    beats, compared = beating_no_dap(rows), [row for row in rows if row.versus is not None]
-    if beats:
-        verdict = f"above no DAP ({code(NO_DAP)}) beyond seed noise: {', '.join(code(b) for b in beats)}"
-    else:
-        best = max(compared, key=lambda row: row.versus[0], default=None)
-        closest = f" (closest: {code(best.label)} {_interval(best)})" if best is not None else ""
-        verdict = f"no method beats no DAP ({code(NO_DAP)}) beyond seed noise{closest}"
-        if best is None and (unmeasured := unmeasured_note(rows)):
-            verdict = unmeasured
-    below = [row for row in rows if row.below()]
-    worse = f"; below it: {', '.join(f'{code(row.label)} {_interval(row)}' for row in below)}" if below else ""
-    intervals = f"95% t intervals paired by seed, q-values over the rows, rows of {MIN_SEEDS} seeds or more"
-    return (
-        f"at {rung.steps} updates per domain the end tasks are also {scored} ({_seeds(rung.stats.records)};"
-        f" {intervals}): {verdict}{worse}{_gap_range(rows, scored, own)}"
-    )
-
-
-def _gap_range(rows: list, scored: str, own: str) -> str:
-    """The range over rows of the mean gap between the beside score and the own protocol's."""
-    if not rows:
-        return ""
+    compared = [row for row in rows if row.versus is not None]
     gaps = sorted(rows, key=lambda row: row.gap.mean())
-    high, low = gaps[-1], gaps[0]
-    return (
-        f"; {scored} minus {protocol_short({'protocol': own})} macro-F1: {high.gap.mean():+.2f} ({code(high.label)})"
-        f" to {low.gap.mean():+.2f} ({code(low.label)}) points"
+    beats = beating_no_dap(rows)
+    return BesideFinding(
+        scored=protocol_short({"protocol": beside}),
+        steps=rung.steps,
+        no_dap=NO_DAP,
+        beats=beats,
+        below_rows=[row for row in rows if row.below()],
+        unmeasured=unmeasured_note(rows),
+        seed_counts=_seed_counts(rung.stats.records),
+        own=protocol_short({"protocol": rung.stats.records[0]["config"]["finetune"]["protocol"]}),
+        closest=None if beats else max(compared, key=lambda row: row.versus[0], default=None),
+        highest=gaps[-1] if gaps else None,
+        lowest=gaps[0] if gaps else None,
     )
 
 
-def _interval(row) -> str:
-    mean, low, high = row.versus
-    return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}] points, q={row.q:.2g}"
-
-
-def _rung_clause(reading, j: int) -> str:
-    """What the ladder says of rung ``j`` against its bottom rung: its budget, the rows both compare (and those left
-    out as untrained), and Kendall's tau of those rows on :data:`LADDER_METRICS`."""
-    ladder, rung = reading.ladder, reading.ladder.rungs[j]
-    shared, left = ladder.shared(0, j), ladder.left_out(0, j)
-    stated = [f"{t.column} {t.tau:+.2f} [{t.low:+.2f}, {t.high:+.2f}]{t.zero_note()}" for t in _taus_at(reading, j)]
-    order = (
-        f"Kendall's tau of their ranking (95% bias-corrected interval over rows, seeds and sample): {', '.join(stated)}"
-        if stated
-        else "too few rows for a Kendall's tau"
-    )
-    untrained = f" (left out as untrained at a budget: {', '.join(code(m) for m in left)})" if left else ""
-    return (
-        f"at {rung.steps} updates per domain ({rung.tokens_per_domain:,} tokens; group {code(rung.key)},"
-        f" {_seeds(rung.stats.records)}), the {len(shared)} rows measured at both budgets"
-        f" ({', '.join(code(s) for s in shared)}){untrained}: {order}"
-    )
+def _beside_line(rung, beside: str) -> str:
+    """The detailed line of :func:`beside_finding`."""
+    return say(TEMPLATE, "beside_line", beside_finding(rung, beside))
 
 
 def _learns_as_well(c) -> bool:
@@ -417,43 +426,21 @@ def _learns_as_well(c) -> bool:
     return c is not None and not (c.resolved() and c.mean < 0)
 
 
-def _learning(c, naive: str) -> str:
-    """What the row pays (or gains) in plasticity against ``naive``."""
-    if c is None:
-        return ""
-    if not c.resolved():
-        return f", its plasticity not separated from {code(naive)}'s"
-    return f", learning {abs(c.mean):.3f} nats {'more' if c.mean > 0 else 'less'} of each domain"
-
-
 def _speed(stats: GroupStatistics, label: str, naive: str) -> str:
     """What the row's DAP costs in speed against ``naive``, only between runs on the same machine."""
-    found = same_machine_speed(stats.records, label, naive)
-    if found is None:
-        return f", its speed not measured on a machine of {code(naive)}'s runs"
-    return (
-        f", at {found.ratio:.2f}x its DAP tokens per second ({found.runs} against {found.reference_runs} runs on"
-        f" {text(found.machine)})"
-    )
+    found: SpeedRatio | None = same_machine_speed(stats.records, label, naive)
+    return say(TEMPLATE, "pace", found, naive)
 
 
 def _end_tasks(stats: GroupStatistics, none: str | None) -> list[str]:
+    """The detailed end-task line: the rows whose final macro-F1 is resolved above no DAP under the group's protocol,
+    or why none is (nothing without a no-DAP row)."""
     if none is None:
         return []
     comparisons, unmeasured = measuring_comparisons(stats, none)
     better = [c for c in comparisons if c.resolved() and c.mean > 0]
-    if unmeasured and not comparisons:
-        return [
-            f"on the end tasks no verdict against no DAP ({code(none)}): the cells compared do not measure the backbone"
-        ]
-    if not better:
-        protocol = protocol_words(stats.records[0]["config"]["finetune"])
-        return [
-            f"on the end tasks ({protocol}) no method's"
-            f" final macro-F1 is separated from no DAP ({code(none)}) at this budget"
-        ]
-    named = ", ".join(f"{code(c.label)} (+{100 * c.mean:.2f} points)" for c in better)
-    return [f"on the end tasks, final macro-F1 above no DAP ({code(none)}): {named}"]
+    protocol = protocol_words(stats.records[0]["config"]["finetune"])
+    return [say(TEMPLATE, "end_tasks_line", none, protocol, better, bool(unmeasured and not comparisons))]
 
 
 ROWS_COLUMNS = ("plasticity", "forgetting", "general rise", "final gain")
@@ -472,9 +459,9 @@ def rows_table(stats: GroupStatistics, labels: list[str], first_header: str) -> 
     for label in labels:
         runs = [r for r in stats.records if r["method_label"] == label]
         if not runs:
-            lines.append(f"| {code(label)} (no record in this group) | 0 |" + " – |" * len(columns))
+            lines.append(say(TEMPLATE, "rows_missing", label, len(columns)))
             continue
-        bound = " (a bound, not a method)" if _is_bound(runs[0]["capabilities"]) else ""
         cells = [stats.cell(label, c) for c in columns]
-        lines.append(f"| {code(label)}{bound} | {len({r['seed'] for r in runs})} | " + " | ".join(cells) + " |")
+        seeds = len({r["seed"] for r in runs})
+        lines.append(say(TEMPLATE, "rows_row", label, _is_bound(runs[0]["capabilities"]), seeds, cells))
     return lines

@@ -171,10 +171,6 @@ class TauResult:
         """Whether tau is distinguishable from 0 (Kendall's test, one-sided, at the report's level)."""
         return self.p < ALPHA
 
-    def zero_note(self) -> str:
-        """`` (not distinguishable from 0)`` where Kendall's test does not put tau above 0, else nothing."""
-        return "" if self.above_zero() else " (not distinguishable from 0)"
-
 
 @dataclass
 class Verdict:
@@ -287,111 +283,6 @@ def _verdicts(column: Column, before: dict, after: dict, rungs: tuple[int, int])
         change = "appeared" if was is None else "kept" if was == better_now else "flipped"
         out.append(Verdict(column.title, better, worse, change, rungs))
     return out
-
-
-def ladder_markdown(reading: LadderReading, plot: str | None) -> list[str]:
-    """The leaderboard's section on one ladder: its rungs, tau per metric and rung pair, the verdicts that changed."""
-    from benchmark.report.escape import code
-
-    rungs = reading.ladder.rungs
-    budget = [f"{r.steps} updates ({r.tokens_per_domain:,} tokens per domain)" for r in rungs]
-    lines = [f"### Ladder {code(reading.ladder.key)}: {' -> '.join(budget)}", ""]
-    every = len(reading.ladder.labels())
-    lines += [f"Groups {', '.join(code(r.key) for r in rungs)}; {every} row{'' if every == 1 else 's'} at every rung."]
-    if not reading.taus:
-        lines += ["No Kendall's tau yet: no two rungs share the 3 rows a ranking needs.", ""]
-    else:
-        lines += ["Kendall's tau of the rows' ranking between rungs (1 = the same order, 0 = unrelated, -1 reversed),"]
-        lines += ["with a 95% bias-corrected bootstrap interval over the rows compared, seeds and evaluation sample,"]
-        lines += ["and Kendall's one-sided p-value of tau > 0 (0.05 or more: not distinguishable from 0):", ""]
-        lines += ["| metric | rungs | rows | tau | 95% interval | p (tau > 0) |", "|---|---|---|---|---|---|"]
-    for t in reading.taus:
-        steps = f"{rungs[t.rungs[0]].steps} -> {rungs[t.rungs[1]].steps} updates"
-        tau = "n/a (every row tied)" if np.isnan(t.tau) else f"{t.tau:+.2f}"
-        interval = "n/a" if np.isnan(t.low) else f"[{t.low:+.2f}, {t.high:+.2f}]"
-        p = "n/a" if np.isnan(t.p) else f"{t.p:.2g}{t.zero_note()}"
-        lines.append(f"| {t.column} | {steps} | {t.rows} | {tau} | {interval} | {p} |")
-    lines += [""] if reading.taus else []
-    lines += _left_out_lines(reading.ladder)
-    for i in range(len(rungs) - 1):
-        changes = [v for v in reading.verdicts if v.rungs == (i, i + 1)]
-        counts = {kind: sum(v.change == kind for v in changes) for kind in ("kept", "flipped", "appeared")}
-        lines.append(
-            f"From {rungs[i].steps} to {rungs[i + 1].steps} updates, resolved pairwise verdicts: "
-            + ", ".join(f"{n} {kind}" for kind, n in counts.items())
-            + "."
-        )
-        lines += [
-            f"- flipped: {v.column}: {code(v.better)} now better than {code(v.worse)}"
-            for v in changes
-            if v.change == "flipped"
-        ]
-    if plot:
-        lines += ["", f"![metric against budget]({plot})"]
-    return [*lines, ""]
-
-
-def _left_out_lines(ladder: Ladder) -> list[str]:
-    """A line per rung pair naming the rows both rungs have but do not compare, and why (flagged untrained)."""
-    from benchmark.report.escape import code
-
-    lines = []
-    for i, j in ladder.pairs():
-        left = ladder.left_out(i, j)
-        if left:
-            steps = f"{ladder.rungs[i].steps} -> {ladder.rungs[j].steps} updates"
-            rows = "; ".join(f"{code(label)} ({', '.join(flags)})" for label, flags in left.items())
-            lines.append(f"Left out of {steps}, as a budget did not train them: {rows}.")
-    return [*lines, ""] if lines else []
-
-
-def plot_ladder(reading: LadderReading, path, colours: dict[str, str] | None = None) -> object:
-    """Each metric against the budget (tokens per domain, log scale), one small panel per metric, a line per row;
-    the reference rows (no DAP, naive continual, the proposed method) drawn in colour with their 95% bootstrap band
-    (:func:`budget_band`), the others in grey; a row's point at a budget that did not train it is a mark off its
-    line (:func:`budget_series`)."""
-    from benchmark.report.plots import _pyplot, _save
-
-    plt = _pyplot()
-    tokens = [r.tokens_per_domain for r in reading.ladder.rungs]
-    references = set(reading.ladder.references.values())
-    ncols = 3
-    columns = ladder_columns()
-    nrows = -(-len(columns) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
-    for ax, column in zip(axes.flat, columns, strict=False):
-        scale = 100.0 if column.kind == "pct" else 1.0
-        for label, means in sorted(reading.means[column.title].items(), key=lambda item: item[0] in references):
-            ys, flagged = budget_series(reading.ladder, label, means, scale)
-            style = {"lw": 2.2, "marker": "o", "label": label, "color": (colours or {}).get(label)}
-            # grey rows keep a small marker: a row trained at one rung only has no segment to draw
-            style = style if label in references else {"lw": 0.8, "marker": "o", "ms": 2.5, "color": "0.65"}
-            ax.plot(tokens, ys, **style)
-            if label in references:  # the reference rows' 95% bootstrap band: how far apart rows must be to differ
-                low, high = budget_band(reading, column, label, scale)
-                ax.fill_between(tokens, low, high, color=ax.lines[-1].get_color(), alpha=0.15, lw=0)
-            if flagged:
-                xs, marks = zip(*flagged, strict=True)
-                ax.scatter(xs, marks, marker="x", s=22, color="0.35", zorder=3, label=UNTRAINED_MARK)
-        ax.set_xscale("log")
-        ax.minorticks_off()  # log-scale minor labels (3x10^4, 4x10^4, ...) overlap; the rungs are the ticks
-        ax.set_xticks(tokens, [f"{t / 1000:,.0f}K" for t in tokens])
-        ax.set_title(f"{column.title} ({'higher' if column.higher_is_better else 'lower'} is better)", fontsize=9)
-        ax.set_xlabel("DAP tokens per domain", fontsize=8)
-        ax.tick_params(labelsize=7)
-    for ax in list(axes.flat)[len(columns) :]:
-        ax.axis("off")
-    legend: dict[str, object] = {}
-    for ax in axes.flat:  # one entry per name: the untrained mark may be drawn on a panel without reference rows
-        for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
-            legend.setdefault(name, handle)
-    if legend:
-        fig.legend(legend.values(), legend.keys(), loc="lower right", fontsize=8, title="reference rows (others grey)")
-    return _save(fig, path)
-
-
-UNTRAINED_MARK = "flagged untrained at this budget (not compared)"
-"""The legend's name for a row's point at a rung whose budget did not train it (:attr:`Rung.untrained`)."""
 
 
 def budget_series(ladder: Ladder, label: str, means: list, scale: float) -> tuple[list[float], list[tuple]]:

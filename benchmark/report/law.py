@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmark.report.escape import code
 from benchmark.report.ladder import LadderReading
 
 LAW_METRICS = ("forgetting", "general rise", "plasticity", "final gain")
@@ -82,38 +81,3 @@ def predict_top(reading: LadderReading) -> list[Prediction]:
                 interval = tuple(float(v) for v in np.percentile(errors, [2.5, 97.5]))
             out.append(Prediction(label, metric, predicted, values[top], values[mid], *interval))
     return out
-
-
-def law_markdown(reading: LadderReading) -> list[str]:
-    """The ladder's law section: per metric, how well the law fitted on the two rungs below the top predicts it, and
-    each row's prediction, measurement and error interval (empty for a ladder of fewer than three rungs)."""
-    predictions = predict_top(reading)
-    if not predictions:
-        return []
-    rungs = reading.ladder.rungs
-    fit, top = rungs[-3:-1], rungs[-1]
-    lines = [
-        f"#### Predicting {top.steps} updates from {fit[0].steps} and {fit[1].steps}: m = a + b ln N",
-        "",
-        f"Each row's metric fitted through its {fit[0].steps}- and {fit[1].steps}-update means and read at"
-        f" {top.steps} updates, before the top rung is looked at (`benchmark/report/law.py`); the error's 95% interval"
-        " is a joint bootstrap of seeds and evaluation sample at all three rungs. Beside it, the error of predicting"
-        f" no change from {fit[1].steps} updates.",
-        "",
-        "| metric | rows | law: mean abs. error | no change: mean abs. error | errors within their interval |",
-        "|---|---|---|---|---|",
-    ]
-    for metric in LAW_METRICS:
-        found = [p for p in predictions if p.metric == metric]
-        if found:
-            law = np.mean([abs(p.error) for p in found])
-            naive = np.mean([abs(p.naive - p.measured) for p in found])
-            holds = sum(p.holds() for p in found)
-            lines.append(f"| {metric} | {len(found)} | {law:.3f} | {naive:.3f} | {holds} of {len(found)} |")
-    lines += ["", "| row | metric | predicted | measured | error [95% interval] |", "|---|---|---|---|---|"]
-    for p in predictions:
-        interval = "" if math.isnan(p.low) else f" [{p.low:+.3f}, {p.high:+.3f}]"
-        lines.append(
-            f"| {code(p.label)} | {p.metric} | {p.predicted:.3f} | {p.measured:.3f} | {p.error:+.3f}{interval} |"
-        )
-    return [*lines, ""]

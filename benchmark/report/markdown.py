@@ -29,11 +29,17 @@ from benchmark.report.frame import (
 )
 from benchmark.report.group_text import generated_world_note, group_reading, run_matrices
 from benchmark.report.groups import Group, LeftOut, order_of
+from benchmark.report.ladder import LadderReading
+from benchmark.report.law import LAW_METRICS, predict_top
 from benchmark.report.matched import matched_markdown
 from benchmark.report.reading import verdicts
 from benchmark.report.speed import machine_counts, mixed_machines_flag
 from benchmark.report.stability_gap import stability_gap_markdown
 from benchmark.report.statistics import GroupStatistics
+from benchmark.report.words import say
+
+LADDER = "ladder.md.j2"
+"""The template that holds the budget ladder's words."""
 
 HEADER = [
     "# dapbench leaderboard",
@@ -82,7 +88,7 @@ def leaderboard_markdown(
     answer: list[str] = (),
 ) -> str:
     """The whole leaderboard: ``sections`` are each group with its statistics and its plots (kind -> link);
-    ``ladders`` the lines of each budget ladder's section (:func:`benchmark.report.ladder.ladder_markdown`); ``answer``
+    ``ladders`` the lines of each budget ladder's section (:func:`ladder_markdown`); ``answer``
     the short answer's (:func:`benchmark.report.answer.short_answer`, made once per report)."""
     lines = [*HEADER, *answer]
     known = {record["method"] for group, _, _ in sections for record in group.records}
@@ -281,3 +287,47 @@ def run_tables(record: dict) -> str:
     """A record's page as Markdown: its label, seed and run id, then :func:`run_matrices`."""
     header = [f"# {code(record['method_label'])} seed {record['seed']}", "", f"run {code(record['run_id'])}", ""]
     return "\n".join(header + run_matrices(record))
+
+
+def ladder_markdown(reading: LadderReading, plot: str | None) -> list[str]:
+    """The leaderboard's section on one ladder: its rungs, tau per metric and rung pair, the rows left out as untrained,
+    the verdicts that changed, and the plot (words: ``templates/ladder.md.j2``)."""
+    ladder, rungs = reading.ladder, reading.ladder.rungs
+    lines = [say(LADDER, "heading", ladder), "", say(LADDER, "groups_line", ladder, len(ladder.labels()))]
+    if not reading.taus:
+        lines += [say(LADDER, "no_tau"), ""]
+    else:
+        lines += say(LADDER, "tau_intro").split("\n")
+    lines += [say(LADDER, "tau_row", t, rungs) for t in reading.taus]
+    lines += [""] if reading.taus else []
+    pairs = [(i, j) for i, j in ladder.pairs() if ladder.left_out(i, j)]  # rows both rungs have but do not compare
+    lines += [say(LADDER, "left_out", rungs[i], rungs[j], ladder.left_out(i, j)) for i, j in pairs]
+    lines += [""] if pairs else []
+    for i in range(len(rungs) - 1):
+        changes = [v for v in reading.verdicts if v.rungs == (i, i + 1)]
+        counts = {kind: sum(v.change == kind for v in changes) for kind in ("kept", "flipped", "appeared")}
+        lines.append(say(LADDER, "verdict_counts", rungs[i], rungs[i + 1], counts))
+        lines += [say(LADDER, "flipped", v) for v in changes if v.change == "flipped"]
+    if plot:
+        lines += ["", say(LADDER, "plot", plot)]
+    return [*lines, ""]
+
+
+def law_markdown(reading: LadderReading) -> list[str]:
+    """The ladder's law section (:func:`benchmark.report.law.predict_top`): per metric, how well the law fitted on the
+    two rungs below the top predicts it, and each row's prediction, measurement and error interval (empty for a ladder
+    of fewer than three rungs)."""
+    predictions = predict_top(reading)
+    if not predictions:
+        return []
+    rungs = reading.ladder.rungs
+    lines = say(LADDER, "law_intro", rungs[-3:-1], rungs[-1]).split("\n")
+    for metric in LAW_METRICS:
+        found = [p for p in predictions if p.metric == metric]
+        if found:
+            law = np.mean([abs(p.error) for p in found])
+            naive = np.mean([abs(p.naive - p.measured) for p in found])
+            lines.append(say(LADDER, "law_metric_row", metric, len(found), law, naive, sum(p.holds() for p in found)))
+    lines += ["", *say(LADDER, "law_rows_header").split("\n")]
+    lines += [say(LADDER, "law_row", p) for p in predictions]
+    return [*lines, ""]

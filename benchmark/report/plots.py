@@ -19,6 +19,7 @@ from benchmark.report.frame import (
     method_colours,
     reference_labels,
 )
+from benchmark.report.ladder import LadderReading, budget_band, budget_series, ladder_columns
 
 
 def _pyplot():
@@ -375,3 +376,51 @@ GROUP_PLOTS: dict[str, Callable[[list[dict], Path, dict[str, str] | None], Path 
     "heldout-loss": plot_heldout_losses,
     "importance": plot_importance,
 }
+
+
+UNTRAINED_MARK = "flagged untrained at this budget (not compared)"
+"""The legend's name for a row's point at a rung whose budget did not train it
+(:attr:`benchmark.report.ladder.Rung.untrained`)."""
+
+
+def plot_ladder(reading: LadderReading, path, colours: dict[str, str] | None = None) -> object:
+    """Each metric against the budget (tokens per domain, log scale), one small panel per metric, a line per row;
+    the reference rows (no DAP, naive continual, the proposed method) drawn in colour with their 95% bootstrap band
+    (:func:`benchmark.report.ladder.budget_band`), the others in grey; a row's point at a budget that did not train
+    it is a mark off its line (:func:`benchmark.report.ladder.budget_series`)."""
+    plt = _pyplot()
+    tokens = [r.tokens_per_domain for r in reading.ladder.rungs]
+    references = set(reading.ladder.references.values())
+    ncols = 3
+    columns = ladder_columns()
+    nrows = -(-len(columns) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
+    for ax, column in zip(axes.flat, columns, strict=False):
+        scale = 100.0 if column.kind == "pct" else 1.0
+        for label, means in sorted(reading.means[column.title].items(), key=lambda item: item[0] in references):
+            ys, flagged = budget_series(reading.ladder, label, means, scale)
+            style = {"lw": 2.2, "marker": "o", "label": label, "color": (colours or {}).get(label)}
+            # grey rows keep a small marker: a row trained at one rung only has no segment to draw
+            style = style if label in references else {"lw": 0.8, "marker": "o", "ms": 2.5, "color": "0.65"}
+            ax.plot(tokens, ys, **style)
+            if label in references:  # the reference rows' 95% bootstrap band: how far apart rows must be to differ
+                low, high = budget_band(reading, column, label, scale)
+                ax.fill_between(tokens, low, high, color=ax.lines[-1].get_color(), alpha=0.15, lw=0)
+            if flagged:
+                xs, marks = zip(*flagged, strict=True)
+                ax.scatter(xs, marks, marker="x", s=22, color="0.35", zorder=3, label=UNTRAINED_MARK)
+        ax.set_xscale("log")
+        ax.minorticks_off()  # log-scale minor labels (3x10^4, 4x10^4, ...) overlap; the rungs are the ticks
+        ax.set_xticks(tokens, [f"{t / 1000:,.0f}K" for t in tokens])
+        ax.set_title(f"{column.title} ({'higher' if column.higher_is_better else 'lower'} is better)", fontsize=9)
+        ax.set_xlabel("DAP tokens per domain", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(columns) :]:
+        ax.axis("off")
+    legend: dict[str, object] = {}
+    for ax in axes.flat:  # one entry per name: the untrained mark may be drawn on a panel without reference rows
+        for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(name, handle)
+    if legend:
+        fig.legend(legend.values(), legend.keys(), loc="lower right", fontsize=8, title="reference rows (others grey)")
+    return _save(fig, path)
