@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmark.errors import DapbenchError
-from benchmark.schedules import SCHEDULES
+from benchmark.schedules import SCHEDULES, check_schedule
 from benchmark.settings import check_settings, setting
 
 
@@ -166,6 +166,7 @@ class ScheduleConfig:
 
     def __post_init__(self):
         check_settings("schedule", self)
+        check_schedule(self)
 
 
 RECIPE_SECTIONS = ("replay", "schedule")

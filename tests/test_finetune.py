@@ -8,6 +8,7 @@ import torch
 from benchmark.config import FinetuneConfig
 from benchmark.data.endtasks import EncodedTask
 from benchmark.errors import DapbenchError
+from benchmark.protocols import get_protocol
 from benchmark.protocols.finetune import _train_loader
 from benchmark.protocols.linear_probe import encoder_features, probe_and_evaluate
 
@@ -84,7 +85,8 @@ def test_linear_probe_separates_a_separable_task_and_leaves_the_model_untouched(
 
     train, test = examples(40), examples(20)
     task = EncodedTask("toy", 2, train, test, [f["labels"] for f in test])
-    result = probe_and_evaluate(model, task, tokenizer, FinetuneConfig(protocol="linear_probe"), Accelerator(cpu=True))
+    settings = get_protocol("linear_probe").settings_of(FinetuneConfig(protocol="linear_probe"))
+    result = probe_and_evaluate(model, task, tokenizer, settings, Accelerator(cpu=True))
     assert result["acc"] == 1.0 and result["protocol"] == "linear_probe"
     assert all(torch.equal(before[n], p) for n, p in model.state_dict().items())
 
@@ -293,7 +295,7 @@ def test_compiled_fine_tuning_compiles_every_block_and_predicts_as_the_plain_one
     for compiled in (False, True):
         torch.manual_seed(0)
         models[compiled] = AutoModelForSequenceClassification.from_pretrained(tiny_model, num_labels=2)
-        cfg = FinetuneConfig(batch_size=4, default_epochs=2, compile=compiled)
+        cfg = get_protocol("finetune").settings_of(FinetuneConfig(batch_size=4, default_epochs=2, compile=compiled))
         counters.clear()
         results[compiled] = finetune_and_evaluate(models[compiled], task, tokenizer, cfg, 1, Accelerator(cpu=True))
     assert all(block._compiled_call_impl is not None for block in transformer_blocks(models[True]))

@@ -11,6 +11,7 @@ import pytest
 from benchmark.api import run_benchmark
 from benchmark.errors import DapbenchError
 from benchmark.protocols import PROTOCOLS, EndTaskProtocol, get_protocol, register_protocol
+from benchmark.protocols.base import ScoringSettings
 from benchmark.protocols.lm_eval import label_words
 
 
@@ -65,15 +66,26 @@ def test_label_words_read_each_label_and_refuse_labels_that_read_alike():
         label_words("x", ("used-for", "USED_FOR"))
 
 
+@dataclasses.dataclass(frozen=True)
+class MajoritySettings(ScoringSettings):
+    """The toy's own settings: one field of the ``finetune`` section beyond the batch size every protocol reads."""
+
+    seed_offset: int
+
+
 class MajorityVote(EndTaskProtocol):
     """A toy protocol: predict the training split's most frequent label for every test example."""
 
     name = "toy_majority"
     words = "majority vote"
     short = "majority"
+    settings = MajoritySettings
+    given: list = []
 
     def evaluate(self, model, task, tokenizer, cfg, seed, accelerator) -> dict:
         from collections import Counter
+
+        self.given.append(cfg)
 
         from benchmark.metrics import classification_scores
 
@@ -90,6 +102,10 @@ def test_a_protocol_is_added_by_one_registration_and_runs_through_a_run(tiny_con
     finally:
         PROTOCOLS.remove("toy_majority")
     assert record["config"]["finetune"]["protocol"] == "toy_majority"
+    # it was handed its own typed settings, read from the run's finetune section, not the whole section
+    assert MajorityVote.given and all(type(cfg) is MajoritySettings for cfg in MajorityVote.given)
+    expected = MajoritySettings(eval_batch_size=tiny_config.finetune.eval_batch_size, seed_offset=0)
+    assert MajorityVote.given[0] == expected
     scores = [cell for row in record["matrices"]["acc"] for cell in row if cell is not None]
     assert scores and all(0 < s <= 1 for s in scores)
     with pytest.raises(ValueError, match="already registered"):

@@ -188,8 +188,11 @@ def _new_formula(name: str, s: int, t: int, n: int, warmup_ratio: float, floor: 
     "name", ["per_domain_linear", "rewarm_cosine", "global", "wsd", "cyclic_cosine", "rsqrt", "schedule_free"]
 )
 def test_each_schedule_follows_its_formula_at_every_update(name):
+    from benchmark.schedules import SETTINGS
+
     dap = DapConfig(lr=3e-4, warmup_ratio=0.1)
-    schedule = ScheduleConfig(name=name, min_lr_ratio=0.1, decay_fraction=0.25)
+    reads = {f.name for f in dataclasses.fields(SETTINGS[name])}  # a setting the schedule does not read is refused
+    schedule = ScheduleConfig(name=name, **{k: v for k, v in {"decay_fraction": 0.25}.items() if k in reads})
     curve = learning_rate_curve(dap, schedule, [40, 40, 40])
     expected = [3e-4 * _formula(name, s, t, 40, 3, 0.1, 0.1, 0.25) for t in range(3) for s in range(40)]
     assert curve == pytest.approx(expected, rel=1e-9, abs=1e-15)
@@ -301,27 +304,59 @@ def test_replay_and_a_schedule_run_on_a_decoder(world_root, tiny_llama, tmp_path
 
 
 def test_a_schedule_is_added_by_registering_one_function():
-    """A new schedule is one registered function: ``schedule.name`` accepts it and the runner schedules with it."""
+    """A new schedule is one registered function with its typed settings: ``schedule.name`` accepts it, the runner
+    schedules with it and hands it those settings, and a setting it does not read is refused."""
     import torch
 
-    from benchmark.schedules import SCHEDULES, describe_schedules, register_schedule
+    from benchmark.schedules import SCHEDULES, SETTINGS, FloorSettings, describe_schedules, register_schedule
 
     with pytest.raises(DapbenchError, match="one of: per_domain_linear"):
         ScheduleConfig(name="halving")
+    given = []
     try:
 
-        @register_schedule("halving")
-        def halving(optimizer, options, span):
-            """Half the rate in every domain after the first."""
-            return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5**span.index)
+        @register_schedule("halving", FloorSettings)
+        def halving(optimizer, settings: FloorSettings, span):
+            """Half the rate in every domain after the first, never below the floor."""
+            given.append(settings)
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(settings.min_lr_ratio, 0.5**span.index))
 
-        curve = learning_rate_curve(DapConfig(lr=1.0), ScheduleConfig(name="halving"), [3, 3, 3])
-        assert curve == [1.0] * 3 + [0.5] * 3 + [0.25] * 3
+        curve = learning_rate_curve(DapConfig(lr=1.0), ScheduleConfig(name="halving", min_lr_ratio=0.3), [3, 3, 3])
+        assert curve == [1.0] * 3 + [0.5] * 3 + [0.3] * 3
+        assert given[0] == FloorSettings(min_lr_ratio=0.3)  # its own typed settings, not the whole section
+        with pytest.raises(DapbenchError, match=r"schedule.rewarm_ratio=0.2 is not read by schedule.name=halving"):
+            ScheduleConfig(name="halving", rewarm_ratio=0.2)
         with pytest.raises(ValueError, match="already registered"):
             register_schedule("halving")(lambda optimizer, options, span: None)  # another function, the same name
-        assert describe_schedules()["halving"] == "Half the rate in every domain after the first."
+        assert describe_schedules()["halving"].startswith("Half the rate in every domain after the first")
     finally:
         SCHEDULES.remove("halving")  # the registration is this test's own
+        SETTINGS.pop("halving", None)
+
+
+def test_a_setting_no_chosen_schedule_reads_is_refused_naming_the_ones_that_do():
+    with pytest.raises(DapbenchError, match="choose a schedule that reads it: wsd, rsqrt"):
+        ScheduleConfig(name="cyclic_cosine", decay_fraction=0.3)
+    assert ScheduleConfig(name="wsd", decay_fraction=0.3).decay_fraction == 0.3
+
+
+def test_a_schedule_whose_settings_the_section_lacks_is_refused_when_named():
+    from dataclasses import dataclass
+
+    from benchmark.plugins import RegistrationError
+    from benchmark.schedules import SCHEDULES, SETTINGS, register_schedule
+
+    @dataclass(frozen=True)
+    class Unknown:
+        momentum: float
+
+    try:
+        register_schedule("odd", Unknown)(lambda optimizer, settings, span: None)
+        with pytest.raises(RegistrationError, match="declares settings momentum that schedule.\\* does not have"):
+            ScheduleConfig(name="odd")
+    finally:
+        SCHEDULES.remove("odd")
+        SETTINGS.pop("odd", None)
 
 
 def test_an_infinite_schedule_runs_a_method_end_to_end(world_root, tiny_model, tmp_path):

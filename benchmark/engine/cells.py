@@ -67,7 +67,8 @@ class EndTaskRunner:
                 # held-out losses do (a task mask, a domain's prompt).
                 lm = protocol.scores == LANGUAGE_MODEL
                 with p.method.heldout_view(model, k) if lm else contextlib.nullcontext():
-                    args = (model, task, p.data.tokenizer, p.config.finetune, fine_tune_seed)
+                    settings = protocol.settings_of(p.config.finetune)  # its own typed settings
+                    args = (model, task, p.data.tokenizer, settings, fine_tune_seed)
                     results.append(protocol.evaluate(*args, p.accelerator))
                 report = report or p.method.finetune_report(model)
         result = seed_mean(results)

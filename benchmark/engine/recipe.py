@@ -10,7 +10,7 @@ from torch.utils.data import Dataset
 
 from benchmark.config import DapConfig, ScheduleConfig
 from benchmark.data.sampling import ReplayPlan
-from benchmark.schedules import SCHEDULES, Span
+from benchmark.schedules import SCHEDULES, Span, schedule_settings
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def stage_scheduler(optimizer: torch.optim.Optimizer, plan: StagePlan):
     if plan.schedule.lr_scale != 1.0:
         for group in optimizer.param_groups:
             group["lr"] *= plan.schedule.lr_scale
-    return SCHEDULES[plan.schedule.name](optimizer, plan.schedule, plan_span(plan))
+    return SCHEDULES[plan.schedule.name](optimizer, schedule_settings(plan.schedule), plan_span(plan))
 
 
 def plan_span(plan: StagePlan) -> Span:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from torch import nn
@@ -12,6 +13,14 @@ from benchmark.method import CLASSIFIER
 def test_sizes(ft: dict) -> str:
     """The end-task sample sizes of a record's ``config.finetune`` in words."""
     return f"<= {ft['max_train_examples'] or 'all'} train / {ft['max_test_examples'] or 'all'} test examples"
+
+
+@dataclass(frozen=True)
+class ScoringSettings:
+    """The settings of a protocol that trains nothing and reads nothing of its own: the batch size of its forward
+    passes over a split. Every protocol's settings extend it."""
+
+    eval_batch_size: int
 
 
 class EndTaskProtocol:
@@ -31,9 +40,19 @@ class EndTaskProtocol:
     reads: ClassVar[tuple[str, ...] | None] = None
     """The ``finetune`` settings its numbers depend on (None: all of them). Groups whose configurations differ only
     in settings their protocol does not read are scored alike (the budget ladder reads them as rungs)."""
+    settings: ClassVar[type] = ScoringSettings
+    """Its own typed settings: a frozen dataclass whose fields are the :class:`~benchmark.config.FinetuneConfig` fields
+    :meth:`evaluate` reads, handed to it by name (:meth:`settings_of`). The run's config keeps one ``finetune``
+    section, the union of every protocol's fields, because a run's id is the digest of that section as records have
+    always written it."""
     caveat: ClassVar[str] = ""
     """What a reader of its end-task table should keep in mind (the leaderboard prints it under the table); empty:
     nothing beyond the table's own words."""
+
+    def settings_of(self, cfg) -> object:
+        """This protocol's :attr:`settings`, read from a run's ``finetune`` section (a
+        :class:`~benchmark.config.FinetuneConfig`) by field name."""
+        return self.settings(**{f.name: getattr(cfg, f.name) for f in fields(self.settings)})
 
     def describe(self, ft: dict) -> str:
         """One phrase for the report on how a group's end tasks were scored, from a record's ``config.finetune``."""
@@ -44,6 +63,6 @@ class EndTaskProtocol:
         :class:`~benchmark.config.RunConfig`, ``data``: its prepared ``RunData``)."""
 
     def evaluate(self, model: nn.Module, task, tokenizer, cfg, seed: int, accelerator) -> dict:
-        """Score ``model`` on ``task`` (an :class:`~benchmark.data.endtasks.EncodedTask`) under ``cfg`` (the run's
-        :class:`~benchmark.config.FinetuneConfig`)."""
+        """Score ``model`` on ``task`` (an :class:`~benchmark.data.endtasks.EncodedTask`) under ``cfg``, this protocol's
+        :attr:`settings` (:meth:`settings_of`)."""
         raise NotImplementedError

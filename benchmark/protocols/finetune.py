@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -13,11 +14,10 @@ from torch.utils.data import DataLoader
 
 from benchmark.acceleration.compiling import compile_blocks
 from benchmark.acceleration.fused import fused_adamw
-from benchmark.config import FinetuneConfig
 from benchmark.data.endtasks import EncodedTask, validation_split
 from benchmark.errors import DapbenchError, NonFiniteError
 from benchmark.metrics import classification_scores
-from benchmark.protocols.base import EndTaskProtocol, test_sizes
+from benchmark.protocols.base import EndTaskProtocol, ScoringSettings, test_sizes
 from benchmark.protocols.registry import register_protocol
 
 MIN_FINETUNE_EPOCHS = 1.0
@@ -30,6 +30,23 @@ MIN_VALIDATION_EXAMPLES = 10
 fewer, and one example moves the validation macro-F1 by whole points."""
 
 
+@dataclass(frozen=True)
+class FinetuneSettings(ScoringSettings):
+    """What a fine-tune reads: its optimiser, epochs, batches, validation split and compilation (the sample sizes and
+    sequence length are the end-task data's, read where the data is prepared)."""
+
+    lr: float
+    batch_size: int
+    weight_decay: float
+    adam_eps: float
+    epochs: dict[str, float]
+    default_epochs: float
+    epoch_scale: float
+    validation_share: float
+    group_by_length: bool
+    compile: bool
+
+
 @register_protocol
 class FineTune(EndTaskProtocol):
     """Train the whole classifier (the paper's protocol, AdamW with linear decay, no model selection)."""
@@ -38,6 +55,7 @@ class FineTune(EndTaskProtocol):
     words = "fine-tune"
     short = "fine-tuned"
     trains = True
+    settings = FinetuneSettings
 
     def describe(self, ft: dict) -> str:
         """Epochs, scale, rate and sample sizes."""
@@ -82,7 +100,7 @@ def finetune_and_evaluate(
     model: nn.Module,
     task: EncodedTask,
     tokenizer,
-    cfg: FinetuneConfig,
+    cfg: FinetuneSettings,
     seed: int,
     accelerator,
     after_update: Callable[[], None] = lambda: None,
@@ -186,7 +204,7 @@ class BestEpoch:
         }
 
 
-def _optimizer(model: nn.Module, cfg: FinetuneConfig, accelerator, total_steps: int) -> tuple:
+def _optimizer(model: nn.Module, cfg: FinetuneSettings, accelerator, total_steps: int) -> tuple:
     """AdamW over every trainable parameter (the reference decays biases and LayerNorms too; fused on CUDA) and its
     linear decay to zero over ``total_steps``, without warm-up."""
     from transformers import get_linear_schedule_with_warmup
@@ -197,7 +215,7 @@ def _optimizer(model: nn.Module, cfg: FinetuneConfig, accelerator, total_steps: 
     return optimizer, get_linear_schedule_with_warmup(optimizer, 0, total_steps)
 
 
-def _check_finite_steps(first_bad: torch.Tensor, task: str, cfg: FinetuneConfig) -> None:
+def _check_finite_steps(first_bad: torch.Tensor, task: str, cfg: FinetuneSettings) -> None:
     bad = int(first_bad)
     if bad >= 0:
         raise NonFiniteError(
@@ -206,7 +224,7 @@ def _check_finite_steps(first_bad: torch.Tensor, task: str, cfg: FinetuneConfig)
         )
 
 
-def _train_loader(features: list[dict], cfg: FinetuneConfig, collator) -> DataLoader:
+def _train_loader(features: list[dict], cfg: FinetuneSettings, collator) -> DataLoader:
     """Uniformly shuffled batches, or length-grouped ones (``cfg.group_by_length``); both draw from the
     global torch RNG, which the caller seeds."""
     if not cfg.group_by_length:

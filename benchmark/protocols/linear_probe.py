@@ -5,6 +5,7 @@ class)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -13,9 +14,16 @@ from torch import nn
 from benchmark.data.endtasks import EncodedTask
 from benchmark.errors import NonFiniteError
 from benchmark.metrics import classification_scores
-from benchmark.protocols.base import EndTaskProtocol, test_sizes
+from benchmark.protocols.base import EndTaskProtocol, ScoringSettings, test_sizes
 from benchmark.protocols.finetune import length_sorted_batches
 from benchmark.protocols.registry import register_protocol
+
+
+@dataclass(frozen=True)
+class ProbeSettings(ScoringSettings):
+    """The probe's settings: the inverse L2 strength of its logistic regression."""
+
+    probe_c: float
 
 
 @register_protocol
@@ -31,6 +39,7 @@ class LinearProbe(EndTaskProtocol):
         " held-out losses show domain knowledge gained. Read the end-task table with the continual table."
     )
     reads = ("protocol", "probe_c", "max_length", "max_train_examples", "max_test_examples", "eval_batch_size")
+    settings = ProbeSettings
 
     def describe(self, ft: dict) -> str:
         """The probe's features and regularisation, and the sample sizes."""

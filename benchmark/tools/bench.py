@@ -190,7 +190,7 @@ def finetune_bench(config: RunConfig, updates: int, warmup: int) -> dict[str, An
     ones (allocation, compilation), on the first domain's end task from the base model, its examples in their order.
     On a GPU at ``gpu-small``'s budget a run's 6 to 21 fine-tunes are most of its time, and host-bound."""
     from benchmark.modeling import classifier_from_checkpoint
-    from benchmark.protocols.finetune import finetune_and_evaluate
+    from benchmark.protocols.finetune import FineTune, finetune_and_evaluate
 
     with tempfile.TemporaryDirectory() as work:
         cfg = dataclasses.replace(config, work_dir=work)
@@ -203,7 +203,9 @@ def finetune_bench(config: RunConfig, updates: int, warmup: int) -> dict[str, An
         timed = dataclasses.replace(task, train=train, test=test, test_labels=task.test_labels[: len(test)])
         rows = {}
         for compiled in (False, True):
-            ft = dataclasses.replace(cfg.finetune, epochs={}, default_epochs=1.0, epoch_scale=1.0, compile=compiled)
+            ft = FineTune().settings_of(
+                dataclasses.replace(cfg.finetune, epochs={}, default_epochs=1.0, epoch_scale=1.0, compile=compiled)
+            )
             clock = UpdateClock()
             clock.cuda = accelerator.device.type == "cuda"
             torch.manual_seed(0)
