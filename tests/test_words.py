@@ -14,13 +14,35 @@ from benchmark.report import answer, words
 from benchmark.report.ladder import TauResult
 
 REPORT = Path(words.__file__).parent
-FINDING_MODULES = ("answer.py", "ladder.py", "law.py")
-"""Readings whose words were moved into templates: they may hold names and short labels, never a sentence."""
+FINDING_MODULES = (
+    "answer.py",
+    "beside.py",
+    "end_task_reading.py",
+    "frontier.py",
+    "ladder.py",
+    "law.py",
+    "matched.py",
+    "reading.py",
+    "stability_gap.py",
+    "training_reading.py",
+    "versus.py",
+)
+"""Readings whose words live in templates: they may hold names, short labels and their errors, never a sentence."""
 
 
 def _prose_literals(path: Path) -> list[str]:
-    """String literals of four words or more that are not docstrings (f-string pieces count)."""
+    """String literals of four words or more that are not docstrings (f-string pieces count) nor an error's message
+    (a named error says what is wrong and how to fix it where it is raised)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
+    raised = {id(node) for r in ast.walk(tree) if isinstance(r, ast.Raise) for node in ast.walk(r)}
+    # a label declared as a module constant (a key of a table as much as words) is named and documented where it is
+    labels = {
+        id(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and all(isinstance(t, ast.Name) and t.id.isupper() for t in node.targets)
+        and isinstance(node.value, ast.Constant)
+    }
     docstrings = {
         id(node.body[0].value)
         for node in ast.walk(tree)
@@ -41,7 +63,7 @@ def _prose_literals(path: Path) -> list[str]:
         for node in ast.walk(tree)
         if isinstance(node, ast.Constant)
         and isinstance(node.value, str)
-        and id(node) not in docstrings
+        and id(node) not in docstrings | raised | labels
         and len(node.value.split()) >= 4
     ]
 

@@ -20,8 +20,11 @@ import numpy as np
 
 from benchmark.protocols import protocol_short, protocol_words
 from benchmark.report.comparison import ALPHA, Test, benjamini_hochberg, paired_test, welch_test
-from benchmark.report.escape import code, text
 from benchmark.report.frame import backbone_flag, by_label
+from benchmark.report.words import say
+
+TEMPLATE = "beside.md.j2"
+"""The template that holds this reading's words."""
 
 NO_DAP = "none"
 """The row every method is compared with."""
@@ -126,8 +129,7 @@ def unmeasured_note(rows: list[BesideRow]) -> str:
     left = [row for row in rows if row.unmeasured and row.label != NO_DAP]
     if not left:
         return ""
-    counted = f"{len(left)} of {len(rows) - 1} rows"
-    return f"no verdict: the cells of {counted} (or of {code(NO_DAP)}) do not measure the backbone"
+    return say(TEMPLATE, "unmeasured_note", len(left), len(rows) - 1, NO_DAP)
 
 
 def beating_no_dap(rows: list[BesideRow]) -> list[str]:
@@ -146,60 +148,14 @@ def beside_markdown(records: list[dict]) -> list[str]:
 def _section(records: list[dict], beside: str) -> list[str]:
     own, other = protocol_words(records[0]["config"]["finetune"]), protocol_words({"protocol": beside})
     rows = beside_rows(records, beside)
-    lines = [
-        f"### End tasks: {text(other)} beside the {text(own)}",
-        "",
-        f"Final macro-F1 of the same checkpoints scored both ways (mean ± sd over seeds); the gap is {text(other)}"
-        f" minus {text(own)}, per seed; against {code(NO_DAP)}: the {text(other)} score's difference with its 95%"
-        " interval and q-value (t-test paired by seed, Benjamini-Hochberg over the rows; where not resolved, the"
-        " difference its seeds resolve with 80% power).",
-        "",
-        f"| method | n | {text(own)} | {text(other)} | gap | {text(other)} against `{NO_DAP}` |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        lines.append(
-            f"| {code(row.label)} | {len(row.own)} | {_spread(row.own)} | {_spread(row.beside)} | {_spread(row.gap)}"
-            f" | {_versus(row)} |"
-        )
+    lines = say(TEMPLATE, "intro", own, other, NO_DAP).split("\n")
+    lines += [say(TEMPLATE, "row", row) for row in rows]
     lines.append("")
     unmeasured = [row for row in rows if row.unmeasured and row.label != NO_DAP]
     if unmeasured:
-        lines += [
-            f"No verdict for {len(unmeasured)} row(s): their {text(other)} final cells (or `{NO_DAP}`'s) do not"
-            " measure the backbone: a classifier that predicts under half of its test set's classes, or scores at or"
-            " below the majority class, measures its own collapse, not the model under it.",
-            "",
-        ]
+        lines += [say(TEMPLATE, "no_verdict", len(unmeasured), other, NO_DAP), ""]
     if any(row.label == NO_DAP for row in rows):
-        named = ", ".join(code(label) for label in beating_no_dap(rows))
-        scored = text(protocol_short({"protocol": beside}))
         if unmeasured and not any(row.test for row in rows):
             return lines
-        lines.append(
-            f"Beating `{NO_DAP}` on {scored} end tasks beyond seed noise: {named}."
-            if named
-            else f"No method beats `{NO_DAP}` on {scored} end tasks beyond seed noise."
-        )
-        lines.append("")
+        lines += [say(TEMPLATE, "beating", NO_DAP, protocol_short({"protocol": beside}), beating_no_dap(rows)), ""]
     return lines
-
-
-def _versus(row: BesideRow) -> str:
-    """A row's table cell against no DAP."""
-    if row.versus is not None:
-        mean, low, high = row.versus
-        verdict = "resolved" if row.resolved() else f"not resolved (80% power at ±{row.resolvable():.2f})"
-        return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}] q={row.q:.2g} {verdict}"
-    if row.difference is not None and row.unmeasured:
-        return f"{row.difference:+.2f} (no verdict: {text(row.unmeasured)})"
-    if row.difference is not None:
-        return f"{row.difference:+.2f} (one seed: seed noise not measured)"
-    return "–"
-
-
-def _spread(values: np.ndarray) -> str:
-    """``mean ± sd`` over seeds (the sd left out for one seed)."""
-    if len(values) < 2:
-        return f"{values.mean():.2f}"
-    return f"{values.mean():.2f} ± {values.std(ddof=1):.2f}"

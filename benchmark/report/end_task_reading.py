@@ -3,14 +3,51 @@ references that train the model, the majority class, and what each method's reco
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 from benchmark.protocols import protocol_caveat
-from benchmark.report.escape import code, text
 from benchmark.report.frame import backbone_flag, by_label
-from benchmark.report.reading import column_of, paired_by, paired_runs, tie_bound
+from benchmark.report.reading import column_of
 from benchmark.report.statistics import ALPHA, Comparison, GroupStatistics
+from benchmark.report.words import say
+
+TEMPLATE = "end_tasks.md.j2"
+"""The template that holds the end-task reading's words."""
+
+
+@dataclass(frozen=True)
+class Separation:
+    """A family of final macro-F1 comparisons with one reference: the rows resolved above and below it, and the ties
+    with the smallest differences (points) their tests resolve with 80% power, as a range over the tied rows."""
+
+    above: list[Comparison]
+    below: list[Comparison]
+    ties: list[Comparison]
+    compared: int
+
+    @property
+    def bound_low(self) -> float:
+        """The smallest of the ties' resolvable differences, in points."""
+        return min(c.resolvable() for c in self.ties) * 100
+
+    @property
+    def bound_high(self) -> float:
+        """The largest of the ties' resolvable differences, in points."""
+        return max(c.resolvable() for c in self.ties) * 100
+
+
+def separation(comparisons: list[Comparison]) -> Separation:
+    """The resolved differences of ``comparisons`` by sign, and their ties."""
+    above = [c for c in comparisons if c.resolved() and c.mean > 0]
+    below = [c for c in comparisons if c.resolved() and c.mean < 0]
+    return Separation(above, below, [c for c in comparisons if not c.resolved()], len(comparisons))
+
+
+def _over_orders(stats: GroupStatistics) -> bool:
+    return stats.part["order"].nunique() > 1
 
 
 def end_task_reading(stats: GroupStatistics) -> list[str]:
@@ -23,25 +60,19 @@ def end_task_reading(stats: GroupStatistics) -> list[str]:
     lines = []
     if part.groupby("method").size().max() > 1:
         std = (part.groupby("method")["final macro-F1"].std(ddof=1) * 100).max()
-        lines.append(
-            f"- Seed spread: the largest std of final macro-F1 over {paired_runs(stats)} is {std:.2f} points; the"
-            f" method means span {means.max() - means.min():.2f} points."
-        )
+        lines.append(say(TEMPLATE, "seed_spread", _over_orders(stats), std, means.max() - means.min()))
     else:
-        lines.append("- One seed per method: the seed-to-seed spread is not measured, so no difference is established.")
+        lines.append(say(TEMPLATE, "one_seed"))
     if no_dap in means and len(means) > 1:
         lines += _against_no_dap(stats, no_dap, means)
     lines += _against_dap_references(stats)
     majority = records[0].get("majority_class")
     if majority:
         best = part.groupby("method")["final acc"].mean().max() * 100
-        lines.append(
-            f"- Always predicting each task's most frequent test label would score {100 * majority['acc']:.2f} final"
-            f" accuracy and {100 * majority['macro_f1']:.2f} macro-F1 (best method: {best:.2f} / {means.max():.2f})."
-        )
+        lines.append(say(TEMPLATE, "majority", 100 * majority["acc"], 100 * majority["macro_f1"], best, means.max()))
     caveat = protocol_caveat(records[0]["config"]["finetune"])
     if caveat:
-        lines.append(f"- {caveat}")
+        lines.append(say(TEMPLATE, "caveat", caveat))
     return lines + mask_reading(records) + method_notes(records)
 
 
@@ -57,20 +88,10 @@ def measuring_comparisons(stats: GroupStatistics, reference: str) -> tuple[list[
     return [c for c in comparisons if c.label not in flagged], sorted(flagged)
 
 
-def _left_out(labels: list[str], reference: str) -> str:
-    """The sentence naming the rows not compared with ``reference`` because their cells do not measure the backbone."""
-    if not labels:
-        return ""
-    return (
-        f" Not compared with {code(reference)}: {', '.join(code(label) for label in labels)} (final cells that do not"
-        " measure the backbone: they predict under half of a test set's classes or score at the majority class)."
-    )
-
-
 def _against_no_dap(stats: GroupStatistics, no_dap: str, means: pd.Series) -> list[str]:
     comparisons, unmeasured = measuring_comparisons(stats, no_dap)
     if unmeasured and not comparisons:
-        return [f"- DAP vs no DAP: no verdict.{_left_out(unmeasured, no_dap)}"]
+        return [say(TEMPLATE, "no_dap_unmeasured", unmeasured, no_dap)]
     dap = means.drop(no_dap)
     # The paired tests cover only rows of more than one seed; naming a one-seed row "best" beside verdicts it never
     # had would read as a result, so the best is taken among the rows compared below whenever there are any.
@@ -78,14 +99,9 @@ def _against_no_dap(stats: GroupStatistics, no_dap: str, means: pd.Series) -> li
     untested = len(dap) - len(tested) if len(tested) else 0
     if untested:
         dap = tested
-    which = " of more than one seed" if untested else ""
-    return [
-        f"- DAP vs no DAP: the best DAP method{which} ({code(dap.idxmax())}) is {dap.max() - means[no_dap]:+.2f}"
-        f" points of final macro-F1 from {code(no_dap)}. Paired t-test whose standard error adds the test sample's"
-        f" bootstrap error to the seeds', q < {ALPHA}: {_separation(comparisons, 'no DAP')}."
-        + (f" {untested} one-seed row(s) are neither ranked nor tested." if untested else "")
-        + _left_out(unmeasured, no_dap)
-    ]
+    gap = dap.max() - means[no_dap]
+    found = separation(comparisons)
+    return [say(TEMPLATE, "against_no_dap", dap.idxmax(), gap, no_dap, ALPHA, found, untested, unmeasured)]
 
 
 def _against_dap_references(stats: GroupStatistics) -> list[str]:
@@ -99,32 +115,9 @@ def _against_dap_references(stats: GroupStatistics) -> list[str]:
         comparisons, unmeasured = measuring_comparisons(stats, reference)
         if not comparisons and not unmeasured:
             continue
-        lines.append(
-            f"- Final macro-F1 against {code(reference)} (paired by {paired_by(stats)}; t-test over"
-            f" {paired_runs(stats)} with the test sample's bootstrap error added, Benjamini-Hochberg over"
-            f" {len(comparisons)} method{'s' * (len(comparisons) != 1)}, q < {ALPHA}):"
-            f" {_separation(comparisons, 'it')}.{_left_out(unmeasured, reference)}"
-        )
+        found = separation(comparisons)
+        lines.append(say(TEMPLATE, "against_reference", reference, _over_orders(stats), ALPHA, found, unmeasured))
     return lines
-
-
-def _separation(comparisons: list[Comparison], reference: str) -> str:
-    """``above it X (+d); below it Y (-d); the other N are not separated from <reference>``: the resolved
-    differences in final macro-F1 points, by sign."""
-    above = [c for c in comparisons if c.resolved() and c.mean > 0]
-    below = [c for c in comparisons if c.resolved() and c.mean < 0]
-
-    def points(found: list[Comparison]) -> str:
-        return ", ".join(f"{code(c.label)} ({100 * c.mean:+.2f})" for c in found) or "none"
-
-    ties = [c for c in comparisons if not c.resolved()]
-    if not ties:
-        return f"above it {points(above)}; below it {points(below)}"
-    rest = "the other one is" if len(ties) == 1 else f"the other {len(ties)} are"
-    return (
-        f"above it {points(above)}; below it {points(below)}; {rest} not separated from {reference}"
-        f" ({tie_bound(ties, '.2f', 100)} points)"
-    )
 
 
 def mask_reading(records: list[dict]) -> list[str]:
@@ -145,11 +138,8 @@ def mask_reading(records: list[dict]) -> list[str]:
                 "0.5-0.9": np.nanmean(bins[:, 5:9]),
                 "0.9-1.0": np.nanmean(bins[:, 9]),
             }
-        shown = ", ".join(f"{span} keep {100 * v:.1f}%" for span, v in kept.items() if not np.isnan(v))
-        lines.append(
-            f"- {code(label)} soft-mask, measured at each domain's last step ({len(per_domain)} domain-runs): units of"
-            f" importance {shown} of the update they would take unmasked."
-        )
+        shown = [(span, v) for span, v in kept.items() if not np.isnan(v)]
+        lines.append(say(TEMPLATE, "mask", label, len(per_domain), shown))
     return lines
 
 
@@ -159,4 +149,4 @@ def method_notes(records: list[dict]) -> list[str]:
     for record in records:
         if record.get("leaderboard_note"):
             notes.setdefault(record["method"], record["leaderboard_note"])
-    return [f"- {code(name)}: {text(note)}" for name, note in sorted(notes.items())]
+    return [say(TEMPLATE, "method_note", name, note) for name, note in sorted(notes.items())]

@@ -21,9 +21,12 @@ import numpy as np
 
 from benchmark.report.beside import NO_DAP, final_macro_f1
 from benchmark.report.comparison import resolvable_difference
-from benchmark.report.escape import text
 from benchmark.report.frame import backbone_flag
 from benchmark.report.speed import machine_of
+from benchmark.report.words import say
+
+TEMPLATE = "frontier.md.j2"
+"""The template that holds the table's words."""
 
 DAP_SEEDS = 3
 """The DAP seeds per row a verdict is drawn from at the top rung (issue #86's unit of power)."""
@@ -104,10 +107,14 @@ def protocol_points(records: list[dict]) -> list[ProtocolPoint]:
     return sorted(points, key=lambda p: (p.profile, p.machine, p.hours))
 
 
+UNNAMED_MACHINE = "a machine the record does not name"
+"""The machine of a record that names none: a label its rows share (a key of the table, as a machine's name is)."""
+
+
 def _machine(record: dict) -> str:
     """Where a record's end tasks were timed, as the speed comparisons name a machine (:func:`machine_of`: its model,
     threads and load class), so that hours are set side by side only where speeds would be."""
-    return machine_of(record) or "a machine the record does not name"
+    return machine_of(record) or UNNAMED_MACHINE
 
 
 def frontier(points: list[ProtocolPoint]) -> list[ProtocolPoint]:
@@ -125,32 +132,8 @@ def frontier(points: list[ProtocolPoint]) -> list[ProtocolPoint]:
 def frontier_markdown(points: list[ProtocolPoint]) -> list[str]:
     """The points as a Markdown table, the frontier marked, with what each column means."""
     if not points:
-        return ["No `none` record was fine-tuned: there is no fine-tuning setting to place on the frontier."]
+        return [say(TEMPLATE, "nothing")]
     best = {id(p) for p in frontier(points)}
-    lines = [
-        "| profile | machine | setting | seeds | fine-tuned macro-F1 | probe macro-F1 | fine-tune sd"
-        f" | resolvable at {DAP_SEEDS} DAP seeds | end-task hours | cells | frontier |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for p in points:
-        probe = "–" if p.probe is None else f"{p.probe:.2f}"
-        noise = "–" if p.noise is None else f"{p.noise:.2f}"
-        lines.append(
-            f"| {text(p.profile)} | {text(p.machine)} | {text(p.setting)} | {p.seeds} | {p.macro_f1:.2f} | {probe}"
-            f" | {noise} | {_points(p.resolvable)}"
-            f" | {p.hours:.2f} | {text(p.unmeasured) or 'every final cell measures the backbone'}"
-            f" | {'yes' if id(p) in best else ''} |"
-        )
-    return [
-        *lines,
-        "",
-        f"Resolvable: the difference in final macro-F1 points between two rows at {DAP_SEEDS} DAP seeds that the"
-        " paired t-test resolves with 80% power when fine-tuning noise (the sd over `none`'s fine-tune seeds, twice"
-        " over) is all the per-seed differences hold: a lower bound. Hours: a record's end tasks at one thread (every"
-        " protocol it scores), on the machine named. Frontier: no other setting of the same profile and machine whose"
-        " cells measure the backbone is both cheaper and finer.",
-    ]
-
-
-def _points(value: float) -> str:
-    return "–" if not math.isfinite(value) else f"{value:.2f}"
+    lines = say(TEMPLATE, "header", DAP_SEEDS).split("\n")
+    lines += [say(TEMPLATE, "row", p, id(p) in best, math.isfinite) for p in points]
+    return [*lines, "", say(TEMPLATE, "legend", DAP_SEEDS)]

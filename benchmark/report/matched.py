@@ -20,6 +20,10 @@ import numpy as np
 
 from benchmark.report.comparison import Test, benjamini_hochberg, paired_test
 from benchmark.report.escape import code
+from benchmark.report.words import say
+
+TEMPLATE = "matched.md.j2"
+"""The template that holds this reading's words."""
 
 MIN_POINTS = 3
 """Strengths a family needs before it is a curve."""
@@ -148,24 +152,10 @@ def matched_markdown(part, records: list[dict]) -> list[str]:
     found = families(records)
     if not found:
         return []
-    lines = [
-        "### At matched plasticity",
-        "",
-        "Each curve is one method at several strengths of one option (forgetting and general rise against"
-        " plasticity). A row is compared with the curve at its own plasticity, per seed (the curve read linearly"
-        " between strengths, never beyond them): its metric minus the curve's, t-test over seeds, Benjamini-Hochberg"
-        " over the rows compared with the curve; below 0 = better than the method at the same plasticity.",
-        "",
-    ]
+    lines = [*say(TEMPLATE, "intro").split("\n"), ""]
     for family in found:
         for metric in METRICS:
             results = matched(part, family, metric)
             if results:
-                lines.append(f"- {family.title}, {metric}: " + "; ".join(_cell(c) for c in results) + ".")
+                lines.append(say(TEMPLATE, "family_line", family.title, metric, results))
     return [*lines, ""]
-
-
-def _cell(c: MatchedComparison) -> str:
-    low, high = c.test.interval()
-    verdict = "resolved" if c.resolved() else f"not resolved, 80% power at ±{c.test.resolvable():.3f}"
-    return f"{code(c.label)} {c.test.mean:+.3f} [{low:+.3f}, {high:+.3f}] (n={c.n}, q={c.q:.2g}, {verdict})"

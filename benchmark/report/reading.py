@@ -3,18 +3,52 @@ the seeds and the evaluation sample resolve and what they do not."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 from benchmark.report.escape import code
 from benchmark.report.frame import END_TASK_COLUMNS, VERDICT_METRICS, loss_columns
 from benchmark.report.statistics import ALPHA, Comparison, GroupStatistics, adjust_for_multiplicity
+from benchmark.report.words import say
 
-WORDS = {
-    "forgetting": ("less forgetting", "more forgetting"),
-    "general rise": ("a smaller general-loss rise", "a larger general-loss rise"),
-    "plasticity": ("less plasticity", "more plasticity"),
-}
+TEMPLATE = "reading.md.j2"
+"""The template that holds the reading's words."""
+
+
+@dataclass(frozen=True)
+class MetricFinding:
+    """One loss metric against one reference: the rows resolved lower and higher, and the ties with the smallest
+    differences their tests resolve with 80% power (their range over the tied rows)."""
+
+    title: str
+    lower: list[Comparison]
+    higher: list[Comparison]
+    ties: list[Comparison]
+
+    @property
+    def bound_low(self) -> float:
+        """The smallest of the ties' resolvable differences."""
+        return min(c.resolvable() for c in self.ties)
+
+    @property
+    def bound_high(self) -> float:
+        """The largest of the ties' resolvable differences."""
+        return max(c.resolvable() for c in self.ties)
+
+
+@dataclass(frozen=True)
+class ReferenceFinding:
+    """Every row against one reference on the verdict metrics (:data:`~benchmark.report.frame.VERDICT_METRICS`)."""
+
+    reference: str
+    tested: int
+    """The most rows compared on any metric: the size of the Benjamini-Hochberg family."""
+    orders: bool
+    """Whether the group spans several domain orders (its tests pair (order, seed) runs)."""
+    metrics: list[MetricFinding]
+    alpha: float = ALPHA
 
 
 def column_of(title: str):
@@ -49,80 +83,61 @@ def verdict_text(cells: dict[tuple[str, str], list[str]], name=code) -> str:
 def loss_reading(stats: GroupStatistics) -> list[str]:
     """Which methods beat each reference on forgetting, general-loss rise and plasticity; the evaluation sample's
     error; the spans of forgetting and drift."""
-    lines = []
-    for reference in stats.references.values():
-        clauses, tested = [], 0
-        for title, _ in VERDICT_METRICS:
-            comparisons = stats.comparisons(reference, column_of(title))
-            tested = max(tested, len(comparisons))
-            resolved = [c for c in comparisons if c.resolved()]
-            for sign, word in zip((-1, 1), WORDS[title], strict=True):
-                names = ", ".join(f"{code(c.label)} ({c.mean:+.3f})" for c in resolved if np.sign(c.mean) == sign)
-                clauses.append(f"{word}: {names or 'none'}")
-            ties = [c for c in comparisons if not c.resolved()]
-            if ties:
-                clauses.append(f"{title} not separated: {len(ties)} ({tie_bound(ties, '.3f')})")
-        if tested:
-            lines.append(
-                f"- Against {code(reference)} (held-out loss, nats; paired by {paired_by(stats)}; t-test whose standard"
-                f" error adds the held-out sample's bootstrap error to the seeds'; Benjamini-Hochberg over {tested}"
-                f" method{'s' * (tested != 1)} per metric, q < {ALPHA}): " + "; ".join(clauses) + "."
-            )
+    lines = [say(TEMPLATE, "against", found) for found in reference_findings(stats) if found.tested]
     lines += _evaluation_error(stats)
     lines += _span(stats, "forgetting", "Forgetting", "nats across methods")
     drift = stats.part.groupby("method")["CKA to base"].mean().dropna()
     if not drift.empty:
-        lines.append(
-            f"- Representation drift after the last stage: CKA to the base model from {drift.min():.3f}"
-            f" ({code(drift.idxmin())}) to {drift.max():.3f} ({code(drift.idxmax())})."
-        )
+        lines.append(say(TEMPLATE, "drift", drift.min(), drift.idxmin(), drift.max(), drift.idxmax()))
     return lines
+
+
+def reference_findings(stats: GroupStatistics) -> list[ReferenceFinding]:
+    """Per reference of the group, every row against it on each verdict metric (:class:`ReferenceFinding`)."""
+    found = []
+    for reference in stats.references.values():
+        metrics, tested = [], 0
+        for title, _ in VERDICT_METRICS:
+            comparisons = stats.comparisons(reference, column_of(title))
+            tested = max(tested, len(comparisons))
+            resolved = [c for c in comparisons if c.resolved()]
+            lower = [c for c in resolved if np.sign(c.mean) == -1]
+            higher = [c for c in resolved if np.sign(c.mean) == 1]
+            metrics.append(MetricFinding(title, lower, higher, [c for c in comparisons if not c.resolved()]))
+        found.append(ReferenceFinding(reference, tested, _over_orders(stats), metrics))
+    return found
+
+
+def _over_orders(stats: GroupStatistics) -> bool:
+    return stats.part["order"].nunique() > 1
 
 
 def paired_by(stats: GroupStatistics) -> str:
     """What the group's comparisons pair: the seed, or (order, seed) where the group spans several domain orders."""
-    return "(order, seed)" if stats.part["order"].nunique() > 1 else "seed"
+    return say(TEMPLATE, "paired_by", _over_orders(stats))
 
 
 def paired_runs(stats: GroupStatistics) -> str:
     """What a group's paired tests run over, in words: seeds, or (order, seed) runs."""
-    return "(order, seed) runs" if paired_by(stats) != "seed" else "seeds"
-
-
-def _spread_name(stats: GroupStatistics) -> str:
-    # A multi-order part's spread mixes orders and seeds: name it so it is not read as seed noise alone.
-    return "std over (order, seed) runs" if paired_by(stats) != "seed" else "seed std"
+    return say(TEMPLATE, "paired_runs", _over_orders(stats))
 
 
 def tie_bound(ties: list[Comparison], fmt: str, scale: float = 1.0) -> str:
     """What the ties of a family could have resolved: the smallest difference each test finds with 80% power, as a
     range over the tied rows (``equal within X`` where X is small, ``too few seeds`` where it is large)."""
     bounds = [c.resolvable() * scale for c in ties]
-    low, high = min(bounds), max(bounds)
-    span = f"{low:{fmt}}" if f"{low:{fmt}}" == f"{high:{fmt}}" else f"{low:{fmt}}-{high:{fmt}}"
-    return f"their seeds resolve differences of {span} with 80% power"
-
-
-def _se(c: Comparison) -> str:
-    return "?" if c.se_eval is None else f"{c.se_eval:.3f}"
+    return say(TEMPLATE, "tie_bound", f"{min(bounds):{fmt}}", f"{max(bounds):{fmt}}")
 
 
 def _evaluation_error(stats: GroupStatistics) -> list[str]:
     errors = stats.evaluation_errors([column_of(title) for title, _ in VERDICT_METRICS])
     if not errors and stats.part["method"].nunique() < 2:
-        return ["- The group holds one row: there is no paired difference to put an evaluation-sample error on."]
+        return [say(TEMPLATE, "evaluation_error", "one row")]
     if not errors and all(r["lm_loss"].get("chunks") for r in stats.records):
-        return [
-            "- No row shares two seeds with a reference yet: there is no paired difference to put an"
-            " evaluation-sample error on."
-        ]
+        return [say(TEMPLATE, "evaluation_error", "no pair")]
     if not errors:
-        return ["- The evaluation sample's own error is unknown for these records (made before per-chunk losses)."]
-    return [
-        f"- Evaluation sample: the standard error of a paired difference from a reference that the held-out sample"
-        f" alone causes is {np.median(errors):.4f} nats at the median and {max(errors):.4f} at most (bootstrap over"
-        " held-out chunks); intervals are ± the combined standard error of seeds and sample."
-    ]
+        return [say(TEMPLATE, "evaluation_error", "unknown")]
+    return [say(TEMPLATE, "evaluation_error", "measured", np.median(errors), max(errors))]
 
 
 def _span(stats: GroupStatistics, column: str, name: str, unit: str) -> list[str]:
@@ -130,10 +145,8 @@ def _span(stats: GroupStatistics, column: str, name: str, unit: str) -> list[str
     means = stats.part.groupby("method")[column].mean().dropna()
     if len(means) < 2 or np.isnan(spread):
         return []
-    return [
-        f"- {name} spans {means.min():.3f} ({code(means.idxmin())}) to {means.max():.3f} ({code(means.idxmax())})"
-        f" {unit}; the largest {_spread_name(stats)} is {spread:.3f}."
-    ]
+    low, high = means.min(), means.max()
+    return [say(TEMPLATE, "span", name, unit, low, means.idxmin(), high, means.idxmax(), _over_orders(stats), spread)]
 
 
 def option_parents(label: str) -> list[str]:
@@ -153,7 +166,7 @@ def variant_reading(stats: GroupStatistics) -> list[str]:
     on the held-out-loss metrics: what each option changes, everything else equal. The pairs of a group are read
     together, so their q-values are Benjamini-Hochberg over every pair of the group, per metric."""
     cells = _pair_family(stats, _variant_pairs(stats))
-    return _family_lines(stats, cells, "Each option against its parent", "option pair")
+    return _family_lines(stats, cells, "variants")
 
 
 def sibling_reading(stats: GroupStatistics) -> list[str]:
@@ -161,7 +174,7 @@ def sibling_reading(stats: GroupStatistics) -> list[str]:
     seed, on the held-out-loss metrics: whether a method's difference survives an option both share. Its own family
     of tests: q-values are Benjamini-Hochberg over every such pair of the group, per metric."""
     cells = _pair_family(stats, _sibling_pairs(stats))
-    return _family_lines(stats, cells, "Methods under the same options", "method pair")
+    return _family_lines(stats, cells, "siblings")
 
 
 def _pair_family(stats: GroupStatistics, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], list]:
@@ -178,18 +191,12 @@ def _pair_family(stats: GroupStatistics, pairs: list[tuple[str, str]]) -> dict[t
     return cells
 
 
-def _family_lines(stats: GroupStatistics, cells: dict, name: str, unit: str) -> list[str]:
+def _family_lines(stats: GroupStatistics, cells: dict, kind: str) -> list[str]:
+    """A family's header and a line per pair (``kind``: ``variants`` or ``siblings``)."""
     if not cells:
         return []
-    header = (
-        f"- {name} (held-out loss, nats; paired by {paired_by(stats)}; Benjamini-Hochberg"
-        f" over the {len(cells)} {unit}{'s' * (len(cells) != 1)} per metric; p and q of the t-test over"
-        f" {paired_runs(stats)} with the held-out sample's bootstrap error added, resolved when q < {ALPHA}):"
-    )
-    return [header] + [
-        f"  - {code(label)} against {code(ref)}: " + ", ".join(_variant_cell(title, c) for title, c in found) + "."
-        for (label, ref), found in cells.items()
-    ]
+    header = say(TEMPLATE, "family_header", kind, len(cells), _over_orders(stats), ALPHA)
+    return [header] + [say(TEMPLATE, "pair_line", label, ref, found) for (label, ref), found in cells.items()]
 
 
 def _variant_pairs(stats: GroupStatistics) -> list[tuple[str, str]]:
@@ -215,11 +222,6 @@ def _sibling_pairs(stats: GroupStatistics) -> list[tuple[str, str]]:
         ordered = sorted(siblings, key=lambda label: (rank.get(label.partition("[")[0], len(rank)), label))
         pairs += [(label, ref) for i, ref in enumerate(ordered) for label in ordered[i + 1 :]]
     return pairs
-
-
-def _variant_cell(title: str, c: Comparison) -> str:
-    mark = "" if c.resolved() else " (not resolved)"
-    return f"{title} {c.mean:+.3f} (p={c.p:.2g}, q={c.q:.2g}, eval SE {_se(c)}){mark}"
 
 
 def _pair(stats: GroupStatistics, subset: pd.DataFrame, parent: str, column) -> list[Comparison]:

@@ -16,7 +16,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from benchmark.report.escape import code, text
+from benchmark.report.words import say
+
+TEMPLATE = "speed.md.j2"
+"""The template that holds the speed reading's words."""
 
 
 def machine_of(record: dict) -> str | None:
@@ -102,21 +105,12 @@ def speed_reading(stats) -> list[str]:
         return []
     labels = sorted({r["method_label"] for r in stats.records if r["timing"].get("tokens_per_second")} - {naive})
     ratios = {label: same_machine_speed(stats.records, label, naive) for label in labels}
-    by_machine: dict[str, list[str]] = {}
+    by_machine: dict[str, list[tuple[str, SpeedRatio]]] = {}
     for label, found in ratios.items():
         if found is not None:
-            by_machine.setdefault(found.machine, []).append(
-                f"{code(label)} {found.ratio:.2f}x ({found.runs} against {found.reference_runs} runs)"
-            )
-    lines = [
-        f"- DAP tokens per second against {code(naive)}, only between runs on the same machine, on"
-        f" {text(machine)}: {', '.join(rows)}."
-        for machine, rows in sorted(by_machine.items())
-    ]
-    apart = [code(label) for label, found in ratios.items() if found is None]
+            by_machine.setdefault(found.machine, []).append((label, found))
+    lines = [say(TEMPLATE, "same_machine", naive, machine, found) for machine, found in sorted(by_machine.items())]
+    apart = [label for label, found in ratios.items() if found is None]
     if apart:
-        lines.append(
-            f"- Speed not compared with {code(naive)} (no named machine holds runs of both; their tokens/s columns"
-            f" may come from different machines): {', '.join(apart)}."
-        )
+        lines.append(say(TEMPLATE, "apart", naive, apart))
     return lines

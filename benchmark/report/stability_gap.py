@@ -9,7 +9,10 @@ import numpy as np
 
 from benchmark.metrics import stability_gap
 from benchmark.report.comparison import benjamini_hochberg, paired_test
-from benchmark.report.escape import code
+from benchmark.report.words import say
+
+TEMPLATE = "stability_gap.md.j2"
+"""The template that holds the section's words."""
 
 MEASURES = {"earlier_depth": "earlier domains", "general_depth": "general text"}
 """The depths read, by what they are the depth of."""
@@ -31,22 +34,13 @@ def stability_gap_markdown(records: list[dict], reference: str | None) -> list[s
     depths = _depths(records)
     if not depths:
         return []
-    lines = [
-        "### The stability gap (continual evaluation)",
-        "",
-        "Measured while each domain trains (`dap.eval_every`): how far the mean held-out loss of the domains learned"
-        " before it, and of general text, rose above where the domain started at its worst point (nats, mean over"
-        " seeds; the dip a run stopped or checkpointed mid-domain would ship).",
-        "",
-        "| row | seeds | " + " | ".join(f"depth, {name}" for name in MEASURES.values()) + " |",
-        "|---|---|" + "---|" * len(MEASURES),
-    ]
+    lines = say(TEMPLATE, "intro", list(MEASURES.values())).split("\n")
     for label, runs in sorted(depths.items()):
         cells = []
         for measure in MEASURES:
             values = [gap[measure] for gap in runs.values() if measure in gap]
-            cells.append(f"{np.mean(values):.3f}" if values else "–")
-        lines.append(f"| {code(label)} | {len(runs)} | " + " | ".join(cells) + " |")
+            cells.append(np.mean(values) if values else None)
+        lines.append(say(TEMPLATE, "row", label, len(runs), cells))
     lines += ["", *_verdicts(depths, reference), ""]
     return lines
 
@@ -70,15 +64,8 @@ def _verdicts(depths: dict, reference: str | None) -> list[str]:
         if not tests:
             continue
         qs = dict(zip(tests, benjamini_hochberg([t.p for t in tests.values()]), strict=True))
-        parts = []
-        for label, found in tests.items():
-            if qs[label] < 0.05:
-                parts.append(f"{code(label)} {found.mean:+.3f} ({'shallower' if found.mean < 0 else 'deeper'})")
-            else:
-                parts.append(f"{code(label)} not resolved (80% power at ±{found.resolvable():.3f})")
-        out.append(
-            f"- Against {code(reference)}, depth on {name} (paired t, BH over {len(tests)} rows): {'; '.join(parts)}."
-        )
+        found = [(label, test, qs[label] < 0.05) for label, test in tests.items()]
+        out.append(say(TEMPLATE, "verdicts", reference, name, found))
     return out
 
 

@@ -11,8 +11,17 @@ from benchmark.metrics import (
     largest_update_sizes,
     untrained_groups,
 )
-from benchmark.report.escape import code
 from benchmark.report.statistics import GroupStatistics
+from benchmark.report.words import say
+
+TEMPLATE = "training.md.j2"
+"""The template that holds the training reading's words."""
+THRESHOLDS = {
+    "GATE_DECISIONS": GATE_DECISIONS,
+    "GATES_UNLEARNED_BELOW": GATES_UNLEARNED_BELOW,
+    "UNTRAINED_BELOW": UNTRAINED_BELOW,
+}
+"""The flags' names and thresholds the template states (:mod:`benchmark.metrics` defines them)."""
 
 
 def training_reading(stats: GroupStatistics) -> list[str]:
@@ -26,18 +35,13 @@ def training_reading(stats: GroupStatistics) -> list[str]:
         stages = [stage for record in records for stage in record["domains"]]
         stalled = untrained_groups(stages)
         if stalled:
-            lines.append(
-                f"- {code(label)} is untrained at this budget: {'; '.join(_stalled(g, v) for g, v in stalled.items())}."
-                f" Its numbers measure the method's starting point more than what it learns{_gates(stages)}."
-            )
+            lines.append(say(TEMPLATE, "untrained", label, list(stalled.items()), _open_shares(stages), THRESHOLDS))
         elif plasticity.get(label, 0) < 0 and any(stage.get("trained") for stage in stages):
-            lines.append(f"- {code(label)} has negative plasticity ({plasticity[label]:+.3f}): {_moved(stages)}.")
+            largest = sorted(largest_update_sizes(stages).items())
+            lines.append(say(TEMPLATE, "negative_plasticity", label, plasticity[label], largest))
     unmeasured = [label for label, records in sorted(by_label.items()) if _predates_update_sizes(records)]
     if unmeasured:
-        lines.append(
-            f"- Whether these rows' parameters moved is not recorded yet (records made before update sizes were"
-            f" measured; `dapbench reproduce RECORD --stages-only` measures them): {', '.join(map(code, unmeasured))}."
-        )
+        lines.append(say(TEMPLATE, "unmeasured", unmeasured))
     return lines
 
 
@@ -46,28 +50,6 @@ def _predates_update_sizes(records: list[dict]) -> bool:
     return any(s.get("trained") and "update_sizes" not in s for record in records for s in record["domains"])
 
 
-def _stalled(group: str, value: float) -> str:
-    if group == GATE_DECISIONS:
-        return (
-            f"at most {100 * value:.1f}% of its gate decisions changed in a domain (threshold"
-            f" {100 * GATES_UNLEARNED_BELOW:g}%)"
-        )
-    return f"its {group} moved at most {value:.1e} of their norm in a domain (threshold {UNTRAINED_BELOW:g})"
-
-
-def _gates(stages: list[dict]) -> str:
-    """``; its masks keep 51% of units`` for a gated method (the share of units its last domain's mask keeps)."""
-    open_shares = [s["method_report"]["gates_open"] for s in stages if "gates_open" in (s.get("method_report") or {})]
-    return (
-        f" (its masks keep {100 * min(open_shares):.0f}-{100 * max(open_shares):.0f}% of the units)"
-        if open_shares
-        else ""
-    )
-
-
-def _moved(stages: list[dict]) -> str:
-    largest = largest_update_sizes(stages)
-    if not largest:
-        return "its records predate update sizes, so whether its parameters moved is not recorded yet"
-    moved = ", ".join(f"{group} up to {size:.3g}" for group, size in sorted(largest.items()))
-    return f"it trained ({moved} of their norm per domain) and still lost on the domains it trained on"
+def _open_shares(stages: list[dict]) -> list[float]:
+    """The share of units each domain's mask keeps, for a gated method (empty for any other)."""
+    return [s["method_report"]["gates_open"] for s in stages if "gates_open" in (s.get("method_report") or {})]

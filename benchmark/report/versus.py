@@ -13,11 +13,14 @@ import difflib
 from collections.abc import Callable
 
 from benchmark.errors import DapbenchError
-from benchmark.report.escape import code
 from benchmark.report.frame import VERDICT_METRICS
 from benchmark.report.groups import Group
 from benchmark.report.reading import column_of, paired_by
-from benchmark.report.statistics import ALPHA, Comparison, GroupStatistics
+from benchmark.report.statistics import ALPHA, GroupStatistics
+from benchmark.report.words import say
+
+TEMPLATE = "versus.md.j2"
+"""The template that holds the table's words."""
 
 
 def versus_markdown(groups: list[Group], label: str, statistics: Callable[[Group], GroupStatistics]) -> list[str]:
@@ -43,28 +46,13 @@ def _group_table(group: Group, stats: GroupStatistics, label: str) -> list[str]:
     seeds = len({r["seed"] for r in group.records if r["method_label"] == label})
     found = {title: {c.label: c for c in stats.comparisons(label, column_of(title))} for title, _ in VERDICT_METRICS}
     others = sorted({row for by_row in found.values() for row in by_row})
-    lines = [
-        f"## {code(label)} against every row of group `{group.key}` ({first['profile']}, {seeds} seed(s) of it)",
-        "",
-        f"{code(label)} minus the row, nats (forgetting and general rise: lower is better; plasticity: higher);"
-        f" paired by {paired_by(stats)}; q < {ALPHA} after Benjamini-Hochberg over the {len(others)} rows per metric.",
-        "",
-        "| row | pairs | " + " | ".join(title for title, _ in VERDICT_METRICS) + " |",
-        "|---|---|" + "---|" * len(VERDICT_METRICS),
-    ]
+    metrics = [title for title, _ in VERDICT_METRICS]
+    intro = (label, group.key, first["profile"], seeds, paired_by(stats), ALPHA, len(others), metrics)
+    lines = say(TEMPLATE, "intro", *intro).split("\n")
     for row in others:
         cells = [found[title].get(row) for title, _ in VERDICT_METRICS]
         pairs = max((c.n for c in cells if c is not None), default=0)
-        lines.append(f"| {code(row)} | {pairs} | " + " | ".join(_cell(c) for c in cells) + " |")
+        lines.append(say(TEMPLATE, "row", row, pairs, cells))
     if not others:
-        lines.append("| (no other row shares two seeds with it) | | " + " | " * (len(VERDICT_METRICS) - 1) + " |")
+        lines.append(say(TEMPLATE, "alone", metrics))
     return [*lines, ""]
-
-
-def _cell(comparison: Comparison | None) -> str:
-    """The named row minus the other one (a comparison holds the other row minus the reference: the sign turns)."""
-    if comparison is None:
-        return "–"
-    if comparison.resolved():
-        return f"**{-comparison.mean:+.3f}** (q = {comparison.q:.3f})"
-    return f"{-comparison.mean:+.3f}, not resolved (80% power at ±{comparison.resolvable():.3f})"
