@@ -19,15 +19,18 @@ FINDING_MODULES = (
     "beside.py",
     "end_task_reading.py",
     "frontier.py",
+    "group_text.py",
     "ladder.py",
     "law.py",
+    "markdown.py",
     "matched.py",
     "reading.py",
     "stability_gap.py",
     "training_reading.py",
     "versus.py",
 )
-"""Readings whose words live in templates: they may hold names, short labels and their errors, never a sentence."""
+"""Readings and the leaderboard's renderer, whose words live in templates: they may hold names, short labels and
+their errors, never a sentence."""
 
 
 def _prose_literals(path: Path) -> list[str]:

@@ -26,6 +26,7 @@ import pandas as pd
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_bytes, atomic_write_text, path_inside
 from benchmark.metrics import majority_macro_f1, record_backbone_flags
+from benchmark.report.words import say
 
 TABLES = ("runs", "stages", "curves", "end_tasks")
 """The exported tables, each ``<name>.parquet``."""
@@ -221,42 +222,4 @@ def dataset_card(tables: dict[str, pd.DataFrame]) -> str:
         __version__ = version("dapbench")
     except PackageNotFoundError:  # a checkout used without installing it
         __version__ = "unknown"
-    header = ["---", "license: apache-2.0", "pretty_name: dapbench results", "tags:", "- continual-learning"]
-    header += ["- domain-adaptive-pretraining", "- benchmark", "configs:"]
-    for name in TABLES:
-        header += [f"- config_name: {name}", f"  data_files: {name}.parquet"]
-    header += ["---", ""]
-    body = [
-        "# dapbench results",
-        "",
-        f"Continual domain-adaptive pre-training runs exported by `dapbench export` (dapbench {__version__}).",
-        "Losses are nats per predicted token; scores are fractions in [0, 1].",
-        "",
-        "```python",
-        "import pandas as pd",
-        'runs = pd.read_parquet("runs.parquet")',
-        "from datasets import load_dataset",
-        'stages = load_dataset("parquet", data_files="stages.parquet")["train"]',
-        "```",
-        "",
-    ]
-    for name in TABLES:
-        frame = tables[name]
-        columns = ", ".join(f"`{column}`" for column in frame.columns)
-        body += [f"## {name} ({len(frame)} rows)", "", TABLE_DOCS[name], "", f"Columns: {columns}", ""]
-    return "\n".join(header + body)
-
-
-TABLE_DOCS = {
-    "runs": "One row per run record (method x seed x setting): `group` is the leaderboard group whose rows are "
-    "comparable; every metric the leaderboard prints, in snake case (plasticity, forgetting, general rise: nats).",
-    "stages": "One row per record x stage x held-out set: `stage` -1 is the base model, t the model after domain t.",
-    "curves": "One row per record x stage x measured update x held-out set of runs with continual evaluation "
-    "(`dap.eval_every`): the loss on the set's first `dap.eval_chunks` chunks after `update` updates of domain "
-    "`stage` (update 0: before its first); empty where no run measured curves.",
-    "end_tasks": "One row per record x protocol x stage x end task, its scores the mean of its `fine_tunes` "
-    "(`finetune.seeds`; classes from the first): `measures_backbone` is false where a "
-    "classifier predicts fewer than half of `classes_in_test` (`classes_predicted`) or its macro-F1 is at or below "
-    "`majority_macro_f1`, always predicting the most frequent test label; the leaderboard states no verdict from "
-    "such a cell.",
-}
+    return say("dataset_card.md.j2", "card", {name: tables[name] for name in TABLES}, __version__)

@@ -14,6 +14,10 @@ from benchmark.report.reading import loss_reading, sibling_reading, variant_read
 from benchmark.report.speed import speed_reading
 from benchmark.report.statistics import GroupStatistics
 from benchmark.report.training_reading import training_reading
+from benchmark.report.words import say
+
+TEMPLATE = "group.md.j2"
+"""The template that holds these words."""
 
 
 def group_reading(stats: GroupStatistics) -> list[str]:
@@ -28,14 +32,7 @@ def generated_world_note(record: dict) -> str | None:
     lands on it must not read its verdicts as ones about real text (the short answer never reads it either)."""
     if record["profile"] != GENERATED_WORLD:
         return None
-    return (
-        "generated world, not real text: six invented domains whose facts the generator plants (entities whose"
-        " labels only the domain corpus tells, adjectives whose polarity differs between domains), with a tiny base"
-        " model pre-trained on its general text only (benchmark.data.synthetic). It is built so that DAP helps its"
-        " end tasks and sequential training interferes, so end-task verdicts can resolve here at CPU cost; its"
-        " numbers say how methods behave on that design, are never compared with the real-data groups, and never"
-        " enter the short answer"
-    )
+    return say(TEMPLATE, "generated_world")
 
 
 def run_matrices(record: dict) -> list[str]:
@@ -56,5 +53,5 @@ def run_matrices(record: dict) -> list[str]:
     frame.columns = [text(c) for c in frame.columns]
     lines += ["## {} ({})".format(*unit), "", frame.to_markdown(floatfmt=".4f"), ""]
     if is_decoder(record):
-        lines += ["## perplexity (exp of the loss)", "", np.exp(frame.astype(float)).to_markdown(floatfmt=".1f"), ""]
+        lines += [say(TEMPLATE, "perplexity_title"), "", np.exp(frame.astype(float)).to_markdown(floatfmt=".1f"), ""]
     return lines
