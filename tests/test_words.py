@@ -24,12 +24,13 @@ FINDING_MODULES = (
     "law.py",
     "markdown.py",
     "matched.py",
+    "plots.py",
     "reading.py",
     "stability_gap.py",
     "training_reading.py",
     "versus.py",
 )
-"""Readings and the leaderboard's renderer, whose words live in templates: they may hold names, short labels and
+"""Readings and the leaderboard's and plots' renderers, whose words live in templates: they may hold names, short labels and
 their errors, never a sentence."""
 
 

@@ -20,6 +20,10 @@ from benchmark.report.frame import (
     reference_labels,
 )
 from benchmark.report.ladder import LadderReading, budget_band, budget_series, ladder_columns
+from benchmark.report.words import say
+
+PLOTS = "plots.txt.j2"
+"""The template that holds the plots' titles, axis labels and legends."""
 
 
 def _pyplot():
@@ -58,14 +62,14 @@ def plot_matrices(records: list[dict], path: Path, colours: dict[str, str] | Non
     fig = plt.figure(figsize=(6.5 + 0.6 * len(tasks), height))
     grid = fig.add_gridspec(max(1, len(references)), 2, width_ratios=[1, 1])
     final = np.array([_final_scores(groups[label]) for label in order])
-    title = "final macro-F1 (%) per end task\n(per-domain methods: each domain's own model)"
+    title = say(PLOTS, "end_task_title")
     _heatmap(fig.add_subplot(grid[:, 0]), final, tasks, order, title)
     _mark_references(fig.axes[0], order, references, colours or method_colours(order))
     for i, label in enumerate(label for label in references if label in groups):
         ax = fig.add_subplot(grid[i, 1])
         _heatmap(ax, mean_score_matrix(groups[label], "macro_f1"), tasks, [f"after {d}" for d in domains], "")
-        ax.set_title(f"{label} ★ ({references[label]}): A[t][k], macro-F1 %", fontsize=9)
-    fig.suptitle(f"end tasks, mean of each method's seeds ({len(first['end_tasks'])} tasks)", fontsize=10)
+        ax.set_title(say(PLOTS, "reference_matrix", label, references[label]), fontsize=9)
+    fig.suptitle(say(PLOTS, "end_tasks_suptitle", len(first["end_tasks"])), fontsize=10)
     return _save(fig, path)
 
 
@@ -111,8 +115,8 @@ def plot_forgetting(records: list[dict], path: Path, colours: dict[str, str] | N
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.3 * len(order) + 2.0), sharey=True)
     panels = (
-        (_forgetting, "held-out loss forgetting (nats, lower is better)"),
-        (_end_task_forgetting, "end-task forgetting (macro-F1 points, lower is better)"),
+        (_forgetting, say(PLOTS, "heldout_forgetting")),
+        (_end_task_forgetting, say(PLOTS, "end_task_forgetting")),
     )
     for ax, (value, title) in zip(axes, panels, strict=True):
         for i, label in enumerate(order):
@@ -126,8 +130,7 @@ def plot_forgetting(records: list[dict], path: Path, colours: dict[str, str] | N
     _mark_references(axes[0], order, references, colours)
     axes[0].invert_yaxis()  # least forgetting on top
     left_out = sorted(set(groups) - set(kept))
-    note = f"; left out (nothing to forget by construction): {', '.join(left_out)}" if left_out else ""
-    fig.suptitle(f"forgetting: bar = mean over seeds, dots = seeds, ★ reference rows{note}", fontsize=9)
+    fig.suptitle(say(PLOTS, "forgetting_suptitle", left_out), fontsize=9)
     return _save(fig, path)
 
 
@@ -175,11 +178,7 @@ def plot_heldout_losses(records: list[dict], path: Path, colours: dict[str, str]
         ax.tick_params(axis="y", labelsize=7)
     for ax in list(axes.flat)[len(order) :]:
         ax.axis("off")
-    unit = "{} ({})".format(*loss_unit(first))
-    behind = f"; grey: {naive}'s, for comparison" if naive else ""
-    fig.suptitle(
-        f"{unit} per method: solid = mean over the domains' held-out sets, dashed = general text{behind}", fontsize=9
-    )
+    fig.suptitle(say(PLOTS, "heldout_suptitle", loss_unit(first), naive), fontsize=9)
     return _save(fig, path)
 
 
@@ -222,7 +221,7 @@ def plot_importance(records: list[dict], path: Path, colours: dict[str, str] | N
                 means = np.mean(per_seed, axis=0)
                 colour = (colours or method_colours(list(reports)))[label]
                 ax.bar(np.arange(len(means)) + i * width, means, width, label=label, color=colour)
-        ax.set_title(f"{unit}: mean importance after the last domain", fontsize=9)
+        ax.set_title(say(PLOTS, "importance_title", unit), fontsize=9)
         ax.set_xlabel("layer")
         ax.set_ylim(0, 1)
     _legend_outside(fig, axes.flat[0])
@@ -265,11 +264,9 @@ def plot_stability_plasticity(records: list[dict], path: Path, colours: dict[str
     ax.set_ylim(*ylim)
     ax.axhline(0, color="grey", lw=0.6)
     ax.axvline(0, color="grey", lw=0.6)
-    ax.set_xlabel("plasticity: mean_k base[k] − L[k][k] (nats, higher is better →)")
-    ax.set_ylabel("forgetting: mean_k L[T−1][k] − L[k][k] (nats, lower is better ↓)")
-    ax.set_title(
-        "stability vs plasticity of the held-out loss (mean over seeds, bars: seed std; ★ reference rows)", fontsize=9
-    )
+    ax.set_xlabel(say(PLOTS, "plasticity_axis"))
+    ax.set_ylabel(say(PLOTS, "forgetting_axis"))
+    ax.set_title(say(PLOTS, "stability_title"), fontsize=9)
     return _save(fig, path)
 
 
@@ -349,7 +346,7 @@ def plot_mask_damping(records: list[dict], path: Path, colours: dict[str, str] |
     left, panels = axes.flat[0], list(axes.flat[1:])
     bins = len(next(iter(masks.values()))[0]["damping_per_bin"])
     centres = (np.arange(bins) + 0.5) / bins
-    left.plot([0, 1], [1, 0], color="grey", ls="--", lw=0.8, label="1 − I (an exactly scaled update)")
+    left.plot([0, 1], [1, 0], color="grey", ls="--", lw=0.8, label=say(PLOTS, "exact_scaling"))
     for label, reports in masks.items():
         per_bin = [[np.nan if v is None else v for v in m["damping_per_bin"]] for m in reports]
         left.plot(centres, mean_over_seeds(per_bin), marker="o", ms=3, label=label, color=colours[label])
@@ -358,12 +355,12 @@ def plot_mask_damping(records: list[dict], path: Path, colours: dict[str, str] |
             if counts:
                 share = np.asarray(counts, dtype=float) / max(sum(counts), 1)
                 ax.plot(centres, share, marker=".", color=colours[label])
-    left.set(xlabel="accumulated importance I of the unit (bin centre)", ylabel="|update| / |unmasked update|")
+    left.set(xlabel=say(PLOTS, "importance_axis"), ylabel=say(PLOTS, "damping_axis"))
     left.set_ylim(-0.05, 1.1)
-    left.set_title("measured damping of soft-masked units", fontsize=9)
+    left.set_title(say(PLOTS, "damping_title"), fontsize=9)
     for ax, unit in zip(panels, units, strict=True):
-        ax.set(xlabel="importance I (bin centre)", ylabel="share of units")
-        ax.set_title(f"{unit}: importance histogram (one seed's last domain)", fontsize=9)
+        ax.set(xlabel=say(PLOTS, "histogram_axis"), ylabel="share of units")
+        ax.set_title(say(PLOTS, "histogram_title", unit), fontsize=9)
     _legend_outside(fig, left)
     return _save(fig, path)
 
@@ -376,11 +373,6 @@ GROUP_PLOTS: dict[str, Callable[[list[dict], Path, dict[str, str] | None], Path 
     "heldout-loss": plot_heldout_losses,
     "importance": plot_importance,
 }
-
-
-UNTRAINED_MARK = "flagged untrained at this budget (not compared)"
-"""The legend's name for a row's point at a rung whose budget did not train it
-(:attr:`benchmark.report.ladder.Rung.untrained`)."""
 
 
 def plot_ladder(reading: LadderReading, path, colours: dict[str, str] | None = None) -> object:
@@ -408,12 +400,12 @@ def plot_ladder(reading: LadderReading, path, colours: dict[str, str] | None = N
                 ax.fill_between(tokens, low, high, color=ax.lines[-1].get_color(), alpha=0.15, lw=0)
             if flagged:
                 xs, marks = zip(*flagged, strict=True)
-                ax.scatter(xs, marks, marker="x", s=22, color="0.35", zorder=3, label=UNTRAINED_MARK)
+                ax.scatter(xs, marks, marker="x", s=22, color="0.35", zorder=3, label=say(PLOTS, "untrained_mark"))
         ax.set_xscale("log")
         ax.minorticks_off()  # log-scale minor labels (3x10^4, 4x10^4, ...) overlap; the rungs are the ticks
         ax.set_xticks(tokens, [f"{t / 1000:,.0f}K" for t in tokens])
         ax.set_title(f"{column.title} ({'higher' if column.higher_is_better else 'lower'} is better)", fontsize=9)
-        ax.set_xlabel("DAP tokens per domain", fontsize=8)
+        ax.set_xlabel(say(PLOTS, "tokens_axis"), fontsize=8)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(columns) :]:
         ax.axis("off")
@@ -422,5 +414,5 @@ def plot_ladder(reading: LadderReading, path, colours: dict[str, str] | None = N
         for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
             legend.setdefault(name, handle)
     if legend:
-        fig.legend(legend.values(), legend.keys(), loc="lower right", fontsize=8, title="reference rows (others grey)")
+        fig.legend(legend.values(), legend.keys(), loc="lower right", fontsize=8, title=say(PLOTS, "references_legend"))
     return _save(fig, path)
