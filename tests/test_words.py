@@ -27,6 +27,7 @@ FINDING_MODULES = (
     "plots.py",
     "reading.py",
     "stability_gap.py",
+    "summary.py",
     "training_reading.py",
     "versus.py",
 )

@@ -8,6 +8,10 @@ from benchmark.report.frame import END_TASK_COLUMNS, leaderboard_frame, loss_col
 from benchmark.report.groups import group_records
 from benchmark.report.reading import verdicts
 from benchmark.report.statistics import GroupStatistics
+from benchmark.report.words import say
+
+TEMPLATE = "terminal.txt.j2"
+"""The template that holds what a finished run prints."""
 
 SHOWN = ("final gain", "forgetting", "general rise")
 
@@ -26,7 +30,7 @@ def majority_note(final_macro_f1: float, majority: dict | None) -> str:
     """`` (= the majority class)`` where a final macro-F1 is what always predicting each task's most frequent label
     scores (to the printed 0.1 point): the end tasks learned nothing at this budget, whatever the method did."""
     if majority and abs(final_macro_f1 - majority["macro_f1"]) < 5e-4:
-        return " (= always predicting the majority class)"
+        return say(TEMPLATE, "majority_note")
     return ""
 
 
@@ -37,25 +41,21 @@ def terminal_summary(run_records: list[dict], all_records: list[dict]) -> list[s
     why (e.g. a seed not yet run over every domain order of its part)."""
     ids = {r["run_id"] for r in run_records}
     groups, left_out = group_records(all_records)
-    lines = [
-        f"{s.run_id}: left out of the leaderboard ({s.kind}): {printable(s.reason)}"
-        for s in left_out
-        if s.run_id in ids
-    ]
+    lines = [say(TEMPLATE, "left_out", s.run_id, s.kind, printable(s.reason)) for s in left_out if s.run_id in ids]
     for group in (g for g in groups if ids & {r["run_id"] for r in g.records}):
         part = leaderboard_frame(group.records, group_of=lambda record, key=group.key: key)
         stats = GroupStatistics(part, group.records, group.sample_key, reference_labels(group.records))
         found = verdicts(stats)
-        lines.append(f"{printable(group.title)} ({len(group.records)} runs):")
+        lines.append(say(TEMPLATE, "group_line", printable(group.title), len(group.records)))
         columns = [c for c in loss_columns() if c.title in SHOWN] + [
             c for c in END_TASK_COLUMNS if c.title == "final macro-F1"
         ]
         for label in sorted(set(part["method"])):
             cells = [_cell(stats, label, c, group.records[0].get("majority_class")) for c in columns]
-            verdict = found.get(label, "").replace("`", "") or "none resolved"
-            lines.append(f"  {printable(label)}: " + ", ".join(c for c in cells if c) + f"; verdicts: {verdict}")
+            verdict = found.get(label, "").replace("`", "")
+            lines.append(say(TEMPLATE, "row", printable(label), [c for c in cells if c], verdict))
         if part.groupby("method").size().max() < 2:
-            lines.append("  one seed per method: no difference between methods is resolved (add seeds to test them)")
+            lines.append(say(TEMPLATE, "one_seed"))
     return lines
 
 
