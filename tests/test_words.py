@@ -31,8 +31,8 @@ FINDING_MODULES = (
     "training_reading.py",
     "versus.py",
 )
-"""Readings and the leaderboard's and plots' renderers, whose words live in templates: they may hold names, short labels and
-their errors, never a sentence."""
+"""Readings and the leaderboard's, plots' and terminal's renderers, whose words live in templates: they may hold
+names, short labels and their errors, never a sentence."""
 
 
 def _prose_literals(path: Path) -> list[str]:
