@@ -79,7 +79,21 @@ def _method_names(names: Sequence[str]) -> tuple[str, ...]:
 def _method_name(name: str) -> str:
     from benchmark.registry import default_registry
 
+    base, bracket, options = name.partition("[")
+    if bracket and options.endswith("]"):
+        _refuse_row_label(name, base, options[:-1])
     return default_registry().canonical_name(name)
+
+
+def _refuse_row_label(label: str, base: str, options: str) -> None:
+    """A leaderboard row label (``ewc[strength=500.0]``, ``ncl[replay.general=0.25]``) given as a method: refused
+    with the command that runs that row (a method option is ``--set METHOD.KEY``, a recipe option its own key)."""
+    pairs = [option.partition("=") for option in options.split(",")]
+    sets = " ".join(f"--set {key if '.' in key else f'{base}.{key}'}={value}" for key, _, value in pairs)
+    raise DapbenchError(
+        f"--methods takes method names; {label!r} is a leaderboard row label (method {base!r} with options)",
+        f"run that row with --methods {base} {sets}",
+    )
 
 
 def _method_class(name: str):

@@ -69,3 +69,22 @@ def test_a_rerun_supersedes_its_migrated_schema_1_record_and_the_leaderboard_say
     # both schema-1 records (numerics unrecorded) are superseded by the group of recorded numerics: left out by name
     reasons = {d.run_id: d.reason for d in dropped}
     assert set(reasons) == {old["run_id"]} | {other_seed["run_id"]} and "older numerics" in reasons[old["run_id"]]
+
+
+@pytest.mark.parametrize(
+    ("label", "command"),
+    [
+        ("ewc[strength=500.0]", "--methods ewc --set ewc.strength=500.0"),
+        (
+            "ncl[replay.general=0.25,schedule.name=wsd]",
+            "--methods ncl --set replay.general=0.25 --set schedule.name=wsd",
+        ),
+    ],
+)
+def test_a_row_label_given_as_a_method_is_refused_with_the_command_that_runs_that_row(label, command):
+    from benchmark.api import resolve_config
+
+    with pytest.raises(DapbenchError, match="is a leaderboard row label") as raised:
+        resolve_config("synthetic", methods=[label])
+    assert f"run that row with {command}" in str(raised.value)
+    resolve_config("synthetic", methods=command.split()[1:2])  # the row's method is a method name
