@@ -8,7 +8,7 @@ typed settings (a frozen dataclass it declares when it registers: :class:`NoSett
 :class:`~benchmark.config.ScheduleConfig` by field name (:func:`schedule_settings`); ``span`` is where the stage's
 updates sit in the sequence (:class:`Span`). The run's config keeps one ``schedule`` section, the union of the
 settings' fields, because a run's id is the digest of that section as records have always written it; a value a chosen
-schedule does not read is refused before any work (:func:`unread_settings`), so every setting a run states is one
+schedule does not read is refused before any work (:func:`check_schedule`), so every setting a run states is one
 its schedule uses.
 The scheduler gives a factor of ``dap.lr`` at every update of the stage. Notation: s = the update within the stage,
 n = its updates, w = ``int(dap.warmup_ratio x n)``, t = the stage's index, f = ``schedule.min_lr_ratio``.
@@ -29,6 +29,7 @@ import torch
 
 from benchmark.errors import DapbenchError
 from benchmark.plugins import RegistrationError, Registry
+from benchmark.settings import settings_view
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,7 @@ the stage's recipe, :func:`benchmark.engine.recipe.stage_scheduler`, before any 
 def schedule_settings(config) -> object:
     """The typed settings of ``config.name``'s schedule, read from the run's ``schedule`` section by field name."""
     SCHEDULES.get(config.name)  # loads a plugin's schedule (and its settings) on first use
-    settings = SETTINGS[config.name]
-    return settings(**{f.name: getattr(config, f.name) for f in fields(settings)})
+    return settings_view(SETTINGS[config.name], config)
 
 
 def check_schedule(config) -> None:
@@ -145,7 +145,7 @@ def check_schedule(config) -> None:
             readers = [n for n in SCHEDULES.names() if f.name in {g.name for g in fields(SETTINGS[n])}] or ["none"]
             raise DapbenchError(
                 f"schedule.{f.name}={getattr(config, f.name)!r} is not read by schedule.name={config.name}"
-                f" (it reads {', '.join(sorted(declared | {'lr_scale'}))})",
+                f" (it reads {', '.join(sorted(read - {'name'}))})",
                 f"drop schedule.{f.name}, or choose a schedule that reads it: {', '.join(readers)}",
             )
 

@@ -98,6 +98,13 @@ def check_settings(section: str, obj: Any) -> None:
         object.__setattr__(obj, field.name, value)  # frozen: the coerced spelling replaces the given one
 
 
+def settings_view(cls: type, section: Any) -> Any:
+    """An instance of the frozen dataclass ``cls`` with each of its fields read by name from ``section`` (a config
+    section holding the union of several variants' fields): the settings one variant (a schedule, an end-task
+    protocol) owns."""
+    return cls(**{field.name: getattr(section, field.name) for field in dataclasses.fields(cls)})
+
+
 def check_declared(key: str, value: Any, declared: Declared) -> None:
     """``value`` (already of the field's type) against ``declared``; None passes (the type allowed it)."""
     if isinstance(value, Mapping):

@@ -79,21 +79,24 @@ def test_a_record_names_the_cpu_it_ran_on(report_records):
 
 
 def test_the_short_answer_names_the_machine_of_its_speed_ratio(report_records):
-    from benchmark.report.answer import _speed
+    from benchmark.report.answer import TEMPLATE
     from benchmark.report.groups import group_records
-    from benchmark.report.writer import group_statistics
+    from benchmark.report.words import say
+
+    def pace(group, label: str, naive: str) -> str:  # what the short answer's best-row line says of its speed
+        return say(TEMPLATE, "pace", same_machine_speed(group.records, label, naive), naive)
 
     moved = copy.deepcopy(report_records)
     for record in moved:  # one load class, whatever else ran beside the fixture's runs
         record["environment"]["cpu_load_per_core"] = 0.5
     (group,), _ = group_records(moved)
-    line = _speed(group_statistics(group), "das", "ncl")
+    line = pace(group, "das", "ncl")
     assert "x its DAP tokens per second (3 against 3 runs on" in line and cpu_model() in line
     for record in moved:
         if record["method_label"] == "das":
             record["environment"]["cpu_model"] = "Some Other CPU"
     (group,), _ = group_records(moved)
-    assert _speed(group_statistics(group), "das", "ncl") == ", its speed not measured on a machine of `ncl`'s runs"
+    assert pace(group, "das", "ncl") == ", its speed not measured on a machine of `ncl`'s runs"
 
 
 def test_runs_on_an_oversubscribed_machine_are_compared_only_with_runs_so_loaded():

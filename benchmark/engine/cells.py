@@ -56,6 +56,7 @@ class EndTaskRunner:
         seed = p.seed + p.config.finetune.seed_offset
         repeats = p.config.finetune.seeds if protocol.trains else 1  # a seed-free protocol scores alike every time
         phase = f"end task {counter} {task.name} ({protocol.words})"
+        settings = protocol.settings_of(p.config.finetune)  # the protocol's own typed settings, alike for every seed
         results, report = [], None
         with error_context(f"{p.where}, checkpoint after domain {t}, end task {task.name}"), p.phase(t, phase):
             for fine_tune_seed in (seed + FINETUNE_SEED_STRIDE * i for i in range(repeats)):
@@ -67,7 +68,6 @@ class EndTaskRunner:
                 # held-out losses do (a task mask, a domain's prompt).
                 lm = protocol.scores == LANGUAGE_MODEL
                 with p.method.heldout_view(model, k) if lm else contextlib.nullcontext():
-                    settings = protocol.settings_of(p.config.finetune)  # its own typed settings
                     args = (model, task, p.data.tokenizer, settings, fine_tune_seed)
                     results.append(protocol.evaluate(*args, p.accelerator))
                 report = report or p.method.finetune_report(model)

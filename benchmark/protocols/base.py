@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import ClassVar
 
 from torch import nn
 
 from benchmark.method import CLASSIFIER
+from benchmark.settings import settings_view
 
 
 def test_sizes(ft: dict) -> str:
@@ -52,7 +53,7 @@ class EndTaskProtocol:
     def settings_of(self, cfg) -> object:
         """This protocol's :attr:`settings`, read from a run's ``finetune`` section (a
         :class:`~benchmark.config.FinetuneConfig`) by field name."""
-        return self.settings(**{f.name: getattr(cfg, f.name) for f in fields(self.settings)})
+        return settings_view(self.settings, cfg)
 
     def describe(self, ft: dict) -> str:
         """One phrase for the report on how a group's end tasks were scored, from a record's ``config.finetune``."""

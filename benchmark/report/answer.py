@@ -33,7 +33,7 @@ from benchmark.report.beside import (
 from benchmark.report.end_task_reading import measuring_comparisons
 from benchmark.report.frame import GENERATED_WORLD, column_header, tokens_per_domain, untrained_flag
 from benchmark.report.reading import column_of
-from benchmark.report.speed import SpeedRatio, same_machine_speed
+from benchmark.report.speed import same_machine_speed
 from benchmark.report.statistics import Comparison, GroupStatistics
 from benchmark.report.words import say
 
@@ -196,8 +196,7 @@ def winners(stats: GroupStatistics, naive: str, below=None) -> Winners:
     it does not resolve too."""
     forgets, _, _ = _leaders(stats, naive, "forgetting")
     keeps, _, _ = _leaders(stats, naive, "general rise")
-    labels = list(dict.fromkeys(c.label for c in (forgets, keeps) if c is not None))
-    speeds = {label: same_machine_speed(stats.records, label, naive) for label in labels}
+    speeds = {label: same_machine_speed(stats.records, label, naive) for label in _named(forgets, keeps)}
     ratios = {label: speed.ratio for label, speed in speeds.items() if speed is not None}
     failed = _failed_below(below, naive, forgets, keeps) if below is not None else ()
     steps = below.steps if below is not None else None
@@ -207,8 +206,13 @@ def winners(stats: GroupStatistics, naive: str, below=None) -> Winners:
 def _winners_sentence(stats: GroupStatistics, naive: str, named: list[str], below=None) -> str:
     """The :func:`winners` sentence; the winners' labels are added to ``named``."""
     found = winners(stats, naive, below)
-    named += list(dict.fromkeys(c.label for c in (found.forgets, found.keeps) if c is not None))
+    named += _named(found.forgets, found.keeps)
     return say(TEMPLATE, "winners", found)
+
+
+def _named(*claims: Comparison | None) -> list[str]:
+    """The labels of ``claims`` once each, in order (None where no row was resolved: skipped)."""
+    return list(dict.fromkeys(c.label for c in claims if c is not None))
 
 
 def _failed_below(below, naive: str, forgets, keeps) -> tuple[tuple[str, str], ...]:
@@ -424,12 +428,6 @@ def _learns_as_well(c) -> bool:
     """Whether a plasticity comparison exists and is not resolved below the reference (joint training, measured
     only after its one stage, has none: how well it learns each domain in turn is not known)."""
     return c is not None and not (c.resolved() and c.mean < 0)
-
-
-def _speed(stats: GroupStatistics, label: str, naive: str) -> str:
-    """What the row's DAP costs in speed against ``naive``, only between runs on the same machine."""
-    found: SpeedRatio | None = same_machine_speed(stats.records, label, naive)
-    return say(TEMPLATE, "pace", found, naive)
 
 
 def _end_tasks(stats: GroupStatistics, none: str | None) -> list[str]:

@@ -21,7 +21,7 @@ import numpy as np
 from benchmark.protocols import protocol_short, protocol_words
 from benchmark.report.comparison import ALPHA, Test, benjamini_hochberg, paired_test, welch_test
 from benchmark.report.frame import backbone_flag, by_label
-from benchmark.report.words import say
+from benchmark.report.words import say, say_lines
 
 TEMPLATE = "beside.md.j2"
 """The template that holds this reading's words."""
@@ -148,7 +148,7 @@ def beside_markdown(records: list[dict]) -> list[str]:
 def _section(records: list[dict], beside: str) -> list[str]:
     own, other = protocol_words(records[0]["config"]["finetune"]), protocol_words({"protocol": beside})
     rows = beside_rows(records, beside)
-    lines = say(TEMPLATE, "intro", own, other, NO_DAP).split("\n")
+    lines = say_lines(TEMPLATE, "intro", own, other, NO_DAP)
     lines += [say(TEMPLATE, "row", row) for row in rows]
     lines.append("")
     unmeasured = [row for row in rows if row.unmeasured and row.label != NO_DAP]

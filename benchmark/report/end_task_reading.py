@@ -10,7 +10,7 @@ import pandas as pd
 
 from benchmark.protocols import protocol_caveat
 from benchmark.report.frame import backbone_flag, by_label
-from benchmark.report.reading import column_of
+from benchmark.report.reading import column_of, resolvable_range
 from benchmark.report.statistics import ALPHA, Comparison, GroupStatistics
 from benchmark.report.words import say
 
@@ -29,14 +29,9 @@ class Separation:
     compared: int
 
     @property
-    def bound_low(self) -> float:
-        """The smallest of the ties' resolvable differences, in points."""
-        return min(c.resolvable() for c in self.ties) * 100
-
-    @property
-    def bound_high(self) -> float:
-        """The largest of the ties' resolvable differences, in points."""
-        return max(c.resolvable() for c in self.ties) * 100
+    def bounds(self) -> tuple[float, float]:
+        """The smallest and largest of the ties' resolvable differences, in points (:func:`resolvable_range`)."""
+        return resolvable_range(self.ties, 100)
 
 
 def separation(comparisons: list[Comparison]) -> Separation:

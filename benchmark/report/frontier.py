@@ -23,7 +23,7 @@ from benchmark.report.beside import NO_DAP, final_macro_f1
 from benchmark.report.comparison import resolvable_difference
 from benchmark.report.frame import backbone_flag
 from benchmark.report.speed import machine_of
-from benchmark.report.words import say
+from benchmark.report.words import say, say_lines
 
 TEMPLATE = "frontier.md.j2"
 """The template that holds the table's words."""
@@ -134,6 +134,6 @@ def frontier_markdown(points: list[ProtocolPoint]) -> list[str]:
     if not points:
         return [say(TEMPLATE, "nothing")]
     best = {id(p) for p in frontier(points)}
-    lines = say(TEMPLATE, "header", DAP_SEEDS).split("\n")
+    lines = say_lines(TEMPLATE, "header", DAP_SEEDS)
     lines += [say(TEMPLATE, "row", p, id(p) in best, math.isfinite) for p in points]
     return [*lines, "", say(TEMPLATE, "legend", DAP_SEEDS)]

@@ -36,7 +36,7 @@ from benchmark.report.reading import verdicts
 from benchmark.report.speed import machine_counts, mixed_machines_flag
 from benchmark.report.stability_gap import stability_gap_markdown
 from benchmark.report.statistics import GroupStatistics
-from benchmark.report.words import say
+from benchmark.report.words import say, say_lines
 
 LADDER = "ladder.md.j2"
 """The template that holds the budget ladder's words."""
@@ -58,7 +58,7 @@ def leaderboard_markdown(
     """The whole leaderboard: ``sections`` are each group with its statistics and its plots (kind -> link);
     ``ladders`` the lines of each budget ladder's section (:func:`ladder_markdown`); ``answer``
     the short answer's (:func:`benchmark.report.answer.short_answer`, made once per report)."""
-    lines = [*say(PAGE, "header", UNTRAINED_BELOW, GATES_UNLEARNED_BELOW).split("\n"), "", *answer]
+    lines = [*say_lines(PAGE, "header", UNTRAINED_BELOW, GATES_UNLEARNED_BELOW), "", *answer]
     known = {record["method"] for group, _, _ in sections for record in group.records}
     if not sections:
         lines.append(say(PAGE, "no_records"))
@@ -164,11 +164,11 @@ def order_tables(stats: GroupStatistics) -> list[str]:
     orders = sorted(part["order"].unique())
     if len(orders) < 2:
         return []
-    lines = [*say(PAGE, "orders_intro").split("\n"), ""]
+    lines = [*say_lines(PAGE, "orders_intro"), ""]
     for title in (t for t in ORDER_COLUMNS if t in part):
         means = part.pivot_table(index="method", columns="order", values=title, aggfunc="mean")
         scale = 100.0 if next(c for c in all_columns() if c.title == title).kind == "pct" else 1.0
-        lines += say(PAGE, "order_table_header", title, orders).split("\n")
+        lines += say_lines(PAGE, "order_table_header", title, orders)
         lines.append("|---" * (len(orders) + 2) + "|")
         for label, row in means.iterrows():
             cells = ["–" if pd.isna(row.get(o)) else f"{row[o] * scale:.3f}" for o in orders]
@@ -231,7 +231,7 @@ def plot_links(plots: dict[str, str]) -> list[str]:
 
 def run_tables(record: dict) -> str:
     """A record's page as Markdown: its label, seed and run id, then :func:`run_matrices`."""
-    return "\n".join([*say(PAGE, "run_heading", record).split("\n"), "", *run_matrices(record)])
+    return "\n".join([*say_lines(PAGE, "run_heading", record), "", *run_matrices(record)])
 
 
 def ladder_markdown(reading: LadderReading, plot: str | None) -> list[str]:
@@ -242,12 +242,12 @@ def ladder_markdown(reading: LadderReading, plot: str | None) -> list[str]:
     if not reading.taus:
         lines += [say(LADDER, "no_tau"), ""]
     else:
-        lines += say(LADDER, "tau_intro").split("\n")
+        lines += say_lines(LADDER, "tau_intro")
     lines += [say(LADDER, "tau_row", t, rungs) for t in reading.taus]
     lines += [""] if reading.taus else []
-    pairs = [(i, j) for i, j in ladder.pairs() if ladder.left_out(i, j)]  # rows both rungs have but do not compare
-    lines += [say(LADDER, "left_out", rungs[i], rungs[j], ladder.left_out(i, j)) for i, j in pairs]
-    lines += [""] if pairs else []
+    left = {(i, j): rows for i, j in ladder.pairs() if (rows := ladder.left_out(i, j))}  # both have, not compared
+    lines += [say(LADDER, "left_out", rungs[i], rungs[j], rows) for (i, j), rows in left.items()]
+    lines += [""] if left else []
     for i in range(len(rungs) - 1):
         changes = [v for v in reading.verdicts if v.rungs == (i, i + 1)]
         counts = {kind: sum(v.change == kind for v in changes) for kind in ("kept", "flipped", "appeared")}
@@ -266,13 +266,13 @@ def law_markdown(reading: LadderReading) -> list[str]:
     if not predictions:
         return []
     rungs = reading.ladder.rungs
-    lines = say(LADDER, "law_intro", rungs[-3:-1], rungs[-1]).split("\n")
+    lines = say_lines(LADDER, "law_intro", rungs[-3:-1], rungs[-1])
     for metric in LAW_METRICS:
         found = [p for p in predictions if p.metric == metric]
         if found:
             law = np.mean([abs(p.error) for p in found])
             naive = np.mean([abs(p.naive - p.measured) for p in found])
             lines.append(say(LADDER, "law_metric_row", metric, len(found), law, naive, sum(p.holds() for p in found)))
-    lines += ["", *say(LADDER, "law_rows_header").split("\n")]
+    lines += ["", *say_lines(LADDER, "law_rows_header")]
     lines += [say(LADDER, "law_row", p) for p in predictions]
     return [*lines, ""]

@@ -20,7 +20,7 @@ import numpy as np
 
 from benchmark.report.comparison import Test, benjamini_hochberg, paired_test
 from benchmark.report.escape import code
-from benchmark.report.words import say
+from benchmark.report.words import say, say_lines
 
 TEMPLATE = "matched.md.j2"
 """The template that holds this reading's words."""
@@ -152,7 +152,7 @@ def matched_markdown(part, records: list[dict]) -> list[str]:
     found = families(records)
     if not found:
         return []
-    lines = [*say(TEMPLATE, "intro").split("\n"), ""]
+    lines = [*say_lines(TEMPLATE, "intro"), ""]
     for family in found:
         for metric in METRICS:
             results = matched(part, family, metric)

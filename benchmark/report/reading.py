@@ -28,14 +28,9 @@ class MetricFinding:
     ties: list[Comparison]
 
     @property
-    def bound_low(self) -> float:
-        """The smallest of the ties' resolvable differences."""
-        return min(c.resolvable() for c in self.ties)
-
-    @property
-    def bound_high(self) -> float:
-        """The largest of the ties' resolvable differences."""
-        return max(c.resolvable() for c in self.ties)
+    def bounds(self) -> tuple[float, float]:
+        """The smallest and largest of the ties' resolvable differences (:func:`resolvable_range`)."""
+        return resolvable_range(self.ties)
 
 
 @dataclass(frozen=True)
@@ -122,11 +117,11 @@ def paired_runs(stats: GroupStatistics) -> str:
     return say(TEMPLATE, "paired_runs", _over_orders(stats))
 
 
-def tie_bound(ties: list[Comparison], fmt: str, scale: float = 1.0) -> str:
-    """What the ties of a family could have resolved: the smallest difference each test finds with 80% power, as a
-    range over the tied rows (``equal within X`` where X is small, ``too few seeds`` where it is large)."""
+def resolvable_range(ties: list[Comparison], scale: float = 1.0) -> tuple[float, float]:
+    """What the ties of a family could have resolved: the smallest and largest difference their tests find with 80%
+    power, times ``scale`` (``equal within X`` where X is small, ``too few seeds`` where it is large)."""
     bounds = [c.resolvable() * scale for c in ties]
-    return say(TEMPLATE, "tie_bound", f"{min(bounds):{fmt}}", f"{max(bounds):{fmt}}")
+    return min(bounds), max(bounds)
 
 
 def _evaluation_error(stats: GroupStatistics) -> list[str]:

@@ -9,7 +9,7 @@ import numpy as np
 
 from benchmark.metrics import stability_gap
 from benchmark.report.comparison import benjamini_hochberg, paired_test
-from benchmark.report.words import say
+from benchmark.report.words import say, say_lines
 
 TEMPLATE = "stability_gap.md.j2"
 """The template that holds the section's words."""
@@ -34,7 +34,7 @@ def stability_gap_markdown(records: list[dict], reference: str | None) -> list[s
     depths = _depths(records)
     if not depths:
         return []
-    lines = say(TEMPLATE, "intro", list(MEASURES.values())).split("\n")
+    lines = say_lines(TEMPLATE, "intro", list(MEASURES.values()))
     for label, runs in sorted(depths.items()):
         cells = []
         for measure in MEASURES:

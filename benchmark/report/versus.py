@@ -17,7 +17,7 @@ from benchmark.report.frame import VERDICT_METRICS
 from benchmark.report.groups import Group
 from benchmark.report.reading import column_of, paired_by
 from benchmark.report.statistics import ALPHA, GroupStatistics
-from benchmark.report.words import say
+from benchmark.report.words import say, say_lines
 
 TEMPLATE = "versus.md.j2"
 """The template that holds the table's words."""
@@ -48,7 +48,7 @@ def _group_table(group: Group, stats: GroupStatistics, label: str) -> list[str]:
     others = sorted({row for by_row in found.values() for row in by_row})
     metrics = [title for title, _ in VERDICT_METRICS]
     intro = (label, group.key, first["profile"], seeds, paired_by(stats), ALPHA, len(others), metrics)
-    lines = say(TEMPLATE, "intro", *intro).split("\n")
+    lines = say_lines(TEMPLATE, "intro", *intro)
     for row in others:
         cells = [found[title].get(row) for title, _ in VERDICT_METRICS]
         pairs = max((c.n for c in cells if c is not None), default=0)

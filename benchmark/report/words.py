@@ -42,7 +42,6 @@ def _environment():
         loader=jinja2.FileSystemLoader(TEMPLATES),
         autoescape=False,  # Markdown: every record string passes through the code or text filter instead
         undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=False,
     )
     env.filters.update(code=code, text=text, names=names, fmt=format, plural=plural)
     env.globals.update(verb=verb, abs=abs, isnan=math.isnan)
@@ -52,3 +51,8 @@ def _environment():
 def say(template: str, macro: str, *args, **kwargs) -> str:
     """The Markdown that ``macro`` of ``template`` (a file of ``templates/``) renders from the findings given."""
     return str(getattr(_environment().get_template(template).module, macro)(*args, **kwargs))
+
+
+def say_lines(template: str, macro: str, *args, **kwargs) -> list[str]:
+    """:func:`say` of a macro that renders several lines (a heading and its paragraph, a table's header), as lines."""
+    return say(template, macro, *args, **kwargs).split("\n")
