@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from benchmark.config import DEFAULT_OUTPUT, RunConfig, apply_overrides, profile_config
-from benchmark.errors import DapbenchError
+from benchmark.errors import DapbenchError, did_you_mean
 from benchmark.io import path_inside, read_json, safe_name
 from benchmark.preflight import check_inputs, require_multi_process
 from benchmark.records.reproduce import Reproduction, StagesReproduction
@@ -143,12 +143,10 @@ def validate_config(config: RunConfig) -> None:
 def _validate_method_options(registry, name: str, options) -> None:
     """``--set <method>.<option>=value``: the section must be a registered method and every option one of its
     config class's fields with a value of the field's type and range."""
-    import difflib
-
     if name not in registry.names():
         sections = ["dap", "finetune", "replay", "schedule", *registry.names()]
-        close = difflib.get_close_matches(name, sections, n=2)
-        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        hint = did_you_mean(name, sections, n=2)
+        hint = f" ({hint})" if hint else ""
         raise DapbenchError(
             f"unknown config section {name!r} in --set {name}.…{hint}",
             "a --set key starts with a top-level field, dap., finetune., replay., schedule. or a method name: "

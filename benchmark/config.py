@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmark.errors import DapbenchError
+from benchmark.errors import DapbenchError, did_you_mean
 from benchmark.schedules import SCHEDULES, check_schedule
 from benchmark.settings import check_settings, setting
 
@@ -556,10 +556,8 @@ def _shared_path(relative: str) -> Path:
 def profile_config(name: str) -> RunConfig:
     """The default configuration of a named profile."""
     if name not in PROFILES:
-        import difflib
-
-        close = difflib.get_close_matches(name, PROFILES, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(name, PROFILES, n=1)
+        hint = f" ({hint})" if hint else ""
         raise DapbenchError(f"unknown profile {name!r}{hint}", f"choose one of: {', '.join(PROFILES)}")
     return PROFILES[name]()
 

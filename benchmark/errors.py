@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 
 class DapbenchError(Exception):
@@ -39,6 +40,15 @@ class WriteError(DapbenchError):
             "free disk space or fix the folder's permissions (or pass another --output-dir / --work-dir),"
             " then run the same command again: finished work is kept",
         )
+
+
+def did_you_mean(name: str, known: Collection[str], n: int = 3, ignore_case: bool = False) -> str:
+    """``did you mean 'a' or 'b'?`` naming the up to ``n`` known names closest to ``name`` (matched without case
+    where ``ignore_case``, named as registered), or the empty string where none is close: the one hint every "unknown
+    name" error gives, each error placing it in its own sentence."""
+    by_key = {(k.lower() if ignore_case else k): k for k in known}
+    close = [by_key[m] for m in difflib.get_close_matches(name.lower() if ignore_case else name, list(by_key), n=n)]
+    return f"did you mean {' or '.join(map(repr, close))}?" if close else ""
 
 
 @contextlib.contextmanager

@@ -9,13 +9,12 @@ unknown name gets did-you-mean, and a target that cannot be loaded names itself 
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
-from benchmark.errors import DapbenchError
+from benchmark.errors import DapbenchError, did_you_mean
 
 T = TypeVar("T")
 
@@ -123,9 +122,8 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """The entry ``name``; an unknown name is a named error with the closest registered names."""
         if name not in self:
-            lowered = {known.lower(): known for known in self._entries}
-            close = [lowered[m] for m in difflib.get_close_matches(name.lower(), lowered, n=3)]
-            hint = f" did you mean {' or '.join(map(repr, close))}?" if close else ""
+            hint = did_you_mean(name, self._entries, ignore_case=True)
+            hint = f" {hint}" if hint else ""
             unknown = f"unknown {self.kind} {name!r}."
             if self.setting:
                 unknown = f"invalid {self.setting}={name!r}: no {self.kind} of that name is registered."

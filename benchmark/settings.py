@@ -11,7 +11,6 @@ a numeric or text field that declares no range or choices. Values are also coerc
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import json
 import math
@@ -21,7 +20,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from benchmark.errors import DapbenchError
+from benchmark.errors import DapbenchError, did_you_mean
 
 TEXT_LIMIT = 1024
 """Characters a text setting may hold: longer than any path or hub id, short enough that no label or chart built from
@@ -208,8 +207,8 @@ def check_known_keys(key: str, given: Collection[str], known: Collection[str], w
     """A map keyed by names (``finetune.epochs`` by end task) may only name known ones; the first unknown key is
     a named error with the closest known names."""
     for name in sorted(set(given) - set(known)):
-        close = difflib.get_close_matches(name, list(known), n=2)
-        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        hint = did_you_mean(name, known, n=2)
+        hint = f" ({hint})" if hint else ""
         raise DapbenchError(
             f"unknown {what} {key}.{name}{hint}", f"valid {what}s: {', '.join(sorted(known)) or '(none)'}"
         )

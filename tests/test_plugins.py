@@ -5,7 +5,7 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from benchmark.errors import DapbenchError
+from benchmark.errors import DapbenchError, did_you_mean
 from benchmark.families import FAMILIES
 from benchmark.metrics import LOSS_METRIC_REGISTRY
 from benchmark.plugins import RegistrationError, Registry, named_entry
@@ -29,6 +29,15 @@ def test_a_lazy_target_loads_on_first_use_and_a_broken_one_is_named_without_harm
     with pytest.raises(DapbenchError, match="unknown widget 'cirlce'. did you mean 'circle'"):
         registry.get("cirlce")
     assert registry.get("circle") > 3
+
+
+def test_every_unknown_name_hint_names_the_closest_known_names_as_registered():
+    assert did_you_mean("cirlce", ["circle", "square"]) == "did you mean 'circle'?"
+    assert did_you_mean("DAS", ["das", "ncl"]) == "" and did_you_mean("DAS", ["das"], ignore_case=True) == (
+        "did you mean 'das'?"
+    )
+    assert did_you_mean("ncl_x", ["ncl", "ncl_a", "ncl_b"], n=2).count("'") == 4  # at most n names
+    assert did_you_mean("zzzz", ["circle"]) == ""
 
 
 def test_a_name_registered_twice_is_a_named_error_that_is_also_a_value_error():

@@ -9,10 +9,9 @@ one reference). A difference not resolved states what its seeds could have resol
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 
-from benchmark.errors import DapbenchError
+from benchmark.errors import DapbenchError, did_you_mean
 from benchmark.report.frame import VERDICT_METRICS
 from benchmark.report.groups import Group
 from benchmark.report.reading import column_of, paired_by
@@ -29,8 +28,8 @@ def versus_markdown(groups: list[Group], label: str, statistics: Callable[[Group
     holding = [g for g in groups if any(r["method_label"] == label for r in g.records)]
     if not holding:
         labels = sorted({r["method_label"] for g in groups for r in g.records})
-        close = difflib.get_close_matches(label, labels, n=3)
-        hint = f" did you mean {' or '.join(map(repr, close))}?" if close else ""
+        hint = did_you_mean(label, labels)
+        hint = f" {hint}" if hint else ""
         raise DapbenchError(
             f"no record of the row {label!r} in these results.{hint}",
             "name a row as the leaderboard writes it (e.g. ncl, das[fidelity=reference]); `dapbench report` lists them",
