@@ -57,3 +57,14 @@ def test_the_report_shows_each_rows_regret_against_the_oracle_of_its_seed(tiny_c
     column = header.split(" | ").index("mean regret ↓")
     assert ncl_row.split(" | ")[column].startswith(f"{expected:.3f}")
     json.dumps(records["oracle"])
+
+
+def test_joint_training_has_no_regret_since_its_one_model_is_the_oracles_last_stage():
+    from benchmark.report.frame import oracle_partners
+
+    def record(method, **capabilities):
+        return {"run_id": method, "method": method, "seed": 1, "sequence": ["a", "b"], "capabilities": capabilities}
+
+    records = [record("oracle", retrains_on_seen=True), record("ncl"), record("pool", joint_training=True)]
+    partners = oracle_partners(records, lambda r: "group")
+    assert {run_id: oracle["run_id"] for run_id, oracle in partners.items()} == {"oracle": "oracle", "ncl": "oracle"}

@@ -251,9 +251,12 @@ def served_losses(record: dict) -> np.ndarray:
 
 def oracle_partners(records: list[dict], group_of: Callable[[dict], str]) -> dict[str, dict]:
     """Each record's oracle: the record of the same group, seed and domain order whose method re-trains on every
-    domain seen (``Capabilities.retrains_on_seen``); keyed by the record's run id, absent where the group has none."""
+    domain seen (``Capabilities.retrains_on_seen``); keyed by the record's run id, absent where the group has none.
+    Joint training has none: its one model, trained on every domain at the sequence's budget, is the oracle's last
+    stage itself (the same run), so its regret would be 0 by construction, not a measurement."""
     oracles = {(group_of(r), pairing_unit(r)): r for r in records if r["capabilities"].get("retrains_on_seen", False)}
-    found = {r["run_id"]: oracles.get((group_of(r), pairing_unit(r))) for r in records}
+    regretful = [r for r in records if not r["capabilities"].get("joint_training", False)]
+    found = {r["run_id"]: oracles.get((group_of(r), pairing_unit(r))) for r in regretful}
     return {run_id: oracle for run_id, oracle in found.items() if oracle is not None}
 
 
