@@ -20,6 +20,7 @@ from pathlib import Path
 from benchmark.config import DEFAULT_OUTPUT, RunConfig, apply_overrides, profile_config
 from benchmark.errors import DapbenchError, did_you_mean
 from benchmark.io import path_inside, read_json, safe_name
+from benchmark.labels import is_row_label, label_method, option_pairs
 from benchmark.preflight import check_inputs, require_multi_process
 from benchmark.records.reproduce import Reproduction, StagesReproduction
 from benchmark.records.schema import RunRecord
@@ -79,17 +80,16 @@ def _method_names(names: Sequence[str]) -> tuple[str, ...]:
 def _method_name(name: str) -> str:
     from benchmark.registry import default_registry
 
-    base, bracket, options = name.partition("[")
-    if bracket and options.endswith("]"):
-        _refuse_row_label(name, base, options[:-1])
+    if is_row_label(name):
+        _refuse_row_label(name)
     return default_registry().canonical_name(name)
 
 
-def _refuse_row_label(label: str, base: str, options: str) -> None:
+def _refuse_row_label(label: str) -> None:
     """A leaderboard row label (``ewc[strength=500.0]``, ``ncl[replay.general=0.25]``) given as a method: refused
     with the command that runs that row (a method option is ``--set METHOD.KEY``, a recipe option its own key)."""
-    pairs = [option.partition("=") for option in options.split(",")]
-    sets = " ".join(f"--set {key if '.' in key else f'{base}.{key}'}={value}" for key, _, value in pairs)
+    base = label_method(label)
+    sets = " ".join(f"--set {key if '.' in key else f'{base}.{key}'}={value}" for key, value in option_pairs(label))
     raise DapbenchError(
         f"--methods takes method names; {label!r} is a leaderboard row label (method {base!r} with options)",
         f"run that row with --methods {base} {sets}",
@@ -145,8 +145,7 @@ def _validate_method_options(registry, name: str, options) -> None:
     config class's fields with a value of the field's type and range."""
     if name not in registry.names():
         sections = ["dap", "finetune", "replay", "schedule", *registry.names()]
-        hint = did_you_mean(name, sections, n=2)
-        hint = f" ({hint})" if hint else ""
+        hint = did_you_mean(name, sections, n=2, form=" ({})")
         raise DapbenchError(
             f"unknown config section {name!r} in --set {name}.…{hint}",
             "a --set key starts with a top-level field, dap., finetune., replay., schedule. or a method name: "

@@ -17,7 +17,9 @@ from benchmark.settings import check_settings, setting
 
 def _paper_finetune_epochs() -> dict[str, float]:
     """The paper's fine-tuning epochs per end task (reference ``utils/model.py:345-352``) as the built-in task files
-    declare them (``paper_epochs``: each task's facts in its own file), in the built-in suite's domain order."""
+    declare them (``paper_epochs``: each task's facts in its own file), in the built-in suite's domain order. Read
+    here rather than through ``benchmark.data.suite``, which imports this module; ``tests/test_data.py`` holds the two
+    readings equal."""
     import yaml
 
     tasks = Path(__file__).resolve().parents[1] / "tasks"
@@ -556,8 +558,7 @@ def _shared_path(relative: str) -> Path:
 def profile_config(name: str) -> RunConfig:
     """The default configuration of a named profile."""
     if name not in PROFILES:
-        hint = did_you_mean(name, PROFILES, n=1)
-        hint = f" ({hint})" if hint else ""
+        hint = did_you_mean(name, PROFILES, n=1, form=" ({})")
         raise DapbenchError(f"unknown profile {name!r}{hint}", f"choose one of: {', '.join(PROFILES)}")
     return PROFILES[name]()
 

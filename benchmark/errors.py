@@ -42,13 +42,14 @@ class WriteError(DapbenchError):
         )
 
 
-def did_you_mean(name: str, known: Collection[str], n: int = 3, ignore_case: bool = False) -> str:
+def did_you_mean(name: str, known: Collection[str], n: int = 3, ignore_case: bool = False, form: str = "{}") -> str:
     """``did you mean 'a' or 'b'?`` naming the up to ``n`` known names closest to ``name`` (matched without case
-    where ``ignore_case``, named as registered), or the empty string where none is close: the one hint every "unknown
-    name" error gives, each error placing it in its own sentence."""
+    where ``ignore_case``, named as registered), written into ``form`` (``" ({})"``: a parenthesis after the
+    message), or the empty string where none is close: the one hint every "unknown name" error gives, each error
+    placing it in its own sentence."""
     by_key = {(k.lower() if ignore_case else k): k for k in known}
     close = [by_key[m] for m in difflib.get_close_matches(name.lower() if ignore_case else name, list(by_key), n=n)]
-    return f"did you mean {' or '.join(map(repr, close))}?" if close else ""
+    return form.format(f"did you mean {' or '.join(map(repr, close))}?") if close else ""
 
 
 @contextlib.contextmanager

@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from benchmark.labels import join_label
+
 
 @dataclass(frozen=True)
 class MethodConfig:
@@ -256,8 +258,7 @@ class MethodDeclaration:
 
     def label(self) -> str:
         """Name plus non-default options, e.g. ``das[fidelity=reference]``: one leaderboard row each."""
-        variant = self.variant()
-        return f"{self.name}[{variant}]" if variant else self.name
+        return join_label(self.name, [self.variant()])
 
     def flop_bound(self, encoder_share: float) -> float | None:
         """Fewest model FLOPs of one update in the current state, in plain MLM updates, given the encoder's share of

@@ -122,8 +122,7 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """The entry ``name``; an unknown name is a named error with the closest registered names."""
         if name not in self:
-            hint = did_you_mean(name, self._entries, ignore_case=True)
-            hint = f" {hint}" if hint else ""
+            hint = did_you_mean(name, self._entries, ignore_case=True, form=" {}")
             unknown = f"unknown {self.kind} {name!r}."
             if self.setting:
                 unknown = f"invalid {self.setting}={name!r}: no {self.kind} of that name is registered."

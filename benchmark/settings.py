@@ -207,8 +207,7 @@ def check_known_keys(key: str, given: Collection[str], known: Collection[str], w
     """A map keyed by names (``finetune.epochs`` by end task) may only name known ones; the first unknown key is
     a named error with the closest known names."""
     for name in sorted(set(given) - set(known)):
-        hint = did_you_mean(name, known, n=2)
-        hint = f" ({hint})" if hint else ""
+        hint = did_you_mean(name, known, n=2, form=" ({})")
         raise DapbenchError(
             f"unknown {what} {key}.{name}{hint}", f"valid {what}s: {', '.join(sorted(known)) or '(none)'}"
         )

@@ -37,7 +37,8 @@ def test_every_unknown_name_hint_names_the_closest_known_names_as_registered():
         "did you mean 'das'?"
     )
     assert did_you_mean("ncl_x", ["ncl", "ncl_a", "ncl_b"], n=2).count("'") == 4  # at most n names
-    assert did_you_mean("zzzz", ["circle"]) == ""
+    assert did_you_mean("zzzz", ["circle"]) == "" == did_you_mean("zzzz", ["circle"], form=" ({})")
+    assert did_you_mean("cirlce", ["circle"], form=" ({})") == " (did you mean 'circle'?)"  # no brackets when empty
 
 
 def test_a_name_registered_twice_is_a_named_error_that_is_also_a_value_error():

@@ -106,7 +106,7 @@ def test_tests_and_benchmarks_use_no_private_member_of_the_runner():
 
 
 LAYERS = [
-    ("benchmark.errors", "benchmark.plugins"),
+    ("benchmark.errors", "benchmark.plugins", "benchmark.labels"),
     ("benchmark.settings", "benchmark.io", "benchmark.modeling", "benchmark.families", "benchmark.stopping"),
     ("benchmark.threads",),
     ("benchmark.config", "benchmark.method", "benchmark.metrics", "benchmark.schedules"),

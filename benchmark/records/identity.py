@@ -26,6 +26,7 @@ from typing import Any
 from benchmark.config import RECIPE_SECTIONS, RunConfig
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_json, file_sha256
+from benchmark.labels import join_label
 
 RESULTS_VERSION = 3
 """Bumped when a change of the core changes the numbers of an unchanged configuration (masking, evaluation,
@@ -180,8 +181,7 @@ def row_label(method: str, options: Mapping[str, Any], recipe: Mapping[str, Any]
     defaults, e.g. ``das[mask_target=update]`` or ``ncl[replay.general=0.05]``."""
     from benchmark.method import options_label
 
-    variant = ",".join(part for part in (options_label(options), recipe_label(recipe)) if part)
-    return f"{method}[{variant}]" if variant else method
+    return join_label(method, (options_label(options), recipe_label(recipe)))
 
 
 def recipe_label(recipe: Mapping[str, Any]) -> str:

@@ -13,11 +13,11 @@ Everything is read from the records (each row's option values from its record), 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from benchmark.labels import label_method, option_pairs, well_formed
 from benchmark.report.comparison import Test, benjamini_hochberg, paired_test
 from benchmark.report.escape import code
 from benchmark.report.words import say, say_lines
@@ -83,7 +83,7 @@ def families(records: list[dict]) -> list[Family]:
         options = _options(label)
         if options is None or len(options) > 1:
             continue
-        method = record.get("method", label.partition("[")[0])
+        method = record.get("method", label_method(label))
         for option in options or _axes(record):
             value = option_value(record, option)
             if value is not None:
@@ -97,11 +97,7 @@ def families(records: list[dict]) -> list[Family]:
 
 def _options(label: str) -> list[str] | None:
     """The option keys a label sets (``[]`` for a method at its defaults); None for a label not of that form."""
-    match = re.fullmatch(r"[^\[\]]+(?:\[(.*)\])?", label)
-    if match is None:
-        return None
-    inner = match.group(1)
-    return [] if not inner else [part.partition("=")[0] for part in inner.split(",")]
+    return [key for key, _ in option_pairs(label)] if well_formed(label) else None
 
 
 def _axes(record: dict) -> list[str]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from benchmark.labels import join_label, label_method, split_label
 from benchmark.report.escape import code
 from benchmark.report.frame import END_TASK_COLUMNS, VERDICT_METRICS, loss_columns
 from benchmark.report.statistics import ALPHA, Comparison, GroupStatistics, adjust_for_multiplicity
@@ -147,13 +148,8 @@ def _span(stats: GroupStatistics, column: str, name: str, unit: str) -> list[str
 def option_parents(label: str) -> list[str]:
     """The labels one option closer to the defaults: ``das[a=1,b=2]`` -> ``das[b=2]``, ``das[a=1]``; ``das[a=1]`` ->
     ``das`` (labels write options in one canonical order, so a parent is spelled as its own records label it)."""
-    name, _, rest = label.partition("[")
-    options = rest.removesuffix("]").split(",")
-    parents = []
-    for dropped in range(len(options)):
-        kept = options[:dropped] + options[dropped + 1 :]
-        parents.append(f"{name}[{','.join(kept)}]" if kept else name)
-    return parents
+    name, options = split_label(label)
+    return [join_label(name, options[:dropped] + options[dropped + 1 :]) for dropped in range(len(options))]
 
 
 def variant_reading(stats: GroupStatistics) -> list[str]:
@@ -211,10 +207,10 @@ def _sibling_pairs(stats: GroupStatistics) -> list[tuple[str, str]]:
     rank = {label: i for i, label in enumerate(stats.references.values())}
     by_options: dict[str, list[str]] = {}
     for label in sorted(m for m in set(stats.part["method"]) if "[" in m):
-        by_options.setdefault(label.partition("[")[2], []).append(label)
+        by_options.setdefault(",".join(split_label(label)[1]), []).append(label)
     pairs = []
     for siblings in by_options.values():
-        ordered = sorted(siblings, key=lambda label: (rank.get(label.partition("[")[0], len(rank)), label))
+        ordered = sorted(siblings, key=lambda label: (rank.get(label_method(label), len(rank)), label))
         pairs += [(label, ref) for i, ref in enumerate(ordered) for label in ordered[i + 1 :]]
     return pairs
 

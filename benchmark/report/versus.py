@@ -28,8 +28,7 @@ def versus_markdown(groups: list[Group], label: str, statistics: Callable[[Group
     holding = [g for g in groups if any(r["method_label"] == label for r in g.records)]
     if not holding:
         labels = sorted({r["method_label"] for g in groups for r in g.records})
-        hint = did_you_mean(label, labels)
-        hint = f" {hint}" if hint else ""
+        hint = did_you_mean(label, labels, form=" {}")
         raise DapbenchError(
             f"no record of the row {label!r} in these results.{hint}",
             "name a row as the leaderboard writes it (e.g. ncl, das[fidelity=reference]); `dapbench report` lists them",
