@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-_LABEL = re.compile(r"[^\[\],]+(?:\[[^\[\]]*\])?")
+_LABEL = re.compile(r"(?P<method>[^\[\],]+)(?:\[(?P<options>[^\[\]]*)\])?")
+"""A label's form: a name without brackets or commas, then optionally ``[options]``."""
 
 
 def join_label(method: str, options: Iterable[str]) -> str:
@@ -20,12 +21,12 @@ def join_label(method: str, options: Iterable[str]) -> str:
 
 def split_label(label: str) -> tuple[str, list[str]]:
     """The method and the ``key=value`` options of a label (``[]`` at the defaults): the inverse of
-    :func:`join_label`."""
-    method, bracket, rest = label.partition("[")
-    if not bracket or not rest.endswith("]"):
+    :func:`join_label`. A text not of a label's form (:func:`well_formed`) is a name without options."""
+    match = _LABEL.fullmatch(label)
+    if match is None:
         return label, []
-    inner = rest[:-1]
-    return method, inner.split(",") if inner else []
+    options = match["options"]
+    return match["method"], options.split(",") if options else []
 
 
 def label_method(label: str) -> str:
@@ -40,7 +41,7 @@ def is_row_label(text: str) -> bool:
 
 
 def well_formed(label: str) -> bool:
-    """Whether ``label`` has a label's form: a name without brackets or commas, then optionally ``[options]``."""
+    """Whether ``label`` has a label's form (:data:`_LABEL`)."""
     return _LABEL.fullmatch(label) is not None
 
 

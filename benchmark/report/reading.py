@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from benchmark.labels import join_label, label_method, split_label
+from benchmark.labels import is_row_label, join_label, label_method, split_label
 from benchmark.report.escape import code
 from benchmark.report.frame import END_TASK_COLUMNS, VERDICT_METRICS, loss_columns
 from benchmark.report.statistics import ALPHA, Comparison, GroupStatistics, adjust_for_multiplicity
@@ -194,7 +194,7 @@ def _variant_pairs(stats: GroupStatistics) -> list[tuple[str, str]]:
     labels = set(stats.part["method"])
     return [
         (variant, parent)
-        for variant in sorted(m for m in labels if "[" in m)
+        for variant in sorted(m for m in labels if is_row_label(m))
         for parent in option_parents(variant)
         if parent in labels
     ]
@@ -206,7 +206,7 @@ def _sibling_pairs(stats: GroupStatistics) -> list[tuple[str, str]]:
     by name."""
     rank = {label: i for i, label in enumerate(stats.references.values())}
     by_options: dict[str, list[str]] = {}
-    for label in sorted(m for m in set(stats.part["method"]) if "[" in m):
+    for label in sorted(m for m in set(stats.part["method"]) if is_row_label(m)):
         by_options.setdefault(",".join(split_label(label)[1]), []).append(label)
     pairs = []
     for siblings in by_options.values():
