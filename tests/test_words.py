@@ -99,6 +99,16 @@ def test_a_template_escapes_what_a_record_says():
     assert "(`ncl\\|'x'`)" in line and "\n" not in line
 
 
+def test_a_tie_names_its_unit_beside_the_number():
+    """'differences of 3.39-16.24 points with 80% power', not '... with 80% power points'."""
+    assert words.say("reading.md.j2", "tie_bound", "0.015", "0.587") == (
+        "their seeds resolve differences of 0.015-0.587 with 80% power"
+    )
+    assert words.say("reading.md.j2", "tie_bound", "3.39", "3.39", "points") == (
+        "their seeds resolve differences of 3.39 points with 80% power"
+    )
+
+
 def test_a_finding_the_template_lacks_is_an_error_not_a_blank():
     with pytest.raises(jinja2.UndefinedError):
         words.say("answer.md.j2", "lead", object(), "abc", "ncl")
