@@ -3,8 +3,9 @@ what does it cost?", in a few sentences generated from one group's resolved verd
 
 The group is the real-data masked-model group with the most method rows (its budget is stated first, since an
 answer holds only at the budget it was measured at); the synthetic world and the CI key numbers never answer. Every
-claim is a verdict the seeds and the evaluation sample both resolve against naive continual DAP (``ncl``'s role) or
-no DAP (``none``'s role), as in the group's own reading. Only continual methods that trained can be the answer:
+claim is a verdict the one comparison (:mod:`benchmark.report.comparison`: seeds and evaluation sample in one
+standard error) resolves against naive continual DAP (``ncl``'s role) or no DAP (``none``'s role), as in the group's
+own reading. Only continual methods that trained can be the answer:
 rows flagged as untrained are left out, and so are the bounds a continual method is measured against, which need
 every domain's data at once (joint training on the union, ``pool``; the oracle that re-trains on all data seen so far,
 ``oracle``).
