@@ -4,6 +4,7 @@ keeps the curve in the record and changes no other number; the stability gap is 
 import json
 import math
 
+import numpy as np
 from cli_helpers import quick_run_args
 
 from benchmark.cli import main
@@ -102,3 +103,31 @@ def test_the_site_draws_each_rows_curves_as_seed_means_with_a_gap_between_domain
     (page,) = (out / "results" / "report" / "site").glob("group-*.html")
     text = page.read_text()
     assert 'id="chart-continual"' in text and '"continual": {"panels"' in text
+
+
+def _seed_mean(records: list[dict], label: str) -> float:
+    seeds = [r["seed"] for r in records if r["method_label"] == label]
+    return sum(seeds) / len(seeds)
+
+
+def test_the_leaderboard_draws_each_rows_curves_as_small_multiples(report_records, tmp_path, monkeypatch):
+    from benchmark.report import plots
+    from benchmark.report.plots import GROUP_PLOTS, plot_continual
+
+    dips = {"ncl": 0.30, "das": 0.10, "none": 0.30}
+    records = [_with_curves(r, dips[r["method_label"]]) for r in report_records]
+    drawn = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.setdefault("axes", fig.axes) and path)
+    plot_continual(records, tmp_path / "drawn.png")
+    panels = {ax.get_title().split(" ")[0].strip("★"): ax for ax in drawn["axes"] if ax.get_visible() and ax.lines}
+    assert set(panels) == {"ncl", "das", "none"}
+    assert len(panels["ncl"].lines) == 2 and len(panels["das"].lines) == 4  # the naive reference grey behind others
+    earlier = panels["das"].lines[2].get_ydata()  # das's own earlier-domain curve, after ncl's two grey lines
+    deepest = 3.0 + 0.10 + 0.001 * _seed_mean(records, "das")  # the dip of the second domain, mean over seeds
+    assert np.isnan(earlier[3]) and math.isclose(np.nanmax(earlier), deepest, abs_tol=1e-5)
+    monkeypatch.undo()
+    path = plot_continual(records, tmp_path / "continual.png")
+    assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
+    assert GROUP_PLOTS["continual"] is plot_continual  # drawn for every group by `dapbench report`
+    assert plot_continual(report_records, tmp_path / "none.png") is None  # no curves, no plot
+    assert not (tmp_path / "none.png").exists()

@@ -1,6 +1,6 @@
 """Leaderboard plots of one group of records (same profile, model and sequence): A[t][k] per method,
-forgetting with seed spread, held-out loss (MLM or next-token) after each domain, and DAS's accumulated importance per
-layer and unit."""
+forgetting with seed spread, held-out loss (MLM or next-token) after each domain and while each domain trains (the
+stability gap), and DAS's accumulated importance per layer and unit."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from benchmark.report.frame import (
     reference_labels,
 )
 from benchmark.report.ladder import LadderReading, budget_band, budget_series, ladder_columns
+from benchmark.report.stability_gap import PANELS, curve_chart
 from benchmark.report.words import say
 
 PLOTS = "plots.txt.j2"
@@ -365,12 +366,55 @@ def plot_mask_damping(records: list[dict], path: Path, colours: dict[str, str] |
     return _save(fig, path)
 
 
+def plot_continual(records: list[dict], path: Path, colours: dict[str, str] | None = None) -> Path | None:
+    """The stability gap drawn (issue #90): small multiples, one panel per row that measured continual evaluation
+    (``dap.eval_every``), its mean over seeds of the earlier domains' held-out loss (solid) and the general text's
+    (dashed) at every measured update, a gap between domains; the naive continual reference's two lines in grey
+    behind. The same seed means as the site's chart (:func:`benchmark.report.stability_gap.curve_chart`)."""
+    chart = curve_chart(records)
+    if not chart or not chart["rows"]:
+        return None
+    rows = chart["rows"]
+    colours = colours or method_colours(list(rows))
+    references = _references(records)
+    naive = next((label for label, role in references.items() if role == "naive_continual"), None)
+    order = [label for label in references if label in rows] + [label for label in rows if label not in references]
+    plt = _pyplot()
+    ncols = min(4, len(order))
+    nrows = -(-len(order) // ncols)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(3.2 * ncols, 2.4 * nrows + 0.8), sharex=True, sharey=True, squeeze=False
+    )
+    for ax, label in zip(axes.flat, order, strict=False):
+        behind = [(rows[naive], "0.75", 1.0)] if naive in rows and label != naive else []
+        for row, colour, width in [*behind, (rows[label], colours[label], 1.6)]:
+            for part, style in zip(PANELS, ("-", "--"), strict=True):
+                ax.plot(_nan(row["x"]), _nan(row[part]), color=colour, ls=style, lw=width)
+        star = " ★" if label in references else ""
+        title = textwrap.fill(f"{label}{star} ({say('common.md.j2', 'seeds', (rows[label]['seeds'],))})", 34)
+        ax.set_title(title, fontsize=8, fontweight="bold" if star else "normal")
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(order) :]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel(say(PLOTS, "continual_axis"), fontsize=8)
+    title = say(PLOTS, "continual_suptitle", loss_unit(records[0]), naive)
+    fig.suptitle(textwrap.fill(title, 40 * ncols), fontsize=9)
+    return _save(fig, path)
+
+
+def _nan(values: list) -> np.ndarray:
+    """A curve's values with its gaps (None, between domains) as NaN, which matplotlib leaves undrawn."""
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
 GROUP_PLOTS: dict[str, Callable[[list[dict], Path, dict[str, str] | None], Path | None]] = {
     "stability-plasticity": plot_stability_plasticity,
     "damping": plot_mask_damping,
     "matrices": plot_matrices,
     "forgetting": plot_forgetting,
     "heldout-loss": plot_heldout_losses,
+    "continual": plot_continual,
     "importance": plot_importance,
 }
 
