@@ -256,7 +256,7 @@ def _add_record_commands(command) -> None:
     migrate.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"the folder (default: {DEFAULT_OUTPUT})")
 
     export = command("export", "write the results as a dataset: Parquet tables and a dataset card", cmd_export)
-    export.add_argument("out", help="the folder to write the dataset into (runs, stages, end_tasks, README.md)")
+    export.add_argument("out", help="the folder to write the dataset into (runs, stages, curves, end_tasks, README.md)")
     export.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"the folder of results/ ({DEFAULT_OUTPUT})")
 
     front = command(

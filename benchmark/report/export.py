@@ -1,10 +1,12 @@
 """``dapbench export OUT``: the results as a dataset in the field's form, readable without dapbench.
 
-Three Parquet tables and a dataset card whose YAML header the Hugging Face Hub reads, so the folder loads with
+Four Parquet tables and a dataset card whose YAML header the Hugging Face Hub reads, so the folder loads with
 ``pandas.read_parquet`` and ``datasets.load_dataset("parquet", data_files=...)`` and can be pushed to the Hub as it is:
 
 - ``runs.parquet``: one row per record (:func:`runs_table`): identity, setting and every leaderboard metric;
 - ``stages.parquet``: one row per record x stage x held-out set (:func:`stages_table`): the held-out loss;
+- ``curves.parquet``: one row per record x stage x held-out set x measured update (:func:`curves_table`): the
+  held-out loss while the stage trains, for runs with continual evaluation (``dap.eval_every``);
 - ``end_tasks.parquet``: one row per record x protocol x stage x end task (:func:`end_tasks_table`): accuracy,
   macro-F1, test examples, the classes in the test set and the classes the classifier predicted, the majority class's
   macro-F1 and whether the cell measures the backbone.
