@@ -131,3 +131,30 @@ def test_the_leaderboard_draws_each_rows_curves_as_small_multiples(report_record
     assert GROUP_PLOTS["continual"] is plot_continual  # drawn for every group by `dapbench report`
     assert plot_continual(report_records, tmp_path / "none.png") is None  # no curves, no plot
     assert not (tmp_path / "none.png").exists()
+
+
+class _Verdict:
+    """A comparison with a reference as the report's tables state it: its label, mean difference and resolution."""
+
+    def __init__(self, label: str, mean: float, resolved: bool):
+        self.label, self.mean, self._resolved = label, mean, resolved
+
+    def resolved(self) -> bool:
+        return self._resolved
+
+
+def test_the_gap_says_which_end_of_run_verdicts_it_reverses(report_records):
+    from benchmark.report.stability_gap import stability_gap_markdown
+
+    dips = {"ncl": 0.30, "das": 0.10, "none": 0.30}  # das dips shallower than ncl, none as deep
+    records = [_with_curves(r, dips[r["method_label"]]) for r in report_records]
+    at_the_end = {  # das forgets more than ncl at the end (reversed), none less (its depth is a tie: end only)
+        "forgetting": [_Verdict("das", +0.05, True), _Verdict("none", -0.2, True)],
+        "general rise": [_Verdict("das", -0.01, False), _Verdict("none", -0.3, False)],
+    }
+    lines = stability_gap_markdown(records, "ncl", at_the_end)
+    (line,) = [x for x in lines if x.startswith("- Does the gap reorder")]
+    earlier, general = line.split("Depth on ")[1:]
+    assert "reversed for `das`" in earlier and "resolved at the end only: `none`" in earlier
+    assert "no verdict reversed" in general and "resolved neither way: `none`" in general
+    assert not [x for x in stability_gap_markdown(records, "ncl") if x.startswith("- Does the gap")]

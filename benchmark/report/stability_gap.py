@@ -5,6 +5,8 @@ calibrated comparison (paired by seed and order, Benjamini-Hochberg over the row
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 
 from benchmark.metrics import stability_gap
@@ -29,8 +31,16 @@ def _depths(records: list[dict]) -> dict[str, dict[tuple, dict[str, float]]]:
     return out
 
 
-def stability_gap_markdown(records: list[dict], reference: str | None) -> list[str]:
-    """The group's stability-gap lines (none where no record measured curves)."""
+ENDS = {"earlier_depth": "forgetting", "general_depth": "general rise"}
+"""The end-of-domain metric each depth is read beside: what a run that finished the domain shows of the same sets."""
+
+
+def stability_gap_markdown(
+    records: list[dict], reference: str | None, at_the_end: Mapping[str, Sequence] | None = None
+) -> list[str]:
+    """The group's stability-gap lines (none where no record measured curves). ``at_the_end``: the group's
+    comparisons with ``reference`` on the end-of-domain metrics (:data:`ENDS`'s values -> objects with ``label``,
+    ``mean`` and ``resolved()``), to say whether the gap reorders a verdict they state."""
     depths = _depths(records)
     if not depths:
         return []
@@ -41,17 +51,20 @@ def stability_gap_markdown(records: list[dict], reference: str | None) -> list[s
             values = [gap[measure] for gap in runs.values() if measure in gap]
             cells.append(np.mean(values) if values else None)
         lines.append(say(TEMPLATE, "row", label, len(runs), cells))
-    lines += ["", *_verdicts(depths, reference), ""]
-    return lines
+    found = _verdicts(depths, reference)
+    lines += ["", *(say(TEMPLATE, "verdicts", reference, MEASURES[m], rows) for m, rows in found.items())]
+    if found and at_the_end:
+        lines += [say(TEMPLATE, "reordering", reference, _reorderings(found, at_the_end))]
+    return [*lines, ""]
 
 
-def _verdicts(depths: dict, reference: str | None) -> list[str]:
-    """Each row's depth against the reference's, paired by seed and order; q < 0.05 after Benjamini-Hochberg over
-    the rows of one measure."""
+def _verdicts(depths: dict, reference: str | None) -> dict[str, list[tuple]]:
+    """Per measure, each row's depth against the reference's, paired by seed and order, as (label, test, resolved):
+    q < 0.05 after Benjamini-Hochberg over the rows of one measure."""
     if reference not in depths:
-        return []
-    out = []
-    for measure, name in MEASURES.items():
+        return {}
+    out = {}
+    for measure in MEASURES:
         tests = {}
         for label, runs in sorted(depths.items()):
             if label == reference:
@@ -61,12 +74,36 @@ def _verdicts(depths: dict, reference: str | None) -> list[str]:
             found = paired_test(np.array([runs[k][measure] - theirs[k][measure] for k in shared]))
             if found is not None:
                 tests[label] = found
-        if not tests:
-            continue
-        qs = dict(zip(tests, benjamini_hochberg([t.p for t in tests.values()]), strict=True))
-        found = [(label, test, qs[label] < 0.05) for label, test in tests.items()]
-        out.append(say(TEMPLATE, "verdicts", reference, name, found))
+        if tests:
+            qs = dict(zip(tests, benjamini_hochberg([t.p for t in tests.values()]), strict=True))
+            out[measure] = [(label, test, qs[label] < 0.05) for label, test in tests.items()]
     return out
+
+
+def _reorderings(found: dict[str, list[tuple]], at_the_end: Mapping[str, Sequence]) -> list[tuple]:
+    """Per measure, the rows tested both ways sorted by how the two verdicts against the reference relate:
+    (the depth's measure, the end-of-domain metric, {relation: [labels]}) with relations ``same`` (both resolved, one
+    direction), ``reversed`` (both resolved, opposite directions: the gap reorders the verdict), ``end only`` and
+    ``during only`` (one resolved), ``neither``."""
+    out = []
+    for measure, rows in found.items():
+        end = {c.label: c for c in at_the_end.get(ENDS[measure], ())}
+        relations: dict[str, list[str]] = {"same": [], "reversed": [], "end only": [], "during only": [], "neither": []}
+        for label, test, resolved in rows:
+            if label not in end:
+                continue
+            during = np.sign(test.mean) if resolved else 0
+            after = np.sign(end[label].mean) if end[label].resolved() else 0
+            relations[_relation(during, after)].append(label)
+        out.append((MEASURES[measure], ENDS[measure], relations))
+    return out
+
+
+def _relation(during: float, after: float) -> str:
+    """How a depth verdict (``during``: its resolved sign, 0 for a tie) relates to the end-of-domain one."""
+    if during and after:
+        return "same" if during == after else "reversed"
+    return "end only" if after else "during only" if during else "neither"
 
 
 PANELS = {"earlier": "earlier domains (mean)", "general": "general text"}
