@@ -103,6 +103,9 @@ def test_the_site_draws_each_rows_curves_as_seed_means_with_a_gap_between_domain
     (page,) = (out / "results" / "report" / "site").glob("group-*.html")
     text = page.read_text()
     assert 'id="chart-continual"' in text and '"continual": {"panels"' in text
+    gap = text[text.index('<div class="gap">') :]
+    gap = gap[: gap.index("</div>")]  # the leaderboard's depth table and verdicts, the table drawn as a table
+    assert "<table>" in gap and "<td><code>das</code></td>" in gap and "(shallower)" in gap
 
 
 def _seed_mean(records: list[dict], label: str) -> float:

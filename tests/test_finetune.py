@@ -189,6 +189,8 @@ def test_the_leaderboard_sets_fine_tuned_cells_against_the_probe_and_against_no_
     (page,) = (tmp_path / "results" / "report" / "site").glob("group-*.html")
     page = page.read_text()
     assert "fine-tune beside the linear probe" in page
+    beside = page[page.index('<section class="beside">') :]
+    assert "<table>" in beside[: beside.index("</section>")]  # its table drawn as one, not as a paragraph of pipes
 
 
 def _beside_record(label: str, tuned: float, probe: float = 0.45) -> dict:

@@ -32,9 +32,9 @@ from benchmark.report.groups import Group, LeftOut, order_of
 from benchmark.report.ladder import LadderReading
 from benchmark.report.law import LAW_METRICS, predict_top
 from benchmark.report.matched import matched_markdown
-from benchmark.report.reading import column_of, verdicts
+from benchmark.report.reading import verdicts
 from benchmark.report.speed import machine_counts, mixed_machines_flag
-from benchmark.report.stability_gap import ENDS, stability_gap_markdown
+from benchmark.report.stability_gap import group_stability_gap
 from benchmark.report.statistics import GroupStatistics
 from benchmark.report.words import say, say_lines
 
@@ -70,9 +70,7 @@ def leaderboard_markdown(
         lines += beside_markdown(group.records)
         lines += order_tables(stats)
         lines += matched_markdown(stats.part, group.records)
-        naive = stats.references.get("naive_continual")
-        at_the_end = {m: stats.comparisons(naive, column_of(m)) for m in ENDS.values()} if naive else None
-        lines += stability_gap_markdown(group.records, naive, at_the_end)
+        lines += group_stability_gap(stats)
         lines += plot_links(plots)
         lines += ["", say(PAGE, "reading_title"), "", *group_reading(stats), ""]
     if ladders:

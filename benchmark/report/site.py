@@ -42,7 +42,7 @@ from benchmark.report.group_text import generated_world_note, group_reading, run
 from benchmark.report.groups import Group
 from benchmark.report.reading import verdict_cells, verdict_text
 from benchmark.report.speed import mixed_machines_flag
-from benchmark.report.stability_gap import curve_chart
+from benchmark.report.stability_gap import curve_chart, group_stability_gap
 from benchmark.report.statistics import GroupStatistics
 
 SITE_FOLDER = "site"
@@ -89,6 +89,7 @@ def site_files(
     files = {"index.html": _page(env, "index.html.j2", answer=_markdown(list(answer)[2:]), views=views)}
     for view in views:
         charts = {**view.charts, "ladders": _ladder_charts(ladders, view.key, colours)}
+        gap = group_stability_gap(view.stats)  # the leaderboard's stability-gap lines: table, verdicts
         files[f"group-{view.key}.html"] = _page(
             env,
             "group.html.j2",
@@ -96,7 +97,10 @@ def site_files(
             charts=charts,
             columns=group_columns(view.stats.part),
             reading=_markdown(view.reading),
-            beside=_markdown(beside_markdown(view.group.records)) if beside_protocols(view.group.records) else None,
+            beside=_markdown(beside_markdown(view.group.records), tables=True)
+            if beside_protocols(view.group.records)
+            else None,
+            gap=_markdown(gap, tables=True) if gap else None,
         )
         files[f"data/{view.key}.csv"] = _table_csv(view)
     for name, appearances in _methods(views).items():

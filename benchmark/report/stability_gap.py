@@ -11,6 +11,7 @@ import numpy as np
 
 from benchmark.metrics import stability_gap
 from benchmark.report.comparison import benjamini_hochberg, paired_test
+from benchmark.report.reading import column_of
 from benchmark.report.words import say, say_lines
 
 TEMPLATE = "stability_gap.md.j2"
@@ -56,6 +57,15 @@ def stability_gap_markdown(
     if found and at_the_end:
         lines += [say(TEMPLATE, "reordering", reference, _reorderings(found, at_the_end))]
     return [*lines, ""]
+
+
+def group_stability_gap(stats) -> list[str]:
+    """A group's stability-gap lines (:func:`stability_gap_markdown`) against its naive continual reference, with that
+    reference's end-of-run comparisons (``stats``: the group's
+    :class:`~benchmark.report.statistics.GroupStatistics`); the leaderboard and the site show the same lines."""
+    naive = stats.references.get("naive_continual")
+    at_the_end = {metric: stats.comparisons(naive, column_of(metric)) for metric in ENDS.values()} if naive else None
+    return stability_gap_markdown(stats.records, naive, at_the_end)
 
 
 def _verdicts(depths: dict, reference: str | None) -> dict[str, list[tuple]]:
