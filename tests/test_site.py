@@ -137,3 +137,23 @@ def test_every_option_of_every_method_says_what_it_means():
         for cls in [registry.get(name)]
     }
     assert {name: fields for name, fields in blank.items() if fields} == {}
+
+
+def test_a_group_page_states_the_verdicts_at_matched_plasticity(report_records, tmp_path, monkeypatch):
+    """The leaderboard's "At matched plasticity" lines (issue #85) appear on the group page too, as the same lines."""
+    from benchmark.report import site
+
+    said = []
+
+    def matched(part, records):
+        said.append(sorted({r["method_label"] for r in records}))
+        return ["### At matched plasticity", "", "- `ncl` along schedule.lr_scale (0.5, 1, 2): `das` +0.020"]
+
+    monkeypatch.setattr(site, "matched_markdown", matched)
+    out = tmp_path / "out"
+    _write(out, report_records)
+    write_report(out)
+    (page,) = (out / "results" / "report" / "site").glob("group-*.html")
+    section = page.read_text().split('<div class="matched">')[1].split("</div>")[0]
+    assert "<h3>At matched plasticity</h3>" in section and "<code>das</code> +0.020" in section
+    assert said == [["das", "ncl", "none"]]  # asked once, with the group's records

@@ -40,6 +40,7 @@ from benchmark.report.frame import (
 )
 from benchmark.report.group_text import generated_world_note, group_reading, run_matrices
 from benchmark.report.groups import Group
+from benchmark.report.matched import matched_markdown
 from benchmark.report.reading import verdict_cells, verdict_text
 from benchmark.report.speed import mixed_machines_flag
 from benchmark.report.stability_gap import curve_chart, group_stability_gap
@@ -90,6 +91,7 @@ def site_files(
     for view in views:
         charts = {**view.charts, "ladders": _ladder_charts(ladders, view.key, colours)}
         gap = group_stability_gap(view.stats)  # the leaderboard's stability-gap lines: table, verdicts
+        matched = matched_markdown(view.stats.part, view.group.records)  # verdicts at matched plasticity
         files[f"group-{view.key}.html"] = _page(
             env,
             "group.html.j2",
@@ -101,6 +103,7 @@ def site_files(
             if beside_protocols(view.group.records)
             else None,
             gap=_markdown(gap, tables=True) if gap else None,
+            matched=_markdown(matched) if matched else None,
         )
         files[f"data/{view.key}.csv"] = _table_csv(view)
     for name, appearances in _methods(views).items():
