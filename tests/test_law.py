@@ -53,3 +53,28 @@ def test_a_ladder_of_two_rungs_predicts_nothing():
     reading = _reading(0.3, 0.01)
     reading.ladder.rungs = reading.ladder.rungs[:2]
     assert predict_top(reading) == [] and law_markdown(reading) == []
+
+
+def test_the_papers_budget_is_the_paper_profiles():
+    from benchmark.config import profile_config
+    from benchmark.report.law import PAPER_TOKENS_PER_DOMAIN
+
+    dap = profile_config("paper").dap
+    assert PAPER_TOKENS_PER_DOMAIN == dap.steps * dap.batch_size * dap.seq_len
+
+
+def test_the_law_is_read_at_the_papers_budget_only_where_it_held_at_the_top_rung():
+    from benchmark.report.law import PAPER_TOKENS_PER_DOMAIN, beyond_top
+
+    on_law = 0.1 + 0.05 * math.log(288)
+    reading = _reading(on_law, 0.01)
+    (held,) = beyond_top(reading, predict_top(reading))
+    paper = PAPER_TOKENS_PER_DOMAIN / 1024  # the ladder's updates are of 1024 tokens
+    assert held.stated and held.values[0][0] == "ncl"
+    assert held.values[0][1] == pytest.approx(0.1 + 0.05 * math.log(paper))
+    text = "\n".join(law_markdown(reading))
+    assert f"`ncl` {0.1 + 0.05 * math.log(paper):.3f}" in text and "not predicted: none" in text
+    missed = _reading(on_law + 0.2, 0.01)
+    (off,) = beyond_top(missed, predict_top(missed))
+    assert not off.stated and off.values == ()
+    assert "No metric qualifies, so no prediction is stated (forgetting: 0 of 1 rows" in "\n".join(law_markdown(missed))

@@ -22,6 +22,10 @@ from benchmark.report.ladder import LadderReading
 LAW_METRICS = ("forgetting", "general rise", "plasticity", "final gain")
 """The held-out-loss metrics the law predicts (nats)."""
 
+PAPER_TOKENS_PER_DOMAIN = 2580 * 248 * 164
+"""The paper's DAP budget per domain in tokens (the ``paper`` profile: 2580 updates of 248 x 164 tokens; the report
+reads records only, so it holds the number, and ``tests/test_law.py`` holds it equal to the profile's)."""
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -80,4 +84,50 @@ def predict_top(reading: LadderReading) -> list[Prediction]:
                 errors = law_at(steps, (replicated[0], replicated[1]), rungs[top].steps) - replicated[2]
                 interval = tuple(float(v) for v in np.percentile(errors, [2.5, 97.5]))
             out.append(Prediction(label, metric, predicted, values[top], values[mid], *interval))
+    return out
+
+
+@dataclass(frozen=True)
+class Beyond:
+    """What the law says of one metric beyond the top rung, at the paper's budget: whether it may be stated (it beats
+    no change and every row's error interval holds zero), and, where it may, each row's extrapolated value."""
+
+    metric: str
+    rows: int
+    within: int
+    """Rows whose error interval holds zero (:meth:`Prediction.holds`)."""
+    beats_no_change: bool
+    values: tuple[tuple[str, float], ...] = ()
+    """``(label, value at the paper's budget)`` where the law may be stated, else empty."""
+
+    @property
+    def stated(self) -> bool:
+        """Whether the law is tight enough on this metric to be read beyond the top rung."""
+        return self.beats_no_change and self.within == self.rows
+
+
+def paper_updates(reading: LadderReading) -> float:
+    """The paper's budget per domain in the ladder's updates (its top rung's tokens per update)."""
+    top = reading.ladder.rungs[-1]
+    return PAPER_TOKENS_PER_DOMAIN / (top.tokens_per_domain / top.steps)
+
+
+def beyond_top(reading: LadderReading, predictions: list[Prediction]) -> list[Beyond]:
+    """Per metric the law predicted, whether it may be read at the paper's budget and, where it may, each row's value
+    there from the law through the two highest rungs (the budgets nearest to it)."""
+    rungs = reading.ladder.rungs
+    target, steps = paper_updates(reading), (float(rungs[-2].steps), float(rungs[-1].steps))
+    out = []
+    for metric in LAW_METRICS:
+        found = [p for p in predictions if p.metric == metric]
+        if not found:
+            continue
+        law = np.mean([abs(p.error) for p in found])
+        naive = np.mean([abs(p.naive - p.measured) for p in found])
+        beyond = Beyond(metric, len(found), sum(p.holds() for p in found), bool(law < naive))
+        if beyond.stated:
+            means = reading.means[metric]
+            values = tuple((p.label, law_at(steps, (means[p.label][-2], means[p.label][-1]), target)) for p in found)
+            beyond = Beyond(metric, beyond.rows, beyond.within, True, values)
+        out.append(beyond)
     return out

@@ -30,7 +30,7 @@ from benchmark.report.frame import (
 from benchmark.report.group_text import generated_world_note, group_reading, run_matrices
 from benchmark.report.groups import Group, LeftOut, order_of
 from benchmark.report.ladder import LadderReading
-from benchmark.report.law import LAW_METRICS, predict_top
+from benchmark.report.law import LAW_METRICS, beyond_top, paper_updates, predict_top
 from benchmark.report.matched import matched_markdown
 from benchmark.report.reading import verdicts
 from benchmark.report.speed import machine_counts, mixed_machines_flag
@@ -275,4 +275,6 @@ def law_markdown(reading: LadderReading) -> list[str]:
             lines.append(say(LADDER, "law_metric_row", metric, len(found), law, naive, sum(p.holds() for p in found)))
     lines += ["", *say_lines(LADDER, "law_rows_header")]
     lines += [say(LADDER, "law_row", p) for p in predictions]
+    updates = paper_updates(reading)
+    lines += ["", say(LADDER, "law_beyond", updates, updates / rungs[-1].steps, beyond_top(reading, predictions))]
     return [*lines, ""]
