@@ -37,7 +37,8 @@ def _pyplot():
 
 
 def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # a figure laid out as it is drawn (constrained) keeps its own layout
+        fig.tight_layout()
     atomic_write_bytes(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight"))
     _pyplot().close(fig)
     return path
@@ -144,6 +145,34 @@ def _end_task_forgetting(record: dict) -> float | None:
     return None if value is None else 100 * value
 
 
+def _small_multiples(records: list[dict], labels: list[str], most_columns: int, panel: tuple[float, float]):
+    """A grid of panels with shared axes, one per row of ``labels`` (the reference rows first), unused panels off:
+    the figure, its axes, ``(label, panel)`` in order, the reference rows by role, and the naive continual one."""
+    references = _references(records)
+    naive = next((label for label, role in references.items() if role == "naive_continual"), None)
+    order = [label for label in references if label in labels] + [label for label in labels if label not in references]
+    ncols = min(most_columns, len(order))
+    nrows = -(-len(order) // ncols)
+    fig, axes = _pyplot().subplots(
+        nrows,
+        ncols,
+        figsize=(panel[0] * ncols, panel[1] * nrows + 0.8),
+        sharex=True,
+        sharey=True,
+        squeeze=False,
+        layout="constrained",  # room for the title above the panels, which tight_layout let the top row's overlap
+    )
+    for ax in list(axes.flat)[len(order) :]:
+        ax.axis("off")
+    return fig, axes, list(zip(order, axes.flat, strict=False)), references, naive
+
+
+def _panel_title(ax, label: str, reference: bool, suffix: str = "") -> None:
+    """A panel's row label (starred and bold for a reference row), wrapped: an option row's label can be long."""
+    title = f"{label}{' ★' if reference else ''}{suffix}"
+    ax.set_title(textwrap.fill(title, 30 + len(suffix) // 2), fontsize=8, fontweight="bold" if reference else "normal")
+
+
 def plot_heldout_losses(records: list[dict], path: Path, colours: dict[str, str] | None = None) -> Path | None:
     """Small multiples, one panel per method (shared axes): its held-out loss averaged over the domains' sets
     (solid) and on general text (dashed) before DAP and after each domain, with the naive continual reference's
@@ -154,17 +183,9 @@ def plot_heldout_losses(records: list[dict], path: Path, colours: dict[str, str]
     first = next(iter(groups.values()))[0]
     domains = first["sequence"]
     colours = colours or method_colours(list(groups))
-    references = _references(records)
-    naive = next((label for label, role in references.items() if role == "naive_continual"), None)
-    order = [label for label in references if label in groups] + [g for g in groups if g not in references]
-    plt = _pyplot()
-    ncols = min(6, len(order))
-    nrows = -(-len(order) // ncols)
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(2.6 * ncols, 2.3 * nrows + 0.8), sharex=True, sharey=True, squeeze=False
-    )
+    fig, _, panels, references, naive = _small_multiples(records, list(groups), 6, (2.6, 2.3))
     x = range(len(domains) + 1)
-    for ax, label in zip(axes.flat, order, strict=False):
+    for label, ax in panels:
         if naive in groups and label != naive:
             for curve, style in zip(_summary_curves(groups[naive], domains), ("-", "--"), strict=False):
                 ax.plot(x, curve, color="0.75", ls=style, lw=1.2)
@@ -172,13 +193,9 @@ def plot_heldout_losses(records: list[dict], path: Path, colours: dict[str, str]
             ax.plot(
                 x, curve, color=colours[label], ls=style, lw=2.2 if label in references else 1.6, marker="o", ms=2.5
             )
-        star = " ★" if label in references else ""
-        title = textwrap.fill(f"{label}{star}", 30)  # an option row's label can be long
-        ax.set_title(title, fontsize=8, fontweight="bold" if star else "normal")
+        _panel_title(ax, label, label in references)
         ax.set_xticks(list(x), ["base", *domains], rotation=60, ha="right", fontsize=7)
         ax.tick_params(axis="y", labelsize=7)
-    for ax in list(axes.flat)[len(order) :]:
-        ax.axis("off")
     fig.suptitle(say(PLOTS, "heldout_suptitle", loss_unit(first), naive), fontsize=9)
     return _save(fig, path)
 
@@ -376,30 +393,18 @@ def plot_continual(records: list[dict], path: Path, colours: dict[str, str] | No
         return None
     rows = chart["rows"]
     colours = colours or method_colours(list(rows))
-    references = _references(records)
-    naive = next((label for label, role in references.items() if role == "naive_continual"), None)
-    order = [label for label in references if label in rows] + [label for label in rows if label not in references]
-    plt = _pyplot()
-    ncols = min(4, len(order))
-    nrows = -(-len(order) // ncols)
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(3.2 * ncols, 2.4 * nrows + 0.8), sharex=True, sharey=True, squeeze=False
-    )
-    for ax, label in zip(axes.flat, order, strict=False):
+    fig, axes, panels, references, naive = _small_multiples(records, list(rows), 4, (3.2, 2.4))
+    for label, ax in panels:
         behind = [(rows[naive], "0.75", 1.0)] if naive in rows and label != naive else []
         for row, colour, width in [*behind, (rows[label], colours[label], 1.6)]:
             for part, style in zip(PANELS, ("-", "--"), strict=True):
                 ax.plot(_nan(row["x"]), _nan(row[part]), color=colour, ls=style, lw=width)
-        star = " ★" if label in references else ""
-        title = textwrap.fill(f"{label}{star} ({say('common.md.j2', 'seeds', (rows[label]['seeds'],))})", 34)
-        ax.set_title(title, fontsize=8, fontweight="bold" if star else "normal")
+        _panel_title(ax, label, label in references, f" ({say('common.md.j2', 'seeds', (rows[label]['seeds'],))})")
         ax.tick_params(labelsize=7)
-    for ax in list(axes.flat)[len(order) :]:
-        ax.axis("off")
     for ax in axes[-1]:
         ax.set_xlabel(say(PLOTS, "continual_axis"), fontsize=8)
     title = say(PLOTS, "continual_suptitle", loss_unit(records[0]), naive)
-    fig.suptitle(textwrap.fill(title, 40 * ncols), fontsize=9)
+    fig.suptitle(textwrap.fill(title, 40 * axes.shape[1]), fontsize=9)
     return _save(fig, path)
 
 
