@@ -422,8 +422,14 @@ def stability_gap(record: Mapping) -> dict | None:
     Per stage t >= 1 and for the earlier domains' held-out sets (their mean) and the general text: ``start``, the
     loss before the stage's first update; ``worst``, the highest loss measured during the stage (De Lange et al.'s
     worst case, in loss); ``end``, after its last update; ``depth`` = worst - start, the dip; ``recovered`` =
-    worst - end, how much of it the stage won back; ``dip_step``, the update count where it was worst. The summary
-    ``earlier_depth`` / ``general_depth`` is each depth's mean over the stages that have it."""
+    worst - end, how much of it the stage won back; ``dip_step``, the update count where it was worst;
+    ``half_recovery_updates``, the updates from the worst point until the loss first measured at or below the dip's
+    midpoint (worst - depth / 2): the updates to recover, None where the stage never won back half of its dip (0
+    where it had none). The summary, per part (``earlier``, ``general``): ``{part}_depth``, the depths' mean over the
+    stages that have it; ``{part}_won_back``, the share of the dips won back by the stages' ends (their recovered
+    over their depth, summed over the stages with a dip; above 1 where the stages ended below where they started);
+    ``{part}_half_recovery_updates``, the mean updates to recover half of a dip over the stages that did (None where
+    none did), and ``{part}_unrecovered``, how many stages with a dip never did."""
     stages = []
     for t, domain in enumerate(record["domains"]):
         curve = domain.get("curve")
@@ -438,18 +444,33 @@ def stability_gap(record: Mapping) -> dict | None:
         stages.append(stage)
     if not stages:
         return None
-    summary = {
-        f"{part}_depth": float(np.mean([s[part]["depth"] for s in stages if part in s]))
-        for part in ("earlier", "general")
-        if any(part in s for s in stages)
-    }
+    summary = {}
+    for part in ("earlier", "general"):
+        dips = [s[part] for s in stages if part in s]
+        if dips:
+            summary.update(_dip_summary(part, dips))
     return {**summary, "stages": stages}
+
+
+def _dip_summary(part: str, dips: list[dict]) -> dict:
+    """One part's mean depth, share won back and updates to recover half (:func:`stability_gap`)."""
+    dipped = [d for d in dips if d["depth"] > 0]
+    recovered = [d["half_recovery_updates"] for d in dipped if d["half_recovery_updates"] is not None]
+    return {
+        f"{part}_depth": float(np.mean([d["depth"] for d in dips])),
+        # the dips' total won back over their total depth: a mean of per-stage ratios would be ruled by shallow dips
+        f"{part}_won_back": sum(d["recovered"] for d in dipped) / sum(d["depth"] for d in dipped) if dipped else None,
+        f"{part}_half_recovery_updates": float(np.mean(recovered)) if recovered else None,
+        f"{part}_unrecovered": len(dipped) - len(recovered),
+    }
 
 
 def _dip(losses: np.ndarray, steps: Sequence[int]) -> dict[str, float | int]:
     """Start, worst, end, depth, recovered and the step of the worst point of one loss curve."""
     worst = int(np.argmax(losses))
     start, peak, end = float(losses[0]), float(losses[worst]), float(losses[-1])
+    midpoint = peak - (peak - start) / 2
+    back = next((i for i in range(worst, len(losses)) if losses[i] <= midpoint), None) if peak > start else worst
     return {
         "start": round(start, 5),
         "worst": round(peak, 5),
@@ -457,4 +478,5 @@ def _dip(losses: np.ndarray, steps: Sequence[int]) -> dict[str, float | int]:
         "depth": round(peak - start, 5),
         "recovered": round(peak - end, 5),
         "dip_step": int(steps[worst]),
+        "half_recovery_updates": None if back is None else int(steps[back] - steps[worst]),
     }

@@ -5,6 +5,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 from cli_helpers import quick_run_args
 
 from benchmark.cli import main
@@ -74,7 +75,9 @@ def test_the_leaderboard_reads_the_stability_gap_with_calibrated_verdicts(report
     records = [_with_curves(r, dips[r["method_label"]]) for r in report_records]
     lines = stability_gap_markdown(records, "ncl")
     table = "\n".join(lines)
-    assert "| `das` | 3 | 0.102 | 0.102 |" in table and "| `ncl` | 3 | 0.302 | 0.302 |" in table
+    # depth dip + 0.001 seed; 0.01 short of the start at the end; half won back at the next point, 2 updates on
+    assert "| `das` | 3 | 0.102 | 90% | 2 | 0.102 | 90% | 2 |" in table
+    assert "| `ncl` | 3 | 0.302 | 97% | 2 | 0.302 | 97% | 2 |" in table
     verdict = next(line for line in lines if "depth on earlier domains" in line)
     assert "`das` -0.200 (shallower)" in verdict and "`none` not resolved" in verdict
     assert stability_gap_markdown(report_records, "ncl") == []  # no curves, no section
@@ -161,3 +164,24 @@ def test_the_gap_says_which_end_of_run_verdicts_it_reverses(report_records):
     assert "reversed for `das`" in earlier and "resolved at the end only: `none`" in earlier
     assert "no verdict reversed" in general and "resolved neither way: `none`" in general
     assert not [x for x in stability_gap_markdown(records, "ncl") if x.startswith("- Does the gap")]
+
+
+def test_the_gap_counts_the_updates_to_win_back_half_of_each_dip():
+    """A dip at update 2 of 0.4 nats, half won back two updates later; a second domain's rise that never turns."""
+    steps = [0, 2, 4, 6]
+    flat = [3.0, 3.0, 3.0, 3.0]
+    curves = [
+        {"a": flat, "general": flat},
+        {"a": [3.0, 3.4, 3.2, 3.1], "general": flat},
+        {"a": [3.0, 3.1, 3.2, 3.3], "b": [3.0, 3.1, 3.2, 3.3], "general": [3.0, 2.9, 2.9, 2.8]},
+    ]
+    record = {"sequence": ["a", "b", "c"], "domains": [{"curve": {"steps": steps, "losses": c}} for c in curves]}
+    gap = stability_gap(record)
+    first, second = (stage["earlier"] for stage in gap["stages"])
+    assert first["depth"] == pytest.approx(0.4) and first["dip_step"] == 2 and first["half_recovery_updates"] == 2
+    assert second["depth"] == pytest.approx(0.3) and second["half_recovery_updates"] is None
+    assert gap["earlier_depth"] == pytest.approx(0.35) and gap["earlier_unrecovered"] == 1
+    assert gap["earlier_won_back"] == pytest.approx(0.3 / 0.7)  # the dips' total won back over their total depth
+    assert gap["earlier_half_recovery_updates"] == 2
+    # general text never rose: no dip, nothing to win back, nothing unrecovered
+    assert gap["general_depth"] == 0 and gap["general_won_back"] is None and gap["general_unrecovered"] == 0

@@ -32,6 +32,25 @@ def _depths(records: list[dict]) -> dict[str, dict[tuple, dict[str, float]]]:
     return out
 
 
+def _part_cells(gaps, measure: str) -> dict:
+    """One part's table cells over a row's runs (``measure``: ``{part}_depth``): the mean depth, the mean share of
+    the dip won back by the domain's end, the mean updates to win back half of it (over the runs that did) and how
+    many of the runs' dipping stages never did (:func:`benchmark.metrics.stability_gap`)."""
+    part = measure.removesuffix("_depth")
+    gaps = [gap for gap in gaps if measure in gap]
+
+    def mean(key: str) -> float | None:
+        values = [gap[key] for gap in gaps if gap.get(key) is not None]
+        return float(np.mean(values)) if values else None
+
+    return {
+        "depth": mean(measure),
+        "won_back": mean(f"{part}_won_back"),
+        "updates": mean(f"{part}_half_recovery_updates"),
+        "unrecovered": sum(gap[f"{part}_unrecovered"] for gap in gaps),
+    }
+
+
 ENDS = {"earlier_depth": "forgetting", "general_depth": "general rise"}
 """The end-of-domain metric each depth is read beside: what a run that finished the domain shows of the same sets."""
 
@@ -47,11 +66,7 @@ def stability_gap_markdown(
         return []
     lines = say_lines(TEMPLATE, "intro", list(MEASURES.values()))
     for label, runs in sorted(depths.items()):
-        cells = []
-        for measure in MEASURES:
-            values = [gap[measure] for gap in runs.values() if measure in gap]
-            cells.append(np.mean(values) if values else None)
-        lines.append(say(TEMPLATE, "row", label, len(runs), cells))
+        lines.append(say(TEMPLATE, "row", label, len(runs), [_part_cells(runs.values(), m) for m in MEASURES]))
     found = _verdicts(depths, reference)
     lines += ["", *(say(TEMPLATE, "verdicts", reference, MEASURES[m], rows) for m, rows in found.items())]
     if found and at_the_end:
