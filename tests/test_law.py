@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from benchmark.report.ladder import Ladder, LadderReading, Rung
-from benchmark.report.law import law_at, predict_top
-from benchmark.report.markdown import law_markdown
+from benchmark.report.law import law_at, law_markdown, predict_top
 
 
 def test_the_law_is_linear_in_the_log_of_the_updates():
@@ -78,3 +77,21 @@ def test_the_law_is_read_at_the_papers_budget_only_where_it_held_at_the_top_rung
     (off,) = beyond_top(missed, predict_top(missed))
     assert not off.stated and off.values == ()
     assert "No metric qualifies, so no prediction is stated (forgetting: 0 of 1 rows" in "\n".join(law_markdown(missed))
+
+
+def test_the_site_shows_the_law_on_the_page_of_the_ladders_top_rung(report_records):
+    """The leaderboard's law section appears on the group page of the ladder's top rung, as a table, and on no other
+    group's page."""
+    from benchmark.report.groups import group_records
+    from benchmark.report.site import site_files
+    from benchmark.report.writer import group_statistics
+
+    (group,), _ = group_records(report_records)
+    sections = [(group, group_statistics(group), {})]
+    reading = _reading(0.1 + 0.05 * math.log(288) + 0.2, 0.01)
+    page = f"group-{group.key}.html"
+    assert '<div class="law">' not in site_files(sections, [reading], {})[page]  # its top rung is another group
+    reading.ladder.rungs[-1].key = group.key
+    law = site_files(sections, [reading], {})[page].split('<div class="law">')[1].split("</div>")[0]
+    assert "Predicting 288 updates from 24 and 96" in law and "<table>" in law and "<td>0 of 1</td>" in law
+    assert "Beyond the top rung" in law

@@ -18,6 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmark.report.ladder import LadderReading
+from benchmark.report.words import say, say_lines
+
+LADDER = "ladder.md.j2"
+"""The template that holds the law section's words (beside the ladder's)."""
 
 LAW_METRICS = ("forgetting", "general rise", "plasticity", "final gain")
 """The held-out-loss metrics the law predicts (nats)."""
@@ -106,6 +110,12 @@ class Beyond:
         return self.beats_no_change and self.within == self.rows
 
 
+def mean_errors(predictions: list[Prediction]) -> tuple[float, float]:
+    """The mean absolute error of the law's predictions and of predicting no change (the middle rung's value)."""
+    law = float(np.mean([abs(p.error) for p in predictions]))
+    return law, float(np.mean([abs(p.naive - p.measured) for p in predictions]))
+
+
 def paper_updates(reading: LadderReading) -> float:
     """The paper's budget per domain in the ladder's updates (its top rung's tokens per update)."""
     top = reading.ladder.rungs[-1]
@@ -122,8 +132,7 @@ def beyond_top(reading: LadderReading, predictions: list[Prediction]) -> list[Be
         found = [p for p in predictions if p.metric == metric]
         if not found:
             continue
-        law = np.mean([abs(p.error) for p in found])
-        naive = np.mean([abs(p.naive - p.measured) for p in found])
+        law, naive = mean_errors(found)
         beyond = Beyond(metric, len(found), sum(p.holds() for p in found), bool(law < naive))
         if beyond.stated:
             means = reading.means[metric]
@@ -131,3 +140,25 @@ def beyond_top(reading: LadderReading, predictions: list[Prediction]) -> list[Be
             beyond = Beyond(metric, beyond.rows, beyond.within, True, values)
         out.append(beyond)
     return out
+
+
+def law_markdown(reading: LadderReading) -> list[str]:
+    """The ladder's law section (:func:`predict_top`), as the leaderboard and the site show it: per metric, how well
+    the law fitted on the two rungs below the top predicts it, each row's prediction, measurement and error interval,
+    and whether it is read at the paper's budget (:func:`beyond_top`); empty for a ladder of fewer than three
+    rungs."""
+    predictions = predict_top(reading)
+    if not predictions:
+        return []
+    rungs = reading.ladder.rungs
+    lines = say_lines(LADDER, "law_intro", rungs[-3:-1], rungs[-1])
+    for metric in LAW_METRICS:
+        found = [p for p in predictions if p.metric == metric]
+        if found:
+            law, naive = mean_errors(found)
+            lines.append(say(LADDER, "law_metric_row", metric, len(found), law, naive, sum(p.holds() for p in found)))
+    lines += ["", *say_lines(LADDER, "law_rows_header")]
+    lines += [say(LADDER, "law_row", p) for p in predictions]
+    updates = paper_updates(reading)
+    lines += ["", say(LADDER, "law_beyond", updates, updates / rungs[-1].steps, beyond_top(reading, predictions))]
+    return [*lines, ""]

@@ -30,7 +30,6 @@ from benchmark.report.frame import (
 from benchmark.report.group_text import generated_world_note, group_reading, run_matrices
 from benchmark.report.groups import Group, LeftOut, order_of
 from benchmark.report.ladder import LadderReading
-from benchmark.report.law import LAW_METRICS, beyond_top, paper_updates, predict_top
 from benchmark.report.matched import matched_markdown
 from benchmark.report.reading import verdicts
 from benchmark.report.speed import machine_counts, mixed_machines_flag
@@ -255,26 +254,4 @@ def ladder_markdown(reading: LadderReading, plot: str | None) -> list[str]:
         lines += [say(LADDER, "flipped", v) for v in changes if v.change == "flipped"]
     if plot:
         lines += ["", say(LADDER, "plot", plot)]
-    return [*lines, ""]
-
-
-def law_markdown(reading: LadderReading) -> list[str]:
-    """The ladder's law section (:func:`benchmark.report.law.predict_top`): per metric, how well the law fitted on the
-    two rungs below the top predicts it, and each row's prediction, measurement and error interval (empty for a ladder
-    of fewer than three rungs)."""
-    predictions = predict_top(reading)
-    if not predictions:
-        return []
-    rungs = reading.ladder.rungs
-    lines = say_lines(LADDER, "law_intro", rungs[-3:-1], rungs[-1])
-    for metric in LAW_METRICS:
-        found = [p for p in predictions if p.metric == metric]
-        if found:
-            law = np.mean([abs(p.error) for p in found])
-            naive = np.mean([abs(p.naive - p.measured) for p in found])
-            lines.append(say(LADDER, "law_metric_row", metric, len(found), law, naive, sum(p.holds() for p in found)))
-    lines += ["", *say_lines(LADDER, "law_rows_header")]
-    lines += [say(LADDER, "law_row", p) for p in predictions]
-    updates = paper_updates(reading)
-    lines += ["", say(LADDER, "law_beyond", updates, updates / rungs[-1].steps, beyond_top(reading, predictions))]
     return [*lines, ""]

@@ -40,6 +40,7 @@ from benchmark.report.frame import (
 )
 from benchmark.report.group_text import generated_world_note, group_reading, run_matrices
 from benchmark.report.groups import Group
+from benchmark.report.law import law_markdown
 from benchmark.report.matched import matched_markdown
 from benchmark.report.reading import verdict_cells, verdict_text
 from benchmark.report.speed import mixed_machines_flag
@@ -92,6 +93,9 @@ def site_files(
         charts = {**view.charts, "ladders": _ladder_charts(ladders, view.key, colours)}
         gap = group_stability_gap(view.stats)  # the leaderboard's stability-gap lines: table, verdicts
         matched = matched_markdown(view.stats.part, view.group.records)  # verdicts at matched plasticity
+        law = [
+            line for reading in ladders if reading.ladder.rungs[-1].key == view.key for line in law_markdown(reading)
+        ]
         files[f"group-{view.key}.html"] = _page(
             env,
             "group.html.j2",
@@ -104,6 +108,7 @@ def site_files(
             else None,
             gap=_markdown(gap, tables=True) if gap else None,
             matched=_markdown(matched) if matched else None,
+            law=_markdown(law, tables=True) if law else None,
         )
         files[f"data/{view.key}.csv"] = _table_csv(view)
     for name, appearances in _methods(views).items():

@@ -271,7 +271,8 @@ def _write_ladders(
     """Every budget ladder among the groups (:mod:`benchmark.report.ladder`): its reading, plot and leaderboard lines;
     the plot is listed in the manifest like a group's, so it is removed once the ladder is gone."""
     from benchmark.report.ladder import find_ladders, read_ladder
-    from benchmark.report.markdown import ladder_markdown, law_markdown
+    from benchmark.report.law import law_markdown
+    from benchmark.report.markdown import ladder_markdown
     from benchmark.report.plots import plot_ladder
 
     readings, lines = [], []
