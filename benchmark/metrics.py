@@ -466,7 +466,8 @@ def _dip_summary(part: str, dips: list[dict]) -> dict:
 
 
 def _dip(losses: np.ndarray, steps: Sequence[int]) -> dict[str, float | int]:
-    """Start, worst, end, depth, recovered and the step of the worst point of one loss curve."""
+    """Start, worst, end, depth, recovered, the step of the worst point and the updates from it until half of the dip
+    was won back, of one loss curve."""
     worst = int(np.argmax(losses))
     start, peak, end = float(losses[0]), float(losses[worst]), float(losses[-1])
     midpoint = peak - (peak - start) / 2

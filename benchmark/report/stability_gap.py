@@ -1,7 +1,9 @@
-"""The stability gap in a group's leaderboard section (issue #90): for every row whose records measured continual
-evaluation (``dap.eval_every``), how deep the earlier domains' and the general held-out loss dipped during each
-domain (:func:`benchmark.metrics.stability_gap`), and each row against the naive continual reference through the
-calibrated comparison (paired by seed and order, Benjamini-Hochberg over the rows per measure)."""
+"""The stability gap in a group's leaderboard section and site page (issue #90): for every row whose records measured
+continual evaluation (``dap.eval_every``), how deep the earlier domains' and the general held-out loss dipped during
+each domain, how much of the dips the domains won back and in how many updates half of a dip was
+(:func:`benchmark.metrics.stability_gap`); each row's depth against the naive continual reference through the
+calibrated comparison (paired by seed and order, Benjamini-Hochberg over the rows per measure), and whether those
+verdicts agree with, or reverse, the end-of-run verdicts on the same sets."""
 
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ TEMPLATE = "stability_gap.md.j2"
 MEASURES = {"earlier_depth": "earlier domains", "general_depth": "general text"}
 """The depths read, by what they are the depth of."""
 
+ENDS = {"earlier_depth": "forgetting", "general_depth": "general rise"}
+"""The end-of-domain metric each depth is read beside: what a run that finished the domain shows of the same sets."""
+
 
 def _depths(records: list[dict]) -> dict[str, dict[tuple, dict[str, float]]]:
     """Label -> (seed, order) -> its depths, for the records with curves."""
@@ -33,9 +38,9 @@ def _depths(records: list[dict]) -> dict[str, dict[tuple, dict[str, float]]]:
 
 
 def _part_cells(gaps, measure: str) -> dict:
-    """One part's table cells over a row's runs (``measure``: ``{part}_depth``): the mean depth, the mean share of
-    the dip won back by the domain's end, the mean updates to win back half of it (over the runs that did) and how
-    many of the runs' dipping stages never did (:func:`benchmark.metrics.stability_gap`)."""
+    """One part's table cells over a row's runs (``measure``: ``{part}_depth``), means over the runs: the depth, the
+    share of the dips won back by their domains' ends, the updates to win back half of a dip (over the runs where
+    one did), and how many of the runs' dips never did (:func:`benchmark.metrics.stability_gap`)."""
     part = measure.removesuffix("_depth")
     gaps = [gap for gap in gaps if measure in gap]
 
@@ -49,10 +54,6 @@ def _part_cells(gaps, measure: str) -> dict:
         "updates": mean(f"{part}_half_recovery_updates"),
         "unrecovered": sum(gap[f"{part}_unrecovered"] for gap in gaps),
     }
-
-
-ENDS = {"earlier_depth": "forgetting", "general_depth": "general rise"}
-"""The end-of-domain metric each depth is read beside: what a run that finished the domain shows of the same sets."""
 
 
 def stability_gap_markdown(
@@ -106,7 +107,7 @@ def _verdicts(depths: dict, reference: str | None) -> dict[str, list[tuple]]:
 
 
 def _reorderings(found: dict[str, list[tuple]], at_the_end: Mapping[str, Sequence]) -> list[tuple]:
-    """Per measure, the rows tested both ways sorted by how the two verdicts against the reference relate:
+    """Per measure, the rows tested both ways grouped by how the two verdicts against the reference relate:
     (the depth's measure, the end-of-domain metric, {relation: [labels]}) with relations ``same`` (both resolved, one
     direction), ``reversed`` (both resolved, opposite directions: the gap reorders the verdict), ``end only`` and
     ``during only`` (one resolved), ``neither``."""
