@@ -91,11 +91,6 @@ def site_files(
     files = {"index.html": _page(env, "index.html.j2", answer=_markdown(list(answer)[2:]), views=views)}
     for view in views:
         charts = {**view.charts, "ladders": _ladder_charts(ladders, view.key, colours)}
-        gap = group_stability_gap(view.stats)  # the leaderboard's stability-gap lines: table, verdicts
-        matched = matched_markdown(view.stats.part, view.group.records)  # verdicts at matched plasticity
-        law = [
-            line for reading in ladders if reading.ladder.rungs[-1].key == view.key for line in law_markdown(reading)
-        ]
         files[f"group-{view.key}.html"] = _page(
             env,
             "group.html.j2",
@@ -103,12 +98,7 @@ def site_files(
             charts=charts,
             columns=group_columns(view.stats.part),
             reading=_markdown(view.reading),
-            beside=_markdown(beside_markdown(view.group.records), tables=True)
-            if beside_protocols(view.group.records)
-            else None,
-            gap=_markdown(gap, tables=True) if gap else None,
-            matched=_markdown(matched) if matched else None,
-            law=_markdown(law, tables=True) if law else None,
+            **_leaderboard_sections(view, ladders),
         )
         files[f"data/{view.key}.csv"] = _table_csv(view)
     for name, appearances in _methods(views).items():
@@ -159,6 +149,20 @@ def _json_for_script(value) -> str:
 
 def _number(value: float | None, kind: str) -> str:
     return "n/a" if value is None else format_number(value, kind)
+
+
+def _leaderboard_sections(view: GroupView, ladders: list) -> dict:
+    """The leaderboard's sections of a group that its page shows as they are, as HTML (None where the group has
+    none): the protocol beside (``beside``), the stability gap (``gap``), the verdicts at matched plasticity
+    (``matched``) and, on the page of a ladder's top rung, the budget law (``law``)."""
+    records = view.group.records
+    sections = {
+        "beside": beside_markdown(records) if beside_protocols(records) else [],
+        "gap": group_stability_gap(view.stats),
+        "matched": matched_markdown(view.stats.part, records),
+        "law": [line for r in ladders if r.ladder.rungs[-1].key == view.key for line in law_markdown(r)],
+    }
+    return {name: _markdown(lines, tables=True) if lines else None for name, lines in sections.items()}
 
 
 def _markdown(lines: list[str], tables: bool = False):
