@@ -160,7 +160,7 @@ def _small_multiples(records: list[dict], labels: list[str], most_columns: int, 
         sharex=True,
         sharey=True,
         squeeze=False,
-        layout="constrained",  # room for the title above the panels, which tight_layout let the top row's overlap
+        layout="constrained",  # keeps the figure's title clear of the top row (under tight_layout they overlapped)
     )
     for ax in list(axes.flat)[len(order) :]:
         ax.axis("off")
@@ -398,7 +398,14 @@ def plot_continual(records: list[dict], path: Path, colours: dict[str, str] | No
         behind = [(rows[naive], "0.75", 1.0)] if naive in rows and label != naive else []
         for row, colour, width in [*behind, (rows[label], colours[label], 1.6)]:
             for part, style in zip(PANELS, ("-", "--"), strict=True):
-                ax.plot(_nan(row["x"]), _nan(row[part]), color=colour, ls=style, lw=width)
+                # a gap between domains is None: as a float, NaN, which matplotlib leaves undrawn
+                ax.plot(
+                    np.asarray(row["x"], dtype=float),
+                    np.asarray(row[part], dtype=float),
+                    color=colour,
+                    ls=style,
+                    lw=width,
+                )
         _panel_title(ax, label, label in references, f" ({say('common.md.j2', 'seeds', (rows[label]['seeds'],))})")
         ax.tick_params(labelsize=7)
     for ax in axes[-1]:
@@ -406,11 +413,6 @@ def plot_continual(records: list[dict], path: Path, colours: dict[str, str] | No
     title = say(PLOTS, "continual_suptitle", loss_unit(records[0]), naive)
     fig.suptitle(textwrap.fill(title, 40 * axes.shape[1]), fontsize=9)
     return _save(fig, path)
-
-
-def _nan(values: list) -> np.ndarray:
-    """A curve's values with its gaps (None, between domains) as NaN, which matplotlib leaves undrawn."""
-    return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
 GROUP_PLOTS: dict[str, Callable[[list[dict], Path, dict[str, str] | None], Path | None]] = {
