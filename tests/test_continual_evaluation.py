@@ -83,6 +83,24 @@ def test_the_leaderboard_reads_the_stability_gap_with_calibrated_verdicts(report
     assert stability_gap_markdown(report_records, "ncl") == []  # no curves, no section
 
 
+def test_the_group_lines_are_derived_once_and_each_caller_gets_its_own_copy(report_records, monkeypatch):
+    """The leaderboard and the site both show a group's stability-gap lines: computed once per group's statistics."""
+    from benchmark.report import stability_gap
+    from benchmark.report.groups import group_records
+    from benchmark.report.writer import group_statistics
+
+    dips = {"ncl": 0.30, "das": 0.10, "none": 0.30}
+    (group,), _ = group_records([_with_curves(r, dips[r["method_label"]]) for r in report_records])
+    stats = group_statistics(group)
+    calls = []
+    real = stability_gap.stability_gap_markdown
+    monkeypatch.setattr(stability_gap, "stability_gap_markdown", lambda *a: calls.append(a) or real(*a))
+    first = stability_gap.group_stability_gap(stats)
+    first.append("a caller's own line")
+    second = stability_gap.group_stability_gap(stats)
+    assert len(calls) == 1 and second == first[:-1] and any("depth on earlier domains" in x for x in second)
+
+
 def test_the_site_draws_each_rows_curves_as_seed_means_with_a_gap_between_domains(report_records, tmp_path):
     from benchmark.report.stability_gap import curve_chart
     from benchmark.report.writer import write_report

@@ -78,7 +78,12 @@ def stability_gap_markdown(
 def group_stability_gap(stats) -> list[str]:
     """A group's stability-gap lines (:func:`stability_gap_markdown`) against its naive continual reference, with that
     reference's end-of-run comparisons (``stats``: the group's
-    :class:`~benchmark.report.statistics.GroupStatistics`); the leaderboard and the site show the same lines."""
+    :class:`~benchmark.report.statistics.GroupStatistics`); the leaderboard and the site show the same lines, derived
+    once per group."""
+    return list(stats.derived("stability_gap", lambda: _group_lines(stats)))  # a copy: callers may extend it
+
+
+def _group_lines(stats) -> list[str]:
     naive = stats.references.get("naive_continual")
     at_the_end = {metric: stats.comparisons(naive, column_of(metric)) for metric in ENDS.values()} if naive else None
     return stability_gap_markdown(stats.records, naive, at_the_end)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -23,6 +25,8 @@ import pandas as pd
 from benchmark.metrics import loss_metric_arrays, mean_regret, served_losses
 from benchmark.report.comparison import ALPHA, Test, benjamini_hochberg, paired_test
 from benchmark.report.frame import format_number, oracle_partners
+
+T = TypeVar("T")
 
 REPLICATES = 1000
 """Bootstrap resamples of the evaluation sample (its standard error from 1000 resamples)."""
@@ -248,6 +252,7 @@ class GroupStatistics:
         self.part, self.records, self.references = part, records, references
         self.sample = EvaluationSample(records, key)
         self._cache: dict[tuple[str, str], list[Comparison]] = {}
+        self._derived: dict[str, object] = {}
 
     def comparisons(self, reference: str, column) -> list[Comparison]:
         """Every method against ``reference`` on ``column`` (a :class:`~benchmark.report.frame.Column`)."""
@@ -255,6 +260,13 @@ class GroupStatistics:
         if key not in self._cache:
             self._cache[key] = compare(self.part, reference, column.title, self.sample, column.metric)
         return self._cache[key]
+
+    def derived(self, name: str, compute: Callable[[], T]) -> T:
+        """``compute()``, called once per group under ``name``: a reading that several outputs show (the leaderboard
+        and the site) is derived from the statistics once."""
+        if name not in self._derived:
+            self._derived[name] = compute()
+        return self._derived[name]  # type: ignore[return-value]
 
     def interval(self, label: str, column) -> tuple[float, float | None, int] | None:
         """Mean, combined standard error (None for one seed without a known evaluation error) and n of ``label`` on
