@@ -36,6 +36,14 @@ def test_curves_are_recorded_and_change_no_number(world_root, tiny_model, tmp_pa
         assert all(len(v) == 3 and all(math.isfinite(x) for x in v) for v in curve["losses"].values())
         assert curve["seconds"] >= 0
     assert "curve" not in without["domains"][0]
+    # reproduce compares the curve's losses (a record with curves crashed it); a re-run that adds them reproduces a
+    # record without them, one that lacks them does not reproduce a record that has them
+    from benchmark.records.reproduce import DEFAULT_TOLERANCE, compare_records
+
+    assert compare_records(with_curves, with_curves, DEFAULT_TOLERANCE) == []
+    assert compare_records(without, with_curves, DEFAULT_TOLERANCE) == []
+    missing = compare_records(with_curves, without, DEFAULT_TOLERANCE)
+    assert missing and all("/curve/" in m.name and m.actual is None for m in missing)
     # the second stage starts where the first ended: the same model on the same subset
     first, second = (d["curve"]["losses"] for d in with_curves["domains"])
     assert all(math.isclose(first[k][-1], second[k][0], abs_tol=1e-5) for k in first)

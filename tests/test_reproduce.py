@@ -199,6 +199,23 @@ def test_every_number_of_a_record_is_classified_and_every_reported_one_is_compar
     kinds = {path: kind_of(path) for path, _ in numeric_fields(record)}  # an unclassified field raises here
     assert {"score", "loss", "chunk", "drift", "report", "exact"} <= set(kinds.values())
     assert all(reason for reason in NOT_RESULTS.values())
+    # fields a run writes only when asked: a committed record with continual-evaluation curves (issue #90)
+    curved = _committed_with_curves()
+    kinds = {path: kind_of(path) for path, _ in numeric_fields(curved)}
+    assert {kinds[p] for p in kinds if "/curve/steps/" in p} == {"exact"}
+    assert {kinds[p] for p in kinds if "/curve/losses/" in p} == {"loss"}
+
+
+def _committed_with_curves() -> dict:
+    """The first committed top-rung record that measured curves (``dap.eval_every``)."""
+    from pathlib import Path
+
+    from benchmark.records.store import load_record
+
+    for path in sorted(Path(__file__).resolve().parents[1].glob("results/mini-pass/ncl-*.json")):
+        if '"curve"' in path.read_text():
+            return load_record(path)
+    raise AssertionError("no committed record with curves under results/mini-pass")
 
 
 def test_a_numbers_kind_read_from_its_path_shape_is_the_kind_its_full_path_matches():

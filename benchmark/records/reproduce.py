@@ -163,6 +163,7 @@ NOT_RESULTS = MappingProxyType(
         "domains/*/step_seconds": "compute cost",
         "domains/*/phase_seconds/*": "compute cost",
         "domains/*/peak_memory_mb": "compute cost (memory)",
+        "domains/*/curve/seconds": "compute cost (of the continual evaluation)",
         "environment/*": "facts about the machine that ran it",
         "schema": "the record format",
         "seed": "part of the run id (checked when the record is read)",
@@ -199,6 +200,8 @@ KIND_RULES = (
     ("finetune_reports/*", "report"),
     ("domains/*/loss_log/*/step", "exact"),
     ("domains/*/loss_log/*", "loss"),
+    ("domains/*/curve/steps/*", "exact"),
+    ("domains/*/curve/losses/*", "loss"),
     ("domains/*/steps", "exact"),
     ("domains/*/tokens", "exact"),
     ("domains/*/trainable_parameters", "exact"),
@@ -274,9 +277,11 @@ def key_numbers(record: dict) -> dict[str, float]:
     return {path: value for path, value in numeric_fields(walked) if kind_of(path) is not None}
 
 
-MEASURED_LATER = ("update_sizes",)
-"""Per-stage fields that records made before they were measured do not carry (issue #45's update sizes): a record
-without one is compared on every number it does carry; one that carries it is compared on it too."""
+MEASURED_LATER = ("update_sizes", "curve")
+"""Per-stage fields that records made before they were measured do not carry (issue #45's update sizes), or that a
+run measures only when asked (issue #90's ``curve``, ``dap.eval_every``, not part of the run id): a record without
+one is compared on every number it does carry, so a re-run with curves added reproduces it; one that carries it is
+compared on it too."""
 
 
 def compare_records(expected: dict, actual: dict, tolerance: Tolerance) -> list[Mismatch]:
