@@ -387,11 +387,16 @@ def compare_stages(
 
 def own_domain_view(domains: list[dict]) -> list[dict]:
     """A record's stage entries as a re-run that evaluated each stage on its own domain's held-out set alone makes
-    them: that set's loss, and no drift (every other number, the logged training losses among them, as they are).
-    Each stage's model is still checked: its own domain's loss and chunk sums are functions of all of its weights."""
+    them: that set's loss, no drift and no continual-evaluation curve (every other number, the logged training losses
+    among them, as they are). Each stage's model is still checked: its own domain's loss and chunk sums are functions
+    of all of its weights."""
     return [
-        {**{k: v for k, v in stage.items() if k != "representation"}, "lm_loss": _own_loss(stage)} for stage in domains
+        {**{k: v for k, v in stage.items() if k not in OTHER_SETS}, "lm_loss": _own_loss(stage)} for stage in domains
     ]
+
+
+OTHER_SETS = ("representation", "curve")
+"""A stage's fields measured on held-out sets besides its own domain's, which an own-domain re-run does not make."""
 
 
 def _own_loss(stage: dict) -> dict:
