@@ -445,11 +445,20 @@ def stability_gap(record: Mapping) -> dict | None:
     if not stages:
         return None
     summary = {}
-    for part in ("earlier", "general"):
+    for part in GAP_PARTS:
         dips = [s[part] for s in stages if part in s]
         if dips:
             summary.update(_dip_summary(part, dips))
     return {**summary, "stages": stages}
+
+
+GAP_PARTS = ("earlier", "general")
+"""The held-out sets a stability gap is read on: the earlier domains' (their mean loss) and general text."""
+
+GAP_SUMMARY = tuple(
+    f"{part}_{field}" for part in GAP_PARTS for field in ("depth", "won_back", "half_recovery_updates", "unrecovered")
+)
+"""The run-level fields of :func:`stability_gap` (its ``stages`` aside), in the order tables show them."""
 
 
 def _dip_summary(part: str, dips: list[dict]) -> dict:

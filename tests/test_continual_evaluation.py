@@ -60,8 +60,16 @@ def test_curves_are_recorded_and_change_no_number(world_root, tiny_model, tmp_pa
     table = pd.read_parquet(tmp_path / "dataset" / "curves.parquet")
     rows = table[(table.stage == 1) & (table.eval_set == with_curves["sequence"][0])]
     assert list(rows["update"]) == [0, 2, 4] and list(rows.loss) == second[with_curves["sequence"][0]]
+    from benchmark.metrics import GAP_SUMMARY
+
+    assert set(gap) == {*GAP_SUMMARY, "stages"}  # the runs table's gap columns are the summary's fields
+    (run,) = pd.read_parquet(tmp_path / "dataset" / "runs.parquet").to_dict("records")
+    assert run["gap_earlier_depth"] == pytest.approx(gap["earlier_depth"])
+    assert run["gap_general_unrecovered"] == gap["general_unrecovered"]
     assert main(["export", str(tmp_path / "plain-dataset"), "--output-dir", str(plain)]) == 0
     assert pd.read_parquet(tmp_path / "plain-dataset" / "curves.parquet").empty
+    (run,) = pd.read_parquet(tmp_path / "plain-dataset" / "runs.parquet").to_dict("records")
+    assert all(pd.isna(run[f"gap_{key}"]) for key in GAP_SUMMARY)  # every column, empty without curves
 
 
 def _with_curves(record: dict, dip: float) -> dict:

@@ -27,7 +27,7 @@ import pandas as pd
 
 from benchmark.errors import DapbenchError
 from benchmark.io import atomic_write_bytes, atomic_write_text, path_inside
-from benchmark.metrics import majority_macro_f1, record_backbone_flags
+from benchmark.metrics import GAP_SUMMARY, majority_macro_f1, record_backbone_flags, stability_gap
 from benchmark.report.words import say
 
 TABLES = ("runs", "stages", "curves", "end_tasks")
@@ -71,6 +71,8 @@ def runs_table(records: list[dict]) -> pd.DataFrame:
         }
         skip = {"group", "method", "seed", "order", "pair"}
         row |= {column_name(key): _plain(value) for key, value in metrics.items() if key not in skip}
+        gap = stability_gap(record) or {}  # a run without curves has every column, empty
+        row |= {f"gap_{key}": gap.get(key) for key in GAP_SUMMARY}
         rows.append(row)
     return pd.DataFrame(rows)
 
