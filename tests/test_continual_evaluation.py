@@ -99,6 +99,25 @@ def test_the_leaderboard_reads_the_stability_gap_with_calibrated_verdicts(report
     assert stability_gap_markdown(report_records, "ncl") == []  # no curves, no section
 
 
+def test_the_section_says_what_the_continual_evaluation_cost_each_run(report_records):
+    from benchmark.report.stability_gap import evaluation_cost, stability_gap_markdown
+
+    records = [_with_curves(r, 0.1) for r in report_records]  # 0.1 s of curves a domain
+    for i, record in enumerate(records):
+        record["timing"] = {**record["timing"], "wall_seconds": 10.0 * (i + 1), "phase_seconds": {"dap": 5.0}}
+        record["config"]["dap"] |= {"eval_every": 2, "eval_chunks": 3}
+    rescored = records[-1]  # its time is its end tasks': the DAP that measured the curves ran elsewhere
+    rescored["timing"]["phase_seconds"] = {"end_tasks": 9.0}
+    cost = evaluation_cost(records)
+    curve_seconds = 0.1 * len(records[0]["domains"])
+    assert cost["runs"] == len(records) - 1 and cost["settings"] == [(2, 3)]
+    assert cost["high"] == pytest.approx(curve_seconds / 10.0)
+    assert cost["low"] == pytest.approx(curve_seconds / (10.0 * (len(records) - 1)))
+    (line,) = [x for x in stability_gap_markdown(records, "ncl") if x.startswith("Its cost")]
+    assert f"% of each run's wall time ({len(records) - 1} runs; every 2 updates on 3 chunks" in line
+    assert evaluation_cost(report_records) is None  # no curves, no cost
+
+
 def test_the_group_lines_are_derived_once_and_each_caller_gets_its_own_copy(report_records, monkeypatch):
     """The leaderboard and the site both show a group's stability-gap lines: computed once per group's statistics."""
     from benchmark.report import stability_gap

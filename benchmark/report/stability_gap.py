@@ -68,11 +68,31 @@ def stability_gap_markdown(
     lines = say_lines(TEMPLATE, "intro", list(MEASURES.values()))
     for label, runs in sorted(depths.items()):
         lines.append(say(TEMPLATE, "row", label, len(runs), [_part_cells(runs.values(), m) for m in MEASURES]))
+    cost = evaluation_cost(records)
+    lines += ["", say(TEMPLATE, "cost", cost)] if cost else []
     found = _verdicts(depths, reference)
     lines += ["", *(say(TEMPLATE, "verdicts", reference, MEASURES[m], rows) for m, rows in found.items())]
     if found and at_the_end:
         lines += [say(TEMPLATE, "reordering", reference, _reorderings(found, at_the_end))]
     return [*lines, ""]
+
+
+def evaluation_cost(records: list[dict]) -> dict | None:
+    """What the continual evaluation cost the group's runs with curves: its seconds as a share of each run's wall
+    time (the lowest and highest share, over the runs whose own timing holds the DAP phase that measured the curves: a
+    re-scored record's time is its end tasks'), with the ``dap.eval_every`` and ``dap.eval_chunks`` they used; None
+    where no such run."""
+    shares, settings = [], set()
+    for record in records:
+        seconds = sum(domain["curve"]["seconds"] for domain in record["domains"] if domain.get("curve"))
+        timing = record["timing"]
+        if seconds and timing.get("phase_seconds", {}).get("dap", 0.0) >= seconds and timing["wall_seconds"] > 0:
+            shares.append(seconds / timing["wall_seconds"])
+            dap = record["config"]["dap"]
+            settings.add((dap["eval_every"], dap["eval_chunks"]))
+    if not shares:
+        return None
+    return {"low": min(shares), "high": max(shares), "runs": len(shares), "settings": sorted(settings)}
 
 
 def group_stability_gap(stats) -> list[str]:
