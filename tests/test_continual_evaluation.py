@@ -72,6 +72,24 @@ def test_curves_are_recorded_and_change_no_number(world_root, tiny_model, tmp_pa
     assert all(pd.isna(run[f"gap_{key}"]) for key in GAP_SUMMARY)  # every column, empty without curves
 
 
+def test_a_record_with_curves_is_reproduced_whole_by_its_stages_and_by_own_domain(
+    world_root, tiny_model, tmp_path, capsys
+):
+    """`dapbench reproduce` stopped on every record with curves (an unclassified field): each way of re-deriving one
+    now compares its curves, or, re-evaluating each stage on its own set alone, leaves them out."""
+    out = tmp_path / "curved"
+    on = ["--set", "dap.steps=4", "--set", "dap.eval_every=2", "--set", "dap.eval_chunks=3"]
+    assert main(quick_run_args(world_root, tiny_model, out, *on)) == 0
+    path, _ = _record(out)
+    inputs = ["--model", str(tiny_model), "--data-root", str(world_root)]
+    inputs += ["--general-heldout", str(world_root / "general_heldout.txt"), "--quiet"]
+    capsys.readouterr()
+    for name, extra in (("whole", []), ("stages", ["--stages-only"]), ("own", ["--stages-only", "--own-domain"])):
+        assert main(["reproduce", str(path), "--output-dir", str(tmp_path / name), *inputs, *extra]) == 0, name
+        text = capsys.readouterr().out
+        assert "0 outside tolerance" in text and text.rstrip().endswith("REPRODUCED"), name
+
+
 def _with_curves(record: dict, dip: float) -> dict:
     """``record`` as if measured with continual evaluation: each later domain dips the earlier ones by ``dip``."""
     import copy
