@@ -415,6 +415,15 @@ def mean_regret(after: np.ndarray, oracle_after: np.ndarray) -> np.ndarray:
     return np.nanmean(cells, axis=-1)
 
 
+GAP_PARTS = ("earlier", "general")
+"""The held-out sets a stability gap is read on: the earlier domains' (their mean loss) and general text."""
+
+GAP_SUMMARY = tuple(
+    f"{part}_{field}" for part in GAP_PARTS for field in ("depth", "won_back", "half_recovery_updates", "unrecovered")
+)
+"""The run-level fields of :func:`stability_gap` (its ``stages`` aside), in the order tables show them."""
+
+
 def stability_gap(record: Mapping) -> dict | None:
     """The stability gap of a run measured with continual evaluation (``dap.eval_every``), from each domain's curve
     (``domains[t].curve``), in nats; None for a record without curves.
@@ -450,15 +459,6 @@ def stability_gap(record: Mapping) -> dict | None:
         if dips:
             summary.update(_dip_summary(part, dips))
     return {**summary, "stages": stages}
-
-
-GAP_PARTS = ("earlier", "general")
-"""The held-out sets a stability gap is read on: the earlier domains' (their mean loss) and general text."""
-
-GAP_SUMMARY = tuple(
-    f"{part}_{field}" for part in GAP_PARTS for field in ("depth", "won_back", "half_recovery_updates", "unrecovered")
-)
-"""The run-level fields of :func:`stability_gap` (its ``stages`` aside), in the order tables show them."""
 
 
 def _dip_summary(part: str, dips: list[dict]) -> dict:
