@@ -1,8 +1,9 @@
 """Calibration of the report's one comparison (issue #85): on simulated null groups (every row drawn from one
 distribution) with the seed correlations of the committed groups, each verdict kind the report prints flags at most
-5% of its comparisons: the group tables (every row against a reference), the end tasks against no DAP, and the
-budget ladder's pairwise verdicts at a rung. Also: a tie states the difference its seeds could have resolved, and
-that difference is what the test finds 80% of the time."""
+5% of its comparisons: the group tables (every row against a reference), the end tasks against no DAP, the budget
+ladder's pairwise verdicts at a rung, the stability gap's depths (issue #90) and the verdicts at matched plasticity.
+Also: a tie states the difference its seeds could have resolved, and that difference is what the test finds 80% of
+the time."""
 
 import json
 from pathlib import Path
@@ -101,6 +102,48 @@ def test_calibration_of_ladder_verdicts(committed_correlations, seeds):
         flagged += len(rung_verdicts(stats, FORGETTING, [f"m{m}" for m in range(ROWS)]))
         tested += ROWS * (ROWS - 1) // 2
     assert flagged / tested <= 0.05, f"{flagged}/{tested} null pairs resolved"
+
+
+@pytest.fixture(scope="module")
+def committed_depth_correlation():
+    """The seed correlation of the earlier domains' stability-gap depth between the rows of the committed mini group
+    that measured curves (3 seeds each)."""
+    from benchmark.metrics import stability_gap
+
+    rows = []
+    for record in load_records(ROOT / "results" / "mini"):
+        gap = stability_gap(record)
+        if gap is not None and record["sequence"][0] == "restaurant":
+            rows.append({"method": record["method_label"], "seed": record["seed"], "depth": gap["earlier_depth"]})
+    return seed_correlation(pd.DataFrame(rows).pivot_table(index="seed", columns="method", values="depth"))
+
+
+@pytest.mark.parametrize("seeds", [2, 3, 5])
+def test_calibration_of_stability_gap_verdicts(committed_depth_correlation, seeds):
+    """Each row's depth against the naive reference (paired t over seeds, BH over the rows per measure), on null
+    groups: 2 seeds is what the committed top rung's curves have."""
+    from benchmark.report.stability_gap import depth_verdicts
+
+    rng = np.random.default_rng(300 + seeds)
+    flagged = tested = 0
+    for rho in (0.0, max(0.0, committed_depth_correlation), 0.9):
+        for _ in range(GROUPS // 3):
+            shared = rng.normal(size=(2, seeds))  # per measure, the seed effect every row shares
+            depths = {
+                f"m{m}": {
+                    (s, ("seq0",)): {
+                        measure: 0.3 + 0.02 * (np.sqrt(rho) * shared[i, s] + np.sqrt(1 - rho) * rng.normal())
+                        for i, measure in enumerate(("earlier_depth", "general_depth"))
+                    }
+                    for s in range(seeds)
+                }
+                for m in range(ROWS)
+            }
+            for rows in depth_verdicts(depths, "m0").values():
+                flagged += sum(resolved for _, _, resolved in rows)
+                tested += len(rows)
+    assert tested == GROUPS // 3 * 3 * 2 * (ROWS - 1)
+    assert flagged / tested <= 0.05, f"{flagged}/{tested} null depth comparisons resolved"
 
 
 def _beside_records(values: np.ndarray) -> list[dict]:

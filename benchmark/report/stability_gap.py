@@ -70,7 +70,7 @@ def stability_gap_markdown(
         lines.append(say(TEMPLATE, "row", label, len(runs), [_part_cells(runs.values(), m) for m in MEASURES]))
     cost = evaluation_cost(records)
     lines += ["", say(TEMPLATE, "cost", cost)] if cost else []
-    found = _verdicts(depths, reference)
+    found = depth_verdicts(depths, reference)
     lines += ["", *(say(TEMPLATE, "verdicts", reference, MEASURES[m], rows) for m, rows in found.items())]
     if found and at_the_end:
         lines += [say(TEMPLATE, "reordering", reference, _reorderings(found, at_the_end))]
@@ -109,7 +109,7 @@ def _group_lines(stats) -> list[str]:
     return stability_gap_markdown(stats.records, naive, at_the_end)
 
 
-def _verdicts(depths: dict, reference: str | None) -> dict[str, list[tuple]]:
+def depth_verdicts(depths: dict, reference: str | None) -> dict[str, list[tuple]]:
     """Per measure, each row's depth against the reference's, paired by seed and order, as (label, test, resolved):
     q < 0.05 after Benjamini-Hochberg over the rows of one measure."""
     if reference not in depths:
