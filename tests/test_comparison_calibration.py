@@ -146,6 +146,24 @@ def test_calibration_of_stability_gap_verdicts(committed_depth_correlation, seed
     assert flagged / tested <= 0.05, f"{flagged}/{tested} null depth comparisons resolved"
 
 
+@pytest.mark.parametrize("rows", [8, 12])
+def test_calibration_of_rank_agreement_above_zero(rows):
+    """'tau distinguishable from 0' between two rungs (Kendall's one-sided test) on null ladders, where the rows'
+    order at one rung says nothing of their order at the other: at most 5% of them are called above 0."""
+    from benchmark.report.ladder import rank_agreement
+
+    rng = np.random.default_rng(400 + rows)
+    labels = [f"m{m}" for m in range(rows)]
+    called = 0
+    for _ in range(GROUPS * 3):
+        means = {label: [float(rng.normal()), float(rng.normal())] for label in labels}
+        samples = [{label: means[label][k] + 0.1 * rng.normal(size=20) for label in labels} for k in (0, 1)]
+        (result,) = rank_agreement(FORGETTING, samples, means, (0, 1, rng), labels)
+        called += result.above_zero()
+        assert result.low <= result.tau <= result.high  # the interval holds its point estimate
+    assert called / (GROUPS * 3) <= 0.05, f"{called}/{GROUPS * 3} null ladders called tau > 0"
+
+
 def _beside_records(values: np.ndarray) -> list[dict]:
     labels = ["none", *(f"m{m}" for m in range(1, len(values)))]
     return [

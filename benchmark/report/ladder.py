@@ -218,7 +218,7 @@ def read_ladder(ladder: Ladder) -> LadderReading:
     for column in columns:
         for i, j in pairs:
             rng = named_generator(ladder.key, "tau rows", column.title, str(i), str(j))
-            taus += _tau(column, samples[column.title], means[column.title], (i, j, rng), compared[i, j])
+            taus += rank_agreement(column, samples[column.title], means[column.title], (i, j, rng), compared[i, j])
         for i, j in pairs[: len(ladder.rungs) - 1]:
             before, after = (rung_verdicts(ladder.rungs[k].stats, column, compared[i, j]) for k in (i, j))
             verdicts += _verdicts(column, before, after, (i, j))
@@ -230,7 +230,12 @@ def _mean(stats: GroupStatistics, label: str, column: Column) -> float | None:
     return None if rows.empty else float(rows.mean())
 
 
-def _tau(column: Column, samples: list[dict], means: dict, where: tuple, compared: list[str]) -> list[TauResult]:
+def rank_agreement(
+    column: Column, samples: list[dict], means: dict, where: tuple, compared: list[str]
+) -> list[TauResult]:
+    """Kendall's tau of ``column`` between rungs ``where[:2]`` over the ``compared`` rows that both measure (none for
+    fewer than 3), its bias-corrected bootstrap interval from each row's replicates (``samples[k][row]``) with the rows
+    resampled too (``where[2]``: the generator), and Kendall's one-sided p-value of tau > 0."""
     from scipy.stats import kendalltau, norm
 
     i, j, rng = where
