@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from benchmark.report.ladder import Ladder, LadderReading, Rung
-from benchmark.report.law import law_at, law_markdown, predict_top
+from benchmark.report.law import forecast_top, law_at, law_markdown, predict_top
 
 
 def test_the_law_is_linear_in_the_log_of_the_updates():
@@ -95,3 +95,24 @@ def test_the_site_shows_the_law_on_the_page_of_the_ladders_top_rung(report_recor
     law = site_files(sections, [reading], {})[page].split('<div class="law">')[1].split("</div>")[0]
     assert "Predicting 288 updates from 24 and 96" in law and "<table>" in law and "<td>0 of 1</td>" in law
     assert "Beyond the top rung" in law
+
+
+def test_a_row_the_top_rung_has_not_measured_is_forecast_with_its_interval():
+    """A plugin's row run at the two lower rungs only: the law's forecast at the top rung, stated before the top rung
+    measures it, with the interval of its replicates at the two rungs it is fitted on."""
+    reading = _reading(0.1 + 0.05 * math.log(288), 0.01)
+    rng = np.random.default_rng(1)
+    lower = {n: 0.2 + 0.03 * math.log(n) for n in (24, 96)}
+    reading.means["forgetting"]["mine"] = [lower[24], lower[96], None]
+    for i, n in enumerate((24, 96)):
+        reading.samples["forgetting"][i]["mine"] = lower[n] + 0.01 * rng.standard_normal(1000)
+    reading.samples["forgetting"][2]["mine"] = None
+    (forecast,) = forecast_top(reading)  # ncl is measured at the top (predicted, not forecast); none is all zero
+    assert forecast.label == "mine" and forecast.predicted == pytest.approx(0.2 + 0.03 * math.log(288))
+    assert forecast.low < forecast.predicted < forecast.high and forecast.high - forecast.low < 0.2
+    assert [p.label for p in predict_top(reading)] == ["ncl"]  # the unmeasured row is not scored as a prediction
+    text = "\n".join(law_markdown(reading))
+    assert "Not measured at 288 updates yet" in text
+    assert f"| `mine` | forgetting | {forecast.predicted:.3f} [{forecast.low:.3f}, {forecast.high:.3f}] |" in text
+    reading.ladder.rungs[1].untrained["mine"] = "untrained"  # a row a lower budget did not train is not forecast
+    assert forecast_top(reading) == []

@@ -92,6 +92,47 @@ def predict_top(reading: LadderReading) -> list[Prediction]:
 
 
 @dataclass(frozen=True)
+class Forecast:
+    """One row's metric at the top rung, predicted by the law from the two rungs below, where the top rung has not
+    measured the row yet: a prediction made before the measurement, to be checked when it lands."""
+
+    label: str
+    metric: str
+    predicted: float
+    low: float
+    high: float
+    """95% bootstrap interval of the prediction (seeds and evaluation sample at the two rungs it is fitted on)."""
+
+
+def forecast_top(reading: LadderReading) -> list[Forecast]:
+    """Per row measured at the two rungs below the top but not at the top, and per metric of :data:`LAW_METRICS`,
+    the law's prediction at the top rung with its interval (rows left out as untrained at either lower rung, and rows
+    whose metric is 0 at both, are not forecast). What a plugin author's own rows at the lower rungs get before they
+    pay for the top rung; nothing for a ladder of fewer than three rungs."""
+    rungs = reading.ladder.rungs
+    if len(rungs) < 3:
+        return []
+    low, mid, top = len(rungs) - 3, len(rungs) - 2, len(rungs) - 1
+    untrained = set(rungs[low].untrained) | set(rungs[mid].untrained)
+    steps = (float(rungs[low].steps), float(rungs[mid].steps))
+    out = []
+    for metric in LAW_METRICS:
+        means, samples = reading.means.get(metric, {}), reading.samples.get(metric)
+        for label, values in sorted(means.items()):
+            fitted = (values[low], values[mid])
+            if values[top] is not None or label in untrained or None in fitted or not any(fitted):
+                continue
+            predicted = law_at(steps, fitted, rungs[top].steps)
+            replicated = [samples[i].get(label) for i in (low, mid)] if samples else [None, None]
+            interval = (math.nan, math.nan)
+            if all(r is not None for r in replicated):
+                drawn = law_at(steps, (replicated[0], replicated[1]), rungs[top].steps)
+                interval = tuple(float(v) for v in np.percentile(drawn, [2.5, 97.5]))
+            out.append(Forecast(label, metric, predicted, *interval))
+    return out
+
+
+@dataclass(frozen=True)
 class Beyond:
     """What the law says of one metric beyond the top rung, at the paper's budget: whether it may be stated (it beats
     no change and every row's error interval holds zero), and, where it may, each row's extrapolated value."""
@@ -145,12 +186,13 @@ def beyond_top(reading: LadderReading, predictions: list[Prediction]) -> list[Be
 def law_markdown(reading: LadderReading) -> list[str]:
     """The ladder's law section (:func:`predict_top`), as the leaderboard and the site show it: per metric, how well
     the law fitted on the two rungs below the top predicts it, each row's prediction, measurement and error interval,
-    and whether it is read at the paper's budget (:func:`beyond_top`); empty for a ladder of fewer than three
-    rungs."""
+    the rows the top rung has not measured yet with their forecast (:func:`forecast_top`), and whether the law is read
+    at the paper's budget (:func:`beyond_top`); empty for a ladder of fewer than three rungs."""
     predictions = predict_top(reading)
     if not predictions:
         return []
     rungs = reading.ladder.rungs
+    forecasts = forecast_top(reading)
     lines = say_lines(LADDER, "law_intro", rungs[-3:-1], rungs[-1])
     for metric in LAW_METRICS:
         found = [p for p in predictions if p.metric == metric]
@@ -159,6 +201,9 @@ def law_markdown(reading: LadderReading) -> list[str]:
             lines.append(say(LADDER, "law_metric_row", metric, len(found), law, naive, sum(p.holds() for p in found)))
     lines += ["", *say_lines(LADDER, "law_rows_header")]
     lines += [say(LADDER, "law_row", p) for p in predictions]
+    if forecasts:
+        lines += ["", *say_lines(LADDER, "forecast_header", rungs[-1])]
+        lines += [say(LADDER, "forecast_row", f) for f in forecasts]
     updates = paper_updates(reading)
     lines += ["", say(LADDER, "law_beyond", updates, updates / rungs[-1].steps, beyond_top(reading, predictions))]
     return [*lines, ""]
