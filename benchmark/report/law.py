@@ -62,32 +62,61 @@ def law_at(steps: tuple[float, float], values: tuple[np.ndarray | float, np.ndar
     return m1 + (m1 - m0) * math.log(target / n1) / math.log(n1 / n0)
 
 
-def predict_top(reading: LadderReading) -> list[Prediction]:
-    """Per row measured at the top rung and the two rungs below it, and per metric of :data:`LAW_METRICS`, the law's
-    prediction of the top rung from those two, against what the top rung measured (rows left out as untrained at any
-    of the three rungs, and rows whose metric is 0 at every rung, no DAP's, are not predicted). Nothing for a ladder
-    of fewer than three rungs."""
+@dataclass(frozen=True)
+class _Fit:
+    """One row's law on one metric, fitted through the two rungs below the top and read at the top rung's budget."""
+
+    metric: str
+    label: str
+    values: tuple
+    """The row's means at the lower, middle and top rung (None where a rung lacks it)."""
+    replicates: tuple
+    """Its bootstrap replicates at the same rungs (None where there are none)."""
+    predicted: float
+    drawn: np.ndarray | None
+    """The law through the lower rungs' replicates, read at the top (None without replicates at both)."""
+
+
+def _fits(reading: LadderReading, top_untrained: bool) -> list[_Fit]:
+    """Per metric of :data:`LAW_METRICS`, the law of every row the two rungs below the top measured and trained
+    (``top_untrained``: also leave out the rows flagged untrained at the top rung); none for fewer than three rungs."""
     rungs = reading.ladder.rungs
     if len(rungs) < 3:
         return []
     low, mid, top = len(rungs) - 3, len(rungs) - 2, len(rungs) - 1
-    untrained = set().union(*(rungs[i].untrained for i in (low, mid, top)))
-    steps = (float(rungs[low].steps), float(rungs[mid].steps))
+    untrained = set().union(*(rungs[i].untrained for i in ((low, mid, top) if top_untrained else (low, mid))))
+    steps, target = (float(rungs[low].steps), float(rungs[mid].steps)), rungs[top].steps
     out = []
     for metric in LAW_METRICS:
         means, samples = reading.means.get(metric, {}), reading.samples.get(metric)
         for label, values in sorted(means.items()):
             chosen = (values[low], values[mid], values[top])
-            if label in untrained or None in chosen or not any(chosen):  # no DAP (all zero) has nothing to predict
+            if label in untrained or None in chosen[:2]:
                 continue
-            replicated = [samples[i].get(label) for i in (low, mid, top)] if samples else [None] * 3
-            predicted = law_at(steps, (values[low], values[mid]), rungs[top].steps)
-            if any(r is None for r in replicated):
-                interval = (math.nan, math.nan)
-            else:
-                errors = law_at(steps, (replicated[0], replicated[1]), rungs[top].steps) - replicated[2]
-                interval = tuple(float(v) for v in np.percentile(errors, [2.5, 97.5]))
-            out.append(Prediction(label, metric, predicted, values[top], values[mid], *interval))
+            replicated = tuple(samples[i].get(label) for i in (low, mid, top)) if samples else (None,) * 3
+            drawn = None if any(r is None for r in replicated[:2]) else law_at(steps, replicated[:2], target)
+            predicted = law_at(steps, chosen[:2], target)
+            out.append(_Fit(metric, label, chosen, replicated, predicted, drawn))
+    return out
+
+
+def _percentiles(values: np.ndarray | None) -> tuple[float, float]:
+    """The 95% interval of bootstrap draws (NaN without them)."""
+    return (math.nan, math.nan) if values is None else tuple(float(v) for v in np.percentile(values, [2.5, 97.5]))
+
+
+def predict_top(reading: LadderReading) -> list[Prediction]:
+    """Per row measured at the top rung and the two rungs below it, and per metric of :data:`LAW_METRICS`, the law's
+    prediction of the top rung from those two, against what the top rung measured (rows left out as untrained at any
+    of the three rungs, and rows whose metric is 0 at every rung, no DAP's, are not predicted). Nothing for a ladder
+    of fewer than three rungs."""
+    out = []
+    for fit in _fits(reading, top_untrained=True):
+        low, mid, top = fit.values
+        if top is None or not any(fit.values):  # no DAP (all zero) has nothing to predict
+            continue
+        errors = None if fit.drawn is None or fit.replicates[2] is None else fit.drawn - fit.replicates[2]
+        out.append(Prediction(fit.label, fit.metric, fit.predicted, top, mid, *_percentiles(errors)))
     return out
 
 
@@ -109,27 +138,11 @@ def forecast_top(reading: LadderReading) -> list[Forecast]:
     the law's prediction at the top rung with its interval (rows left out as untrained at either lower rung, and rows
     whose metric is 0 at both, are not forecast). What a plugin author's own rows at the lower rungs get before they
     pay for the top rung; nothing for a ladder of fewer than three rungs."""
-    rungs = reading.ladder.rungs
-    if len(rungs) < 3:
-        return []
-    low, mid, top = len(rungs) - 3, len(rungs) - 2, len(rungs) - 1
-    untrained = set(rungs[low].untrained) | set(rungs[mid].untrained)
-    steps = (float(rungs[low].steps), float(rungs[mid].steps))
-    out = []
-    for metric in LAW_METRICS:
-        means, samples = reading.means.get(metric, {}), reading.samples.get(metric)
-        for label, values in sorted(means.items()):
-            fitted = (values[low], values[mid])
-            if values[top] is not None or label in untrained or None in fitted or not any(fitted):
-                continue
-            predicted = law_at(steps, fitted, rungs[top].steps)
-            replicated = [samples[i].get(label) for i in (low, mid)] if samples else [None, None]
-            interval = (math.nan, math.nan)
-            if all(r is not None for r in replicated):
-                drawn = law_at(steps, (replicated[0], replicated[1]), rungs[top].steps)
-                interval = tuple(float(v) for v in np.percentile(drawn, [2.5, 97.5]))
-            out.append(Forecast(label, metric, predicted, *interval))
-    return out
+    return [
+        Forecast(fit.label, fit.metric, fit.predicted, *_percentiles(fit.drawn))
+        for fit in _fits(reading, top_untrained=False)
+        if fit.values[2] is None and any(fit.values[:2])
+    ]
 
 
 @dataclass(frozen=True)
