@@ -20,11 +20,20 @@ def test_the_law_is_linear_in_the_log_of_the_updates():
     assert replicated.shape == (2,) and replicated[1] == pytest.approx(0.2)
 
 
+class _NoCurves:
+    """A rung's statistics as the laws read them, with no records: no curves for the schedule's law to fit."""
+
+    records: list = []
+
+    def derived(self, name, compute):
+        return compute()
+
+
 def _reading(measured_top: float, spread: float) -> LadderReading:
     """A three-rung ladder whose ``ncl`` forgetting follows the law exactly up to 96 updates, measured at 288 as
     ``measured_top``, with seed-and-sample replicates of ``spread``; ``none`` has zeros throughout."""
     rng = np.random.default_rng(0)
-    rungs = [Rung(stats=None, key=f"g{n}", steps=n, tokens_per_domain=n * 1024) for n in (24, 96, 288)]
+    rungs = [Rung(stats=_NoCurves(), key=f"g{n}", steps=n, tokens_per_domain=n * 1024) for n in (24, 96, 288)]
     law = {n: 0.1 + 0.05 * math.log(n) for n in (24, 96)}
     means = {"forgetting": {"ncl": [law[24], law[96], measured_top], "none": [0.0, 0.0, 0.0]}}
     samples = {

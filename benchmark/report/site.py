@@ -25,6 +25,7 @@ import numpy as np
 from benchmark.method import default_of
 from benchmark.protocols import protocol_phrase
 from benchmark.report.beside import beside_markdown, beside_protocols
+from benchmark.report.curve_law import curve_law_markdown
 from benchmark.report.escape import spreadsheet_cell
 from benchmark.report.frame import (
     FLAGS,
@@ -154,13 +155,19 @@ def _number(value: float | None, kind: str) -> str:
 def _leaderboard_sections(view: GroupView, ladders: list) -> dict:
     """The leaderboard's sections of a group that its page shows as they are, as HTML (None where the group has
     none): the protocol beside (``beside``), the stability gap (``gap``), the verdicts at matched plasticity
-    (``matched``) and, on the page of a ladder's top rung, the budget law (``law``)."""
+    (``matched``) and, on the page of a ladder's top rung, the budget law and the schedule's law on the curves
+    (``law``)."""
     records = view.group.records
     sections = {
         "beside": beside_markdown(records) if beside_protocols(records) else [],
         "gap": group_stability_gap(view.stats),
         "matched": matched_markdown(view.stats.part, records),
-        "law": [line for r in ladders if r.ladder.rungs[-1].key == view.key for line in law_markdown(r)],
+        "law": [
+            line
+            for r in ladders
+            if r.ladder.rungs[-1].key == view.key
+            for line in law_markdown(r) + curve_law_markdown(r.ladder)
+        ],
     }
     return {name: _markdown(lines, tables=True) if lines else None for name, lines in sections.items()}
 

@@ -270,6 +270,7 @@ def _write_ladders(
 ) -> tuple[list, list[list[str]]]:
     """Every budget ladder among the groups (:mod:`benchmark.report.ladder`): its reading, plot and leaderboard lines;
     the plot is listed in the manifest like a group's, so it is removed once the ladder is gone."""
+    from benchmark.report.curve_law import curve_law_markdown
     from benchmark.report.ladder import find_ladders, read_ladder
     from benchmark.report.law import law_markdown
     from benchmark.report.markdown import ladder_markdown
@@ -284,7 +285,8 @@ def _write_ladders(
             sink.stale.append(f"results/{REPORT_FOLDER}/{relative}")
         manifest["groups"][f"ladder-{ladder.key}"] = {"digest": ladder.key, "files": {"ladder": relative}}
         readings.append(reading)
-        lines.append(ladder_markdown(reading, _links({"ladder": relative})["ladder"]) + law_markdown(reading))
+        text = ladder_markdown(reading, _links({"ladder": relative})["ladder"]) + law_markdown(reading)
+        lines.append(text + curve_law_markdown(ladder))
     return readings, lines
 
 
