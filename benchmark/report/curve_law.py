@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmark.report.ladder import Ladder
+from benchmark.report.law import CheckedPrediction
 from benchmark.report.statistics import named_generator
 from benchmark.report.words import say, say_lines
 
@@ -168,7 +169,7 @@ def _end_change(curves: list[StageCurve]) -> float:
 
 
 @dataclass(frozen=True)
-class CurvePrediction:
+class CurvePrediction(CheckedPrediction):
     """One row's held-out set at the top rung: its mean change over a domain as the law fitted on a lower rung's
     curves predicts it, and as measured."""
 
@@ -186,15 +187,6 @@ class CurvePrediction:
     low: float
     high: float
     """95% interval of ``predicted - measured`` over seed resamples at both rungs."""
-
-    @property
-    def error(self) -> float:
-        """Predicted minus measured."""
-        return self.predicted - self.measured
-
-    def holds(self) -> bool:
-        """Whether the error's interval holds zero."""
-        return self.low <= 0 <= self.high
 
 
 def _curves_by_row(records: list[dict]) -> dict[str, list[dict[str, list[StageCurve]]]]:

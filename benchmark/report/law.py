@@ -31,8 +31,28 @@ PAPER_TOKENS_PER_DOMAIN = 2580 * 248 * 164
 reads records only, so it holds the number, and ``tests/test_law.py`` holds it equal to the profile's)."""
 
 
+class CheckedPrediction:
+    """What a prediction checked against its measurement offers (``predicted``, ``measured`` and the 95% interval
+    ``low``-``high`` of their difference, set by the dataclass that mixes it in): its error and whether the interval
+    holds zero."""
+
+    predicted: float
+    measured: float
+    low: float
+    high: float
+
+    @property
+    def error(self) -> float:
+        """Predicted minus measured."""
+        return self.predicted - self.measured
+
+    def holds(self) -> bool:
+        """Whether the error's interval holds zero: the prediction is within what the noise allows."""
+        return self.low <= 0 <= self.high
+
+
 @dataclass(frozen=True)
-class Prediction:
+class Prediction(CheckedPrediction):
     """One row's metric at the top rung: as the law fitted on the two rungs below predicts it, and as measured."""
 
     label: str
@@ -44,15 +64,6 @@ class Prediction:
     low: float
     high: float
     """95% bootstrap interval of ``predicted - measured``."""
-
-    @property
-    def error(self) -> float:
-        """Predicted minus measured."""
-        return self.predicted - self.measured
-
-    def holds(self) -> bool:
-        """Whether the error's interval holds zero: the law's prediction is within what the noise allows."""
-        return self.low <= 0 <= self.high
 
 
 def law_at(steps: tuple[float, float], values: tuple[np.ndarray | float, np.ndarray | float], target: float):
