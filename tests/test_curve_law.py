@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -108,14 +110,35 @@ def test_a_lower_rung_that_shows_no_saturation_leaves_the_law_unidentified_and_t
     assert not own.fit.identified
     text = "\n".join(curve_law_markdown(_ladder(lower, top)))
     assert "| `ncl` | own domain | 24 (3; top 2) |" in text and "| no |" in text
-    assert "does not beat no change" in text
+    # the form describes the top rung's curves; only 24 updates cannot fix it
+    assert own.top_fit.identified and own.top_fit.rmse < 0.01
+    assert abs(own.error) > 0.5 and not own.holds()
+    assert "0 of 3 fits identified the law" in text
+
+
+def test_the_summary_says_whether_the_law_beats_no_change():
+    from benchmark.report.words import say
+
+    assert "does not beat no change" in say("ladder.md.j2", "curve_law_summary", 12, 0.98, 0.26, 3, 2)
+    assert "The law beats no change" in say("ladder.md.j2", "curve_law_summary", 12, 0.05, 0.26, 12, 12)
 
 
 def test_the_fit_recovers_the_laws_parameters_from_noiseless_curves():
     record = _record(288, 12, 0, noise=0.0)
     fit = fit_law(stage_curves(record)["own domain"])
     s1, s2 = np.array([10.0, 100.0, 400.0]), np.array([0.0, 20.0, 80.0])
-    assert fit.at(s1, s2) == pytest.approx(law_change(OWN, s1, s2), abs=1e-4) and fit.rmse < 1e-6
+    for stage in (0, 1, 2):
+        assert fit.at(stage, s1, s2) == pytest.approx(law_change(OWN, s1, s2), abs=1e-4)
+    assert fit.rmse < 1e-6 and fit.identified
+
+
+def test_each_stage_keeps_its_own_amplitude_under_one_shared_shape():
+    no_annealing = np.r_[OWN[:3], 0.0]  # C shared, so a stage's whole change scales with B only where C is 0
+    curves = stage_curves(_record(288, 12, 0, own=no_annealing, noise=0.0))["own domain"]
+    fit = fit_law(curves)
+    scaled = fit_law([replace(c, change=c.change * (1 + c.stage)) for c in curves])  # shifts of other sizes
+    assert [scaled.amplitudes[t] for t in (0, 1, 2)] == pytest.approx([OWN[0] * (1 + t) for t in (0, 1, 2)], rel=1e-3)
+    assert scaled.shape == pytest.approx(fit.shape, abs=1e-3) and scaled.rmse < 1e-6
 
 
 def test_a_ladder_whose_top_rung_measured_no_curves_has_no_section():

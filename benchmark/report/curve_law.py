@@ -5,20 +5,23 @@ Wang et al. (ICML 2025, "Learning dynamics in continual pre-training for large l
 loss during continual pre-training through two areas of the learning-rate schedule: the forward area S1 (the sum of
 the rates so far; how far training has moved) and the annealing area S2 (Tissue et al., 2024: the rate's drops since
 its peak, each kept with momentum, summed; what annealing has won back), with a distribution-shift term that saturates
-in S1. Within one domain, relative to where that domain started, the form fitted here is
+in S1. Within stage t (one domain), relative to where that domain started, the form fitted here is
 
-    dL(s) = B (1 - (1 + E S1(s))^-beta) - C S2(s)
+    dL(s) = B_t (1 - (1 + E S1(s))^-beta) - C S2(s)
 
-with S1 and S2 in updates at the peak rate (the rate's factor of ``dap.lr``, as the runner schedules it). B is the
-change the shift tends to (negative on the domain being trained, positive on what it forgets), E and beta how fast,
-C >= 0 what annealing wins back. It is fitted per row and per held-out set (the domain being trained, the mean of the
-domains trained before it, general text) on the seed means of every stage's curve at the highest rung below the top
-that measured curves (``dap.eval_every``), then read at the end of each top-rung stage through that stage's own
-areas: the top rung's schedule differs in length, so its areas differ, which is what the law is for. The target is
-the set's change from a domain's start to its end, averaged over the stages; the error's 95% interval resamples the
-seeds at both rungs (the lower rung's refitted); "no change", the lower rung's own change, is scored beside it.
-A fit with a parameter at its bound has not pinned the law down (where a lower rung's curves show no saturation they
-fix little more than the product B E, and the law then extrapolates nearly linearly in S1): the table says so.
+with S1 and S2 in updates at the peak rate (the rate's factor of ``dap.lr``, as the runner schedules it). B_t is the
+change that stage's shift tends to (negative on the domain being trained, positive on what it forgets; one per stage,
+as Wang et al. fit one per transition: each pair of domains is its own shift), E and beta how fast, C >= 0 what
+annealing wins back, shared by the stages. It is fitted per row and per held-out set (the domain being trained, the
+mean of the domains trained before it, general text) on the seed means of every stage's curve at the highest rung
+below the top that measured curves (``dap.eval_every``), then read at the end of each top-rung stage through that
+stage's own areas: the top rung's schedule differs in length, so its areas differ, which is what the law is for.
+The target is the set's change from a domain's start to its end, averaged over the stages; the error's 95% interval
+resamples the seeds at both rungs (the lower rung's refitted); "no change", the lower rung's own change, is scored
+beside it. A fit with a parameter at its bound has not pinned the law down (where a lower rung's curves show no
+saturation they fix little more than the product B E, and the law then extrapolates nearly linearly in S1): the table
+says so, and sets beside it the same form fitted on the top rung's own curves, so that a form that cannot describe
+the curves is told apart from one the lower rung cannot identify.
 """
 
 from __future__ import annotations
@@ -117,18 +120,25 @@ def stage_curves(record: dict) -> dict[str, list[StageCurve]]:
 
 @dataclass(frozen=True)
 class LawFit:
-    """The law's parameters fitted on one row's curves of one held-out set."""
+    """The law fitted on one row's curves of one held-out set: an amplitude per stage (each domain shift its own B),
+    one shape (E, beta, C) shared by every stage."""
 
-    params: np.ndarray
-    """B, ln E, ln beta, C."""
+    amplitudes: dict[int, float]
+    """B per stage index."""
+    shape: np.ndarray
+    """ln E, ln beta, C."""
     rmse: float
     """Root mean square residual on the points fitted (nats)."""
     identified: bool
     """Whether no parameter sits at its bound (:data:`BOUNDS`)."""
 
-    def at(self, s1, s2):
-        """The law's change of loss at areas ``s1``, ``s2``."""
-        return law_change(self.params, s1, s2)
+    def at(self, stage: int, s1, s2):
+        """The law's change of loss in ``stage`` at areas ``s1``, ``s2``."""
+        return law_change(np.r_[self.amplitudes[stage], self.shape], s1, s2)
+
+    def vector(self) -> np.ndarray:
+        """The parameters as :func:`fit_law` optimises them (amplitudes in stage order, then the shape)."""
+        return np.r_[[self.amplitudes[t] for t in sorted(self.amplitudes)], self.shape]
 
 
 def law_change(params, s1, s2):
@@ -138,21 +148,28 @@ def law_change(params, s1, s2):
 
 
 def fit_law(curves: list[StageCurve], start: np.ndarray | None = None) -> LawFit:
-    """The law fitted by bounded least squares on every stage's points after its start (``start``: initial
-    parameters, e.g. a fit to warm-start a resample from)."""
+    """The law fitted by bounded least squares on every stage's points after its start, one amplitude per stage
+    (``start``: initial parameters as :meth:`LawFit.vector` orders them, e.g. a fit to warm-start a resample from)."""
     from scipy.optimize import least_squares
 
-    s1 = np.concatenate([c.s1[1:] for c in curves])
-    s2 = np.concatenate([c.s2[1:] for c in curves])
+    stages = len(curves)
+    low = np.r_[[BOUNDS[0][0]] * stages, BOUNDS[0][1:]]
+    high = np.r_[[BOUNDS[1][0]] * stages, BOUNDS[1][1:]]
     change = np.concatenate([c.change[1:] for c in curves])
+
+    def residuals(p: np.ndarray) -> np.ndarray:
+        shape, amplitudes = p[stages:], p[:stages]
+        fitted = [law_change(np.r_[b, shape], c.s1[1:], c.s2[1:]) for b, c in zip(amplitudes, curves, strict=True)]
+        return np.concatenate(fitted) - change
+
     if start is None:
-        start = np.array([float(np.clip(change[-1], -1, 1)) or 0.01, math.log(0.1), 0.0, 0.001])
-    start = np.clip(start, BOUNDS[0] + 1e-9, BOUNDS[1] - 1e-9)
-    found = least_squares(lambda p: law_change(p, s1, s2) - change, start, bounds=BOUNDS)
-    at_bound = np.isclose(found.x, BOUNDS[0], atol=1e-6) | np.isclose(found.x, BOUNDS[1], atol=1e-6)
+        start = np.r_[[float(np.clip(c.change[-1], -1, 1)) or 0.01 for c in curves], math.log(0.1), 0.0, 0.001]
+    found = least_squares(residuals, np.clip(start, low + 1e-9, high - 1e-9), bounds=(low, high))
+    at_bound = np.isclose(found.x, low, atol=1e-6) | np.isclose(found.x, high, atol=1e-6)
     # C at 0 is the law without annealing gain, not a bound the data pressed against
-    at_bound[3] = bool(np.isclose(found.x[3], BOUNDS[1][3], atol=1e-6))
-    return LawFit(found.x, float(np.sqrt(np.mean(found.fun**2))), not bool(at_bound.any()))
+    at_bound[-1] = bool(np.isclose(found.x[-1], high[-1], atol=1e-6))
+    amplitudes = {c.stage: float(b) for b, c in zip(found.x[:stages], curves, strict=True)}
+    return LawFit(amplitudes, found.x[stages:], float(np.sqrt(np.mean(found.fun**2))), not bool(at_bound.any()))
 
 
 def _mean_curves(runs: list[list[StageCurve]]) -> list[StageCurve]:
@@ -180,6 +197,9 @@ class CurvePrediction(CheckedPrediction):
     seeds: tuple[int, int]
     """Runs with curves at the rung fitted on and at the top rung."""
     fit: LawFit
+    top_fit: LawFit
+    """The same form fitted on the top rung's own curves: whether it describes them at all (its RMSE), apart from
+    whether the lower rung's curves identify it."""
     predicted: float
     measured: float
     naive: float
@@ -228,17 +248,17 @@ def _predict_all(ladder: Ladder) -> list[CurvePrediction]:
 def _predict(key: str, label: str, name: str, steps: int, fitted: list, measured: list) -> CurvePrediction:
     """One row's prediction of one set, with its seed-resampled error interval."""
     fit = fit_law(_mean_curves(fitted))
-    ends = [(c.s1[-1], c.s2[-1]) for c in measured[0]]
+    ends = [(c.stage, c.s1[-1], c.s2[-1]) for c in measured[0]]
 
     def predicted(law: LawFit) -> float:
-        return float(np.mean([law.at(s1, s2) for s1, s2 in ends]))
+        return float(np.mean([law.at(stage, s1, s2) for stage, s1, s2 in ends]))
 
     rng = named_generator("curve-law", key, label, name)
     errors = []
     for _ in range(REPLICATES):
         low = [fitted[i] for i in rng.integers(len(fitted), size=len(fitted))]
         high = [measured[i] for i in rng.integers(len(measured), size=len(measured))]
-        errors.append(predicted(fit_law(_mean_curves(low), fit.params)) - _end_change(_mean_curves(high)))
+        errors.append(predicted(fit_law(_mean_curves(low), fit.vector())) - _end_change(_mean_curves(high)))
     low, high = (float(v) for v in np.percentile(errors, [2.5, 97.5]))
     return CurvePrediction(
         label,
@@ -246,6 +266,7 @@ def _predict(key: str, label: str, name: str, steps: int, fitted: list, measured
         steps,
         (len(fitted), len(measured)),
         fit,
+        fit_law(_mean_curves(measured)),
         predicted(fit),
         _end_change(_mean_curves(measured)),
         _end_change(_mean_curves(fitted)),
