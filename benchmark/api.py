@@ -333,20 +333,11 @@ def pretrain_base(corpus: str | Path, out_dir: str | Path, spec=None) -> Path:
 
 
 def learning_rates(record: Mapping) -> list[float]:
-    """The DAP learning rate of every update of a recorded run, as its configuration and method schedule it."""
-    from benchmark.config import RunConfig, spelled_config
-    from benchmark.engine.recipe import learning_rate_curve
+    """The DAP learning rate of every update of a recorded run, as its configuration and method schedule it
+    (:func:`benchmark.engine.recipe.recorded_learning_rates`)."""
+    from benchmark.engine.recipe import recorded_learning_rates
 
-    config = RunConfig.from_dict(spelled_config(record["config"]))
-    caps, domains, steps = record["capabilities"], len(record["sequence"]), config.dap.steps
-    if not caps.get("pretrains", True):
-        return []
-    if caps.get("retrains_on_seen"):  # every stage a run of its own from the base model
-        return [
-            lr for t in range(domains) for lr in learning_rate_curve(config.dap, config.schedule, [steps * (t + 1)])
-        ]
-    stages = [steps * domains] if caps.get("joint_training") else [steps] * domains
-    return learning_rate_curve(config.dap, config.schedule, stages)
+    return recorded_learning_rates(record)
 
 
 def plot_learning_rates(record_paths: Sequence[str | Path], output: str | Path) -> Path:

@@ -3,12 +3,13 @@ schedules of :mod:`benchmark.schedules`) and replay."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from torch.utils.data import Dataset
 
-from benchmark.config import DapConfig, ScheduleConfig
+from benchmark.config import DapConfig, RunConfig, ScheduleConfig, spelled_config
 from benchmark.data.sampling import ReplayPlan
 from benchmark.schedules import SCHEDULES, Span, schedule_settings
 
@@ -69,3 +70,19 @@ def learning_rate_curve(dap: DapConfig, schedule: ScheduleConfig, stage_steps: l
             scheduler.step()
         offset += steps
     return out
+
+
+def recorded_learning_rates(record: Mapping) -> list[float]:
+    """The DAP learning rate of every update of a recorded run, as its configuration and method schedule it: one
+    schedule per domain in sequence, one over the joint corpus (``joint_training``), one run of its own per stage from
+    the base model (``retrains_on_seen``), none for a method that does not pre-train."""
+    config = RunConfig.from_dict(spelled_config(record["config"]))
+    caps, domains, steps = record["capabilities"], len(record["sequence"]), config.dap.steps
+    if not caps.get("pretrains", True):
+        return []
+    if caps.get("retrains_on_seen"):  # every stage a run of its own from the base model
+        return [
+            lr for t in range(domains) for lr in learning_rate_curve(config.dap, config.schedule, [steps * (t + 1)])
+        ]
+    stages = [steps * domains] if caps.get("joint_training") else [steps] * domains
+    return learning_rate_curve(config.dap, config.schedule, stages)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmark.report.ladder import Ladder
-from benchmark.report.law import CheckedPrediction
+from benchmark.report.law import CheckedPrediction, mean_errors
 from benchmark.report.statistics import named_generator
 from benchmark.report.words import say, say_lines
 
@@ -70,16 +70,14 @@ def schedule_areas(factors: np.ndarray, momentum: float = MOMENTUM) -> tuple[np.
 def stage_factors(record: dict) -> list[np.ndarray] | None:
     """Each stage's learning-rate factors (of ``dap.lr``) as the runner schedules them; None for a record whose stages
     are not one schedule per domain in sequence (joint training, retraining on every seen domain, no pre-training)."""
-    from benchmark.config import RunConfig, spelled_config
-    from benchmark.engine.recipe import learning_rate_curve
+    from benchmark.engine.recipe import recorded_learning_rates
 
-    caps = record.get("capabilities", {})
+    caps = record["capabilities"]
     if not caps.get("pretrains", True) or caps.get("joint_training") or caps.get("retrains_on_seen"):
         return None
-    config = RunConfig.from_dict(spelled_config(record["config"]))
-    steps, domains = config.dap.steps, len(record["sequence"])
-    rates = np.asarray(learning_rate_curve(config.dap, config.schedule, [steps] * domains)) / config.dap.lr
-    return [rates[t * steps : (t + 1) * steps] for t in range(domains)]
+    dap = record["config"]["dap"]
+    rates = np.asarray(recorded_learning_rates(record)) / float(dap["lr"])
+    return np.split(rates, len(record["sequence"]))
 
 
 @dataclass(frozen=True)
@@ -247,8 +245,9 @@ def _predict_all(ladder: Ladder) -> list[CurvePrediction]:
 
 def _predict(key: str, label: str, name: str, steps: int, fitted: list, measured: list) -> CurvePrediction:
     """One row's prediction of one set, with its seed-resampled error interval."""
-    fit = fit_law(_mean_curves(fitted))
-    ends = [(c.stage, c.s1[-1], c.s2[-1]) for c in measured[0]]
+    fitted_mean, measured_mean = _mean_curves(fitted), _mean_curves(measured)
+    fit = fit_law(fitted_mean)
+    ends = [(c.stage, c.s1[-1], c.s2[-1]) for c in measured_mean]
 
     def predicted(law: LawFit) -> float:
         return float(np.mean([law.at(stage, s1, s2) for stage, s1, s2 in ends]))
@@ -266,10 +265,10 @@ def _predict(key: str, label: str, name: str, steps: int, fitted: list, measured
         steps,
         (len(fitted), len(measured)),
         fit,
-        fit_law(_mean_curves(measured)),
+        fit_law(measured_mean),
         predicted(fit),
-        _end_change(_mean_curves(measured)),
-        _end_change(_mean_curves(fitted)),
+        _end_change(measured_mean),
+        _end_change(fitted_mean),
         low,
         high,
     )
@@ -282,8 +281,7 @@ def curve_law_markdown(ladder: Ladder) -> list[str]:
     predictions = predict_curves(ladder)
     if not predictions:
         return []
-    law = float(np.mean([abs(p.error) for p in predictions]))
-    naive = float(np.mean([abs(p.naive - p.measured) for p in predictions]))
+    law, naive = mean_errors(predictions)
     lines = say_lines(LADDER, "curve_law_intro", sorted({p.fitted_on for p in predictions}), ladder.rungs[-1].steps)
     lines += [say(LADDER, "curve_law_row", p) for p in predictions]
     identified = sum(p.fit.identified for p in predictions)

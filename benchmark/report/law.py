@@ -32,12 +32,13 @@ reads records only, so it holds the number, and ``tests/test_law.py`` holds it e
 
 
 class CheckedPrediction:
-    """What a prediction checked against its measurement offers (``predicted``, ``measured`` and the 95% interval
-    ``low``-``high`` of their difference, set by the dataclass that mixes it in): its error and whether the interval
-    holds zero."""
+    """What a prediction checked against its measurement offers (``predicted``, ``measured``, the prediction of no
+    change ``naive`` and the 95% interval ``low``-``high`` of their difference, set by the dataclass that mixes it in):
+    its error and whether the interval holds zero."""
 
     predicted: float
     measured: float
+    naive: float
     low: float
     high: float
 
@@ -175,8 +176,9 @@ class Beyond:
         return self.beats_no_change and self.within == self.rows
 
 
-def mean_errors(predictions: list[Prediction]) -> tuple[float, float]:
-    """The mean absolute error of the law's predictions and of predicting no change (the middle rung's value)."""
+def mean_errors(predictions: list[CheckedPrediction]) -> tuple[float, float]:
+    """The mean absolute error of a law's predictions and of predicting no change (each prediction's ``naive``: the
+    budget law's middle rung, the curve law's fitted rung)."""
     law = float(np.mean([abs(p.error) for p in predictions]))
     return law, float(np.mean([abs(p.naive - p.measured) for p in predictions]))
 
