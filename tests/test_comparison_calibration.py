@@ -263,3 +263,24 @@ def test_a_strength_family_is_found_from_the_records_alone(report_records):
         variants.append(copy)
     (family,) = [f for f in families([*report_records, *variants]) if f.option == "schedule.lr_scale"]
     assert [label for _, label in family.rows] == ["ncl[schedule.lr_scale=0.5]", "ncl", "ncl[schedule.lr_scale=2]"]
+
+
+def test_a_curve_no_row_falls_on_is_stated_with_its_span(report_records):
+    """A strength family whose plasticity no other row reaches still gets a line: where its curve lies, and that
+    nothing was read against it (issue #85: DER++'s alpha moves plasticity by a few thousandths)."""
+    from benchmark.report.matched import matched_markdown
+
+    part = pd.DataFrame(
+        [
+            {"method": label, "pair": (0, seed), "plasticity": p + 0.001 * seed, "forgetting": 0.1, "general rise": 0.2}
+            for seed in range(3)
+            for label, p in (("derpp[alpha=0.125]", 0.331), ("derpp", 0.333), ("derpp[alpha=2]", 0.335), ("ncl", 0.4))
+        ]
+    )
+    records = []
+    for label, alpha in (("derpp[alpha=0.125]", 0.125), ("derpp", 0.5), ("derpp[alpha=2]", 2.0)):
+        records.append({"method": "derpp", "method_label": label, "method_config": {"alpha": alpha}, "config": {}})
+    records.append({"method": "ncl", "method_label": "ncl", "method_config": {}, "config": {}})
+    text = "\n".join(matched_markdown(part, records))
+    assert "`derpp` along alpha (0.125, 0.5, 2): its rows' plasticity spans 0.332 to 0.336 nats" in text
+    assert "no row is read against it" in text and "`ncl` +" not in text

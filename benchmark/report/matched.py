@@ -150,8 +150,14 @@ def matched_markdown(part, records: list[dict]) -> list[str]:
         return []
     lines = [*say_lines(TEMPLATE, "intro"), ""]
     for family in found:
-        for metric in METRICS:
-            results = matched(part, family, metric)
-            if results:
-                lines.append(say(TEMPLATE, "family_line", family.title, metric, results))
+        read = [(metric, matched(part, family, metric)) for metric in METRICS]
+        lines += [say(TEMPLATE, "family_line", family.title, metric, results) for metric, results in read if results]
+        if not any(results for _, results in read):  # a curve no row falls on is still news: say where it lies
+            lines.append(say(TEMPLATE, "no_row_line", family.title, *plasticity_span(part, family)))
     return [*lines, ""]
+
+
+def plasticity_span(part, family: Family) -> tuple[float, float]:
+    """The lowest and highest seed-mean plasticity of the family's rows: where its curve lies."""
+    means = part[part["method"].isin([label for _, label in family.rows])].groupby("method")["plasticity"].mean()
+    return float(means.min()), float(means.max())
