@@ -284,3 +284,26 @@ def test_a_curve_no_row_falls_on_is_stated_with_its_span(report_records):
     text = "\n".join(matched_markdown(part, records))
     assert "`derpp` along alpha (0.125, 0.5, 2): its rows' plasticity spans 0.332 to 0.336 nats" in text
     assert "no row is read against it" in text and "`ncl` +" not in text
+
+
+def test_a_curve_at_one_seed_says_it_waits_for_a_second(report_records):
+    """A family whose strengths share one seed is named with that reason, not as a curve no row falls on."""
+    from benchmark.report.matched import matched_markdown
+
+    rows = [
+        ("das[contrast_lambda=0.25]", 0, 0.30),
+        ("das", 0, 0.28),
+        ("das", 1, 0.29),
+        ("das[contrast_lambda=4]", 0, 0.23),
+    ]
+    rows += [("ncl", seed, 0.29) for seed in range(2)]
+    part = pd.DataFrame(
+        [{"method": m, "pair": (0, s), "plasticity": p, "forgetting": 0.1, "general rise": 0.2} for m, s, p in rows]
+    )
+    records = [
+        {"method": "das", "method_label": label, "method_config": {"contrast_lambda": value}, "config": {}}
+        for label, value in (("das[contrast_lambda=0.25]", 0.25), ("das", 1.0), ("das[contrast_lambda=4]", 4.0))
+    ]
+    text = "\n".join(matched_markdown(part, records))
+    assert "`das` along contrast_lambda (0.25, 1, 4): every strength is measured together at 1 seed only" in text
+    assert "plasticity spans" not in text

@@ -152,9 +152,21 @@ def matched_markdown(part, records: list[dict]) -> list[str]:
     for family in found:
         read = [(metric, matched(part, family, metric)) for metric in METRICS]
         lines += [say(TEMPLATE, "family_line", family.title, metric, results) for metric, results in read if results]
-        if not any(results for _, results in read):  # a curve no row falls on is still news: say where it lies
+        if any(results for _, results in read):
+            continue
+        seeds = curve_seeds(part, family)  # a curve no row is read against is still news: say why
+        if seeds < 2:
+            lines.append(say(TEMPLATE, "few_seeds_line", family.title, seeds))
+        else:
             lines.append(say(TEMPLATE, "no_row_line", family.title, *plasticity_span(part, family)))
     return [*lines, ""]
+
+
+def curve_seeds(part, family: Family) -> int:
+    """The seeds (seed-and-order pairs) at which every row of the family is measured: the curve's seeds."""
+    members = [label for _, label in family.rows]
+    wide = part.pivot_table(index="pair", columns="method", values="plasticity")
+    return 0 if not set(members) <= set(wide.columns) else int(wide[members].notna().all(axis=1).sum())
 
 
 def plasticity_span(part, family: Family) -> tuple[float, float]:
