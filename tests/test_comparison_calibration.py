@@ -265,7 +265,7 @@ def test_a_strength_family_is_found_from_the_records_alone(report_records):
     assert [label for _, label in family.rows] == ["ncl[schedule.lr_scale=0.5]", "ncl", "ncl[schedule.lr_scale=2]"]
 
 
-def test_a_curve_no_row_falls_on_is_stated_with_its_span(report_records):
+def test_a_curve_no_row_falls_on_is_stated_with_its_span():
     """A strength family whose plasticity no other row reaches still gets a line: where its curve lies, and that
     nothing was read against it (issue #85: DER++'s alpha moves plasticity by a few thousandths)."""
     from benchmark.report.matched import matched_markdown
@@ -277,16 +277,17 @@ def test_a_curve_no_row_falls_on_is_stated_with_its_span(report_records):
             for label, p in (("derpp[alpha=0.125]", 0.331), ("derpp", 0.333), ("derpp[alpha=2]", 0.335), ("ncl", 0.4))
         ]
     )
-    records = []
-    for label, alpha in (("derpp[alpha=0.125]", 0.125), ("derpp", 0.5), ("derpp[alpha=2]", 2.0)):
-        records.append({"method": "derpp", "method_label": label, "method_config": {"alpha": alpha}, "config": {}})
+    records = [
+        {"method": "derpp", "method_label": label, "method_config": {"alpha": alpha}, "config": {}}
+        for label, alpha in (("derpp[alpha=0.125]", 0.125), ("derpp", 0.5), ("derpp[alpha=2]", 2.0))
+    ]
     records.append({"method": "ncl", "method_label": "ncl", "method_config": {}, "config": {}})
     text = "\n".join(matched_markdown(part, records))
     assert "`derpp` along alpha (0.125, 0.5, 2): its rows' plasticity spans 0.332 to 0.336 nats" in text
     assert "no row is read against it" in text and "`ncl` +" not in text
 
 
-def test_a_curve_at_one_seed_says_it_waits_for_a_second(report_records):
+def test_a_curve_at_one_seed_says_it_waits_for_a_second():
     """A family whose strengths share one seed is named with that reason, not as a curve no row falls on."""
     from benchmark.report.matched import matched_markdown
 
